@@ -1,0 +1,202 @@
+//! `ringwork demo`: enqueue N no-op jobs while W workers run them, then report throughput, pickup
+//! latency, WAL bytes per job and dead tuples per table. Uses DATABASE_URL, or a throwaway cluster.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+use crate::embedded::EmbeddedPostgres;
+use crate::error::Result;
+use crate::job::{JobArgs, NewJob};
+use crate::{Client, JobContext, JobError, QueueConfig, SchemaName};
+
+pub struct DemoOptions {
+    pub database_url: Option<String>,
+    pub schema: String,
+    pub jobs: u64,
+    pub workers: usize,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Noop {
+    n: u64,
+}
+
+impl JobArgs for Noop {
+    const KIND: &'static str = "noop";
+}
+
+/// Rows of the final table: (table, live, dead).
+pub async fn table_stats(pool: &PgPool, schema: &SchemaName) -> Result<Vec<(String, i64, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT relname::text, n_live_tup, n_dead_tup FROM pg_stat_user_tables
+         WHERE schemaname = $1 ORDER BY relname",
+    )
+    .bind(schema.as_str())
+    .fetch_all(pool)
+    .await?)
+}
+
+pub async fn run(options: DemoOptions) -> Result<()> {
+    let schema = SchemaName::new(&options.schema)?;
+    let (_embedded, url) = match options.database_url {
+        Some(url) => (None, url),
+        None => {
+            eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster…");
+            let pg = EmbeddedPostgres::start()?;
+            let url = pg.url();
+            (Some(pg), url)
+        }
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&url)
+        .await?;
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(&pool)
+        .await?;
+    let client = Client::builder(pool.clone())
+        .schema(schema.as_str())
+        .queue(
+            "default",
+            QueueConfig {
+                max_workers: options.workers,
+                ..QueueConfig::default()
+            },
+        )
+        .register(|_ctx: JobContext, _job: Noop| async { Ok::<(), JobError>(()) })
+        .build()
+        .await?;
+    let metrics = client.metrics();
+    metrics.record_pickup_latency();
+
+    let wal_start: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await?;
+    let started = Instant::now();
+    let running = client.start().await?;
+
+    let producer = {
+        let client = client.clone();
+        let total = options.jobs;
+        tokio::spawn(async move {
+            let mut n = 0;
+            while n < total {
+                let chunk = (total - n).min(1000);
+                let jobs: Vec<NewJob> = (n..n + chunk)
+                    .map(|i| NewJob::new(&Noop { n: i }))
+                    .collect::<Result<_>>()?;
+                client.insert_many(&jobs).await?;
+                n += chunk;
+            }
+            Ok::<Duration, crate::Error>(started.elapsed())
+        })
+    };
+
+    let bar = ProgressBar::new(options.jobs);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} jobs  {per_sec}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    loop {
+        let done =
+            metrics.completed.load(Ordering::Relaxed) + metrics.failed.load(Ordering::Relaxed);
+        bar.set_position(done);
+        if done >= options.jobs {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let elapsed = started.elapsed();
+    bar.finish();
+    let enqueue_time = producer
+        .await
+        .map_err(|e| crate::Error::Config(format!("producer task: {e}")))??;
+    running.shutdown(Duration::from_secs(10)).await;
+
+    let wal_bytes: f64 =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
+            .bind(&wal_start)
+            .fetch_one(&pool)
+            .await?;
+    // let one maintenance pass reclaim what it can, then close every connection so the server
+    // flushes their statistics before we read them
+    let storage = client.storage().clone();
+    let config = crate::MaintenanceConfig {
+        rotate_interval: Duration::ZERO,
+        ..crate::MaintenanceConfig::default()
+    };
+    for _ in 0..3 {
+        crate::maintenance::tick(&storage, &config).await?;
+    }
+    drop(client);
+    drop(storage);
+    pool.close().await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await?;
+    let stats = table_stats(&pool, &schema).await?;
+
+    let mut samples = metrics
+        .pickup_ms
+        .lock()
+        .map(|s| s.clone().unwrap_or_default())
+        .unwrap_or_default();
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| -> f64 {
+        if samples.is_empty() {
+            return 0.0;
+        }
+        samples[((samples.len() - 1) as f64 * p).round() as usize]
+    };
+    let completed = metrics.completed.load(Ordering::Relaxed);
+    println!();
+    println!("| metric | value |");
+    println!("|---|---|");
+    println!(
+        "| jobs completed | {completed} (failed {}, stale {}) |",
+        metrics.failed.load(Ordering::Relaxed),
+        metrics.stale.load(Ordering::Relaxed)
+    );
+    println!("| workers | {} |", options.workers);
+    println!(
+        "| enqueue rate | {:.0} jobs/s |",
+        options.jobs as f64 / enqueue_time.as_secs_f64()
+    );
+    println!(
+        "| throughput (enqueue → complete, end to end) | {:.0} jobs/s |",
+        completed as f64 / elapsed.as_secs_f64()
+    );
+    println!(
+        "| pickup latency p50 / p99 | {:.1} ms / {:.1} ms |",
+        pct(0.50),
+        pct(0.99)
+    );
+    println!(
+        "| WAL per completed job (enqueue + claim + complete + maintenance) | {:.0} B |",
+        wal_bytes / completed.max(1) as f64
+    );
+    println!();
+    println!("| table | live tuples | dead tuples |");
+    println!("|---|---|---|");
+    for (table, live, dead) in stats
+        .iter()
+        .filter(|(_, live, dead)| *live > 0 || *dead > 0)
+    {
+        println!("| {table} | {live} | {dead} |");
+    }
+    let total_dead: i64 = stats.iter().map(|(_, _, d)| d).sum();
+    println!("| **all {} tables** | | **{total_dead}** |", stats.len());
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(&pool)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! One error type for the library. Every variant says what was wrong in words an operator can act on.
+
+use thiserror::Error;
+
+/// Errors returned by ringwork.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The database rejected a statement or the connection failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// A schema, queue or kind name that cannot be used.
+    #[error("invalid {what} {value:?}: {reason}")]
+    InvalidName {
+        what: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+
+    /// Job arguments that cannot be stored (not serialisable, or holding a NUL character).
+    #[error("invalid job arguments for kind {kind:?}: {reason}")]
+    InvalidArgs { kind: String, reason: String },
+
+    /// A configuration value outside its allowed range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// The database schema was written by a newer ringwork than this binary.
+    #[error(
+        "schema {schema:?} is at version {database} but this ringwork binary knows only up to version {binary}; \
+         upgrade the binary (refusing to run against a newer schema)"
+    )]
+    SchemaTooNew {
+        schema: String,
+        database: i32,
+        binary: i32,
+    },
+
+    /// The throwaway PostgreSQL cluster could not be started.
+    #[error("embedded PostgreSQL: {0}")]
+    Embedded(String),
+}
+
+/// Shorthand for `Result<T, ringwork::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

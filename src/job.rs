@@ -1,0 +1,150 @@
+//! What a job is: a serde type with a stable kind, and the row a producer asks ringwork to insert.
+
+use chrono::{DateTime, Utc};
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Default number of attempts before a job is failed for good.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 25;
+/// Default priority (1 runs first, 4 last).
+pub const DEFAULT_PRIORITY: i16 = 2;
+/// Default queue name.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// A job's arguments. `KIND` is the stable name stored with the job and used to find its handler.
+pub trait JobArgs: Serialize + DeserializeOwned + Send + Sync + 'static {
+    const KIND: &'static str;
+}
+
+/// A job ready to be inserted.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub(crate) kind: String,
+    pub(crate) args: serde_json::Value,
+    pub(crate) queue: String,
+    pub(crate) priority: i16,
+    pub(crate) max_attempts: i32,
+    pub(crate) run_at: Option<DateTime<Utc>>,
+}
+
+impl NewJob {
+    /// A job of kind `A::KIND` in the default queue at the default priority.
+    pub fn new<A: JobArgs>(args: &A) -> Result<Self> {
+        let value = serde_json::to_value(args).map_err(|e| Error::InvalidArgs {
+            kind: A::KIND.to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_parts(A::KIND, value)
+    }
+
+    /// A job from an explicit kind and JSON arguments (for producers that do not link the handler type).
+    pub fn from_parts(kind: &str, args: serde_json::Value) -> Result<Self> {
+        validate_name("job kind", kind)?;
+        Ok(Self {
+            kind: kind.to_string(),
+            args,
+            queue: DEFAULT_QUEUE.to_string(),
+            priority: DEFAULT_PRIORITY,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            run_at: None,
+        })
+    }
+
+    pub fn queue(mut self, queue: &str) -> Self {
+        self.queue = queue.to_string();
+        self
+    }
+
+    /// 1 (first) ..= 4 (last).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Run no earlier than `at`; a time in the future parks the job in `deferred_jobs`.
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// Check everything that would otherwise fail inside the database, so a bad job is refused with
+    /// a clear error before any row is written.
+    pub(crate) fn validate(&self) -> Result<String> {
+        validate_name("queue name", &self.queue)?;
+        validate_name("job kind", &self.kind)?;
+        if !(1..=4).contains(&self.priority) {
+            return Err(Error::Config(format!(
+                "priority must be 1..=4, got {}",
+                self.priority
+            )));
+        }
+        if !(1..=1_000_000).contains(&self.max_attempts) {
+            return Err(Error::Config(format!(
+                "max_attempts must be 1..=1000000, got {}",
+                self.max_attempts
+            )));
+        }
+        let text = serde_json::to_string(&self.args).map_err(|e| Error::InvalidArgs {
+            kind: self.kind.clone(),
+            reason: e.to_string(),
+        })?;
+        // PostgreSQL text and jsonb cannot hold U+0000; serde_json writes it as \u0000.
+        if text.contains("\\u0000") {
+            return Err(Error::InvalidArgs {
+                kind: self.kind.clone(),
+                reason: "arguments contain a NUL character, which PostgreSQL cannot store"
+                    .to_string(),
+            });
+        }
+        Ok(text)
+    }
+
+    pub(crate) fn is_future(&self, now: DateTime<Utc>) -> bool {
+        self.run_at.is_some_and(|at| at > now)
+    }
+}
+
+/// Queue names and kinds are bound as values, never spliced into SQL; they are still checked so
+/// that operators see printable names and a NUL byte fails here, clearly.
+pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<()> {
+    let invalid = |reason| Error::InvalidName {
+        what,
+        value: value.to_string(),
+        reason,
+    };
+    if value.is_empty() || value.len() > 128 {
+        return Err(invalid("must be 1..=128 bytes"));
+    }
+    if value.chars().any(|c| c.is_control()) {
+        return Err(invalid(
+            "must not contain control characters (NUL included)",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nul_bytes_and_bad_names_are_refused() {
+        let job = NewJob::from_parts("k", serde_json::json!({"s": "a\u{0}b"})).unwrap();
+        assert!(matches!(job.validate(), Err(Error::InvalidArgs { .. })));
+        assert!(NewJob::from_parts("bad\0kind", serde_json::json!({})).is_err());
+        let job = NewJob::from_parts("k", serde_json::json!({}))
+            .unwrap()
+            .priority(5);
+        assert!(job.validate().is_err());
+        let job = NewJob::from_parts("k", serde_json::json!({}))
+            .unwrap()
+            .queue("");
+        assert!(job.validate().is_err());
+    }
+}

@@ -1,0 +1,48 @@
+//! ringwork — a Postgres-native background job queue whose hot tables never bloat.
+//!
+//! Jobs live in rings of list partitions (the queue ring and the claim ring); every hot-path write is
+//! an INSERT, and space comes back by TRUNCATE of a slot proven to hold nothing live. See
+//! `docs/` for the storage design and operations.
+//!
+//! ```no_run
+//! use ringwork::{Client, JobArgs, JobContext, JobError, NewJob, QueueConfig};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct SendEmail { to: String }
+//! impl JobArgs for SendEmail { const KIND: &'static str = "send_email"; }
+//!
+//! # async fn demo(pool: sqlx::PgPool) -> ringwork::Result<()> {
+//! let client = Client::builder(pool.clone())
+//!     .queue("default", QueueConfig::default())
+//!     .register(|_ctx: JobContext, job: SendEmail| async move {
+//!         println!("mail to {}", job.to);
+//!         Ok::<(), JobError>(())
+//!     })
+//!     .build()
+//!     .await?;
+//! let mut tx = pool.begin().await?;
+//! client.insert_tx(&mut tx, NewJob::new(&SendEmail { to: "a@example.com".into() })?).await?;
+//! tx.commit().await?;
+//! let running = client.start().await?;
+//! running.shutdown(std::time::Duration::from_secs(10)).await;
+//! # Ok(()) }
+//! ```
+
+pub mod client;
+pub mod demo;
+pub mod embedded;
+pub mod error;
+pub mod job;
+pub mod maintenance;
+pub mod schema;
+pub mod storage;
+pub mod worker;
+
+pub use client::{Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient};
+pub use error::{Error, Result};
+pub use job::{JobArgs, NewJob};
+pub use maintenance::MaintenanceConfig;
+pub use schema::{RingSizes, SchemaName};
+pub use storage::{AttemptRef, ClaimedJob, CloseOutcome, Outcome, Storage};
+pub use worker::{JobContext, JobError};

@@ -1,0 +1,484 @@
+//! The storage layer: every statement ringwork runs, by name, against one schema.
+//!
+//! The runtime asks this layer for "insert these jobs", "claim up to N from queue Q", "complete this
+//! batch"; it never builds SQL itself. The heavy lifting is done by server-side functions created by
+//! the migrations (`migrations/0002_engine.sql`), so claim and completion are one round trip each.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Row};
+
+use crate::error::Result;
+use crate::job::NewJob;
+use crate::schema::SchemaName;
+
+/// Groups at or below this size go through one `enqueue_jobs` call; larger ones through COPY.
+const COPY_THRESHOLD: usize = 64;
+
+/// Named statements, rendered once per schema.
+#[derive(Debug)]
+struct Statements {
+    enqueue_jobs: String,
+    schedule_jobs: String,
+    reserve_segment: String,
+    copy_ready: String,
+    claim: String,
+    ensure_lanes: String,
+    queue_has_backlog: String,
+    complete_batch: String,
+    close_batch: String,
+    promote_due: String,
+    rotate_queue_ring: String,
+    rotate_claim_ring: String,
+    sealed_queue_slots: String,
+    sealed_claim_slots: String,
+    prune_queue_slot: String,
+    prune_claim_slot: String,
+}
+
+impl Statements {
+    fn new(s: &SchemaName) -> Self {
+        Self {
+            enqueue_jobs: format!("SELECT * FROM {s}.enqueue_jobs($1, $2, $3, $4, $5)"),
+            schedule_jobs: format!("SELECT * FROM {s}.schedule_jobs($1, $2, $3, $4, $5, $6)"),
+            reserve_segment: format!(
+                "SELECT g.ready_slot, g.lane_id, g.base_pos,
+                        ARRAY(SELECT nextval('{s}.job_ids') FROM generate_series(1, $3)) AS job_ids
+                 FROM {s}.enqueue_segment($1, $2, $3) g"
+            ),
+            copy_ready: format!(
+                "COPY {s}.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority, \
+                 attempt, run_lease, max_attempts) FROM STDIN (FORMAT csv)"
+            ),
+            claim: format!(
+                "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args, attempt, max_attempts, priority, \
+                 created_at FROM {s}.claim($1, $2, make_interval(secs => $3))"
+            ),
+            ensure_lanes: format!("SELECT count({s}.ensure_lane($1, p::smallint)) FROM generate_series(1, 4) p"),
+            queue_has_backlog: format!(
+                "SELECT EXISTS (SELECT 1 FROM {s}.queue_lanes l WHERE l.queue = $1
+                   AND (SELECT max(e.lane_pos) FROM {s}.ready_entries e WHERE e.lane_id = l.lane_id)
+                       > {s}.lane_cursor(l.lane_id))"
+            ),
+            complete_batch: format!("SELECT job_id, accepted FROM {s}.complete_batch($1, $2, $3, $4)"),
+            close_batch: format!("SELECT job_id, accepted FROM {s}.close_batch($1, $2, $3, $4, $5, $6, $7)"),
+            promote_due: format!("SELECT {s}.promote_due($1)"),
+            rotate_queue_ring: format!("SELECT {s}.rotate_queue_ring(make_interval(secs => $1))"),
+            rotate_claim_ring: format!("SELECT {s}.rotate_claim_ring(make_interval(secs => $1))"),
+            sealed_queue_slots: format!(
+                "SELECT slot FROM {s}.queue_ring_slots WHERE state = 'sealed' ORDER BY generation"
+            ),
+            sealed_claim_slots: format!(
+                "SELECT slot FROM {s}.claim_ring_slots WHERE state = 'sealed' ORDER BY generation"
+            ),
+            prune_queue_slot: format!("SELECT {s}.prune_queue_slot($1, $2)"),
+            prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
+        }
+    }
+}
+
+/// A job handed to a worker by `claim`. `(job_id, run_lease)` names the attempt; `claim_slot` and
+/// `receipt_id` tie closure evidence back to the exact claim partition and batch item.
+#[derive(Clone, Debug)]
+pub struct ClaimedJob {
+    pub job_id: i64,
+    pub run_lease: i64,
+    pub claim_slot: i32,
+    pub receipt_id: i64,
+    pub kind: String,
+    pub args: serde_json::Value,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub priority: i16,
+    pub created_at: DateTime<Utc>,
+}
+
+impl ClaimedJob {
+    pub fn attempt_ref(&self) -> AttemptRef {
+        AttemptRef {
+            job_id: self.job_id,
+            run_lease: self.run_lease,
+            claim_slot: self.claim_slot,
+            receipt_id: self.receipt_id,
+        }
+    }
+}
+
+/// The identity of one attempt, as every write on its behalf must name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttemptRef {
+    pub job_id: i64,
+    pub run_lease: i64,
+    pub claim_slot: i32,
+    pub receipt_id: i64,
+}
+
+/// How an attempt ended, other than success.
+#[derive(Clone, Debug)]
+pub enum CloseOutcome {
+    /// Back to `deferred_jobs`, runnable again at `at`.
+    Retry { at: DateTime<Utc>, error: String },
+    /// Terminal failure: a failed `done_entries` row.
+    Failed { error: String },
+}
+
+/// Whether a write on behalf of an attempt took effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    /// The attempt was already closed (completed, rescued, cancelled) or never existed: nothing changed.
+    Stale,
+}
+
+/// Result of one prune attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PruneResult {
+    Pruned,
+    /// Not pruned; the reason (`open_claims`, `pending_ready`, `busy`, `not_sealed`).
+    Skipped(String),
+}
+
+/// Storage handle for one schema. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    pool: PgPool,
+    schema: SchemaName,
+    sql: Arc<Statements>,
+    /// Queues whose lanes are known to exist (committed).
+    known_queues: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Storage {
+    pub fn new(pool: PgPool, schema: SchemaName) -> Self {
+        let sql = Arc::new(Statements::new(&schema));
+        Self {
+            pool,
+            schema,
+            sql,
+            known_queues: Arc::default(),
+        }
+    }
+
+    /// Create the queue's four lanes (priorities 1..=4) in a transaction of their own, once per
+    /// process. Creating a lane inside a caller's transaction would hold the lane-creation lock until
+    /// that transaction ends and block every other producer of the queue.
+    pub async fn ensure_queue(&self, queue: &str) -> Result<()> {
+        crate::job::validate_name("queue name", queue)?;
+        if self
+            .known_queues
+            .lock()
+            .map(|q| q.contains(queue))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        sqlx::query(&self.sql.ensure_lanes)
+            .bind(queue)
+            .execute(&self.pool)
+            .await?;
+        if let Ok(mut known) = self.known_queues.lock() {
+            known.insert(queue.to_string());
+        }
+        Ok(())
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn schema(&self) -> &SchemaName {
+        &self.schema
+    }
+
+    /// Insert one job on `conn` (a pool connection or the caller's transaction).
+    pub async fn insert(&self, conn: &mut PgConnection, job: &NewJob) -> Result<i64> {
+        let ids = self.insert_many(conn, std::slice::from_ref(job)).await?;
+        Ok(ids[0])
+    }
+
+    /// Insert many jobs on `conn`; returns their ids in input order. Every job is validated before
+    /// any row is written. Within one (queue, priority) lane, input order is claim order.
+    pub async fn insert_many(&self, conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<i64>> {
+        let texts = jobs
+            .iter()
+            .map(NewJob::validate)
+            .collect::<Result<Vec<_>>>()?;
+        for job in jobs {
+            self.ensure_queue(&job.queue).await?;
+        }
+        let now = Utc::now();
+        let mut ids = vec![0_i64; jobs.len()];
+        // group by lane (immediate) or by (queue, priority) for the backlog, keeping input order
+        let mut groups: Vec<((String, i16, bool), Vec<usize>)> = Vec::new();
+        for (index, job) in jobs.iter().enumerate() {
+            let key = (job.queue.clone(), job.priority, job.is_future(now));
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(index),
+                None => groups.push((key, vec![index])),
+            }
+        }
+        for ((queue, priority, future), members) in groups {
+            let kinds: Vec<&str> = members.iter().map(|&i| jobs[i].kind.as_str()).collect();
+            let max_attempts: Vec<i32> = members.iter().map(|&i| jobs[i].max_attempts).collect();
+            let group_ids: Vec<i64> = if future {
+                let args: Vec<serde_json::Value> =
+                    members.iter().map(|&i| jobs[i].args.clone()).collect();
+                let run_at: Vec<DateTime<Utc>> = members
+                    .iter()
+                    .map(|&i| jobs[i].run_at.unwrap_or(now))
+                    .collect();
+                sqlx::query_scalar(&self.sql.schedule_jobs)
+                    .bind(&queue)
+                    .bind(priority)
+                    .bind(&kinds)
+                    .bind(&args)
+                    .bind(&max_attempts)
+                    .bind(&run_at)
+                    .fetch_all(&mut *conn)
+                    .await?
+            } else if members.len() <= COPY_THRESHOLD {
+                let args: Vec<serde_json::Value> =
+                    members.iter().map(|&i| jobs[i].args.clone()).collect();
+                sqlx::query_scalar(&self.sql.enqueue_jobs)
+                    .bind(&queue)
+                    .bind(priority)
+                    .bind(&kinds)
+                    .bind(&args)
+                    .bind(&max_attempts)
+                    .fetch_all(&mut *conn)
+                    .await?
+            } else {
+                self.copy_group(conn, &queue, priority, &members, jobs, &texts)
+                    .await?
+            };
+            for (&index, id) in members.iter().zip(group_ids) {
+                ids[index] = id;
+            }
+        }
+        Ok(ids)
+    }
+
+    async fn copy_group(
+        &self,
+        conn: &mut PgConnection,
+        queue: &str,
+        priority: i16,
+        members: &[usize],
+        jobs: &[NewJob],
+        texts: &[String],
+    ) -> Result<Vec<i64>> {
+        let row = sqlx::query(&self.sql.reserve_segment)
+            .bind(queue)
+            .bind(priority)
+            .bind(members.len() as i32)
+            .fetch_one(&mut *conn)
+            .await?;
+        let slot: i32 = row.try_get("ready_slot")?;
+        let lane: i32 = row.try_get("lane_id")?;
+        let base: i64 = row.try_get("base_pos")?;
+        let ids: Vec<i64> = row.try_get("job_ids")?;
+        let mut csv = String::with_capacity(members.len() * 128);
+        for (ordinal, (&index, id)) in members.iter().zip(&ids).enumerate() {
+            let job = &jobs[index];
+            csv.push_str(&format!(
+                "{slot},{lane},{},{id},{},{},{},{priority},0,0,{}\n",
+                base + ordinal as i64,
+                csv_quote(queue),
+                csv_quote(&job.kind),
+                csv_quote(&texts[index]),
+                job.max_attempts
+            ));
+        }
+        let mut copy = conn.copy_in_raw(&self.sql.copy_ready).await?;
+        copy.send(csv.into_bytes()).await?;
+        copy.finish().await?;
+        Ok(ids)
+    }
+
+    /// Claim up to `max` jobs from `queue` in one round trip.
+    pub async fn claim(
+        &self,
+        queue: &str,
+        max: usize,
+        deadline: Option<Duration>,
+    ) -> Result<Vec<ClaimedJob>> {
+        let rows = sqlx::query(&self.sql.claim)
+            .bind(queue)
+            .bind(max.clamp(1, 4096) as i32)
+            .bind(deadline.map(|d| d.as_secs_f64()))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ClaimedJob {
+                    job_id: r.try_get("job_id")?,
+                    run_lease: r.try_get("run_lease")?,
+                    claim_slot: r.try_get("claim_slot")?,
+                    receipt_id: r.try_get("receipt_id")?,
+                    kind: r.try_get("kind")?,
+                    args: r.try_get("args")?,
+                    attempt: r.try_get("attempt")?,
+                    max_attempts: r.try_get("max_attempts")?,
+                    priority: r.try_get("priority")?,
+                    created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Does the queue hold ready rows ahead of a lane cursor? (Tells "lane busy" from "empty" after
+    /// a claim returned nothing.)
+    pub async fn queue_has_backlog(&self, queue: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.sql.queue_has_backlog)
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Complete a batch of attempts successfully. Returns one outcome per input, in input order.
+    pub async fn complete_batch(&self, attempts: &[AttemptRef]) -> Result<Vec<Outcome>> {
+        if attempts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(i64, bool)> = sqlx::query_as(&self.sql.complete_batch)
+            .bind(attempts.iter().map(|a| a.claim_slot).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.receipt_id).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.job_id).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.run_lease).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
+    }
+
+    /// Close a batch of attempts without success (retry or terminal failure).
+    pub async fn close_batch(&self, closes: &[(AttemptRef, CloseOutcome)]) -> Result<Vec<Outcome>> {
+        if closes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut outcomes = Vec::with_capacity(closes.len());
+        let mut retry_at = Vec::with_capacity(closes.len());
+        let mut errors = Vec::with_capacity(closes.len());
+        for (_, close) in closes {
+            match close {
+                CloseOutcome::Retry { at, error } => {
+                    outcomes.push("retry");
+                    retry_at.push(Some(*at));
+                    errors.push(error.as_str());
+                }
+                CloseOutcome::Failed { error } => {
+                    outcomes.push("failed");
+                    retry_at.push(None);
+                    errors.push(error.as_str());
+                }
+            }
+        }
+        let rows: Vec<(i64, bool)> = sqlx::query_as(&self.sql.close_batch)
+            .bind(closes.iter().map(|(a, _)| a.claim_slot).collect::<Vec<_>>())
+            .bind(closes.iter().map(|(a, _)| a.receipt_id).collect::<Vec<_>>())
+            .bind(closes.iter().map(|(a, _)| a.job_id).collect::<Vec<_>>())
+            .bind(closes.iter().map(|(a, _)| a.run_lease).collect::<Vec<_>>())
+            .bind(&outcomes)
+            .bind(&retry_at)
+            .bind(&errors)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
+    }
+
+    /// Move up to `limit` due `deferred_jobs` to ready. Returns how many moved.
+    pub async fn promote_due(&self, limit: i32) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.promote_due)
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Rotate the queue ring if its current slot is older than `min_age` and in use.
+    pub async fn rotate_queue_ring(&self, min_age: Duration) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.sql.rotate_queue_ring)
+            .bind(min_age.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Rotate the claim ring if its current slot is older than `min_age` and in use.
+    pub async fn rotate_claim_ring(&self, min_age: Duration) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.sql.rotate_claim_ring)
+            .bind(min_age.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    pub async fn sealed_queue_slots(&self) -> Result<Vec<i32>> {
+        Ok(sqlx::query_scalar(&self.sql.sealed_queue_slots)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    pub async fn sealed_claim_slots(&self) -> Result<Vec<i32>> {
+        Ok(sqlx::query_scalar(&self.sql.sealed_claim_slots)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5).
+    pub async fn prune_queue_slot(&self, slot: i32, lock_timeout: Duration) -> Result<PruneResult> {
+        let result: String = sqlx::query_scalar(&self.sql.prune_queue_slot)
+            .bind(slot)
+            .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(prune_result(result))
+    }
+
+    /// Try to reclaim one sealed claim-ring slot (ADR-023 prune order).
+    pub async fn prune_claim_slot(&self, slot: i32, lock_timeout: Duration) -> Result<PruneResult> {
+        let result: String = sqlx::query_scalar(&self.sql.prune_claim_slot)
+            .bind(slot)
+            .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(prune_result(result))
+    }
+}
+
+fn outcome(accepted: bool) -> Outcome {
+    if accepted {
+        Outcome::Applied
+    } else {
+        Outcome::Stale
+    }
+}
+
+fn prune_result(text: String) -> PruneResult {
+    if text == "pruned" {
+        PruneResult::Pruned
+    } else {
+        PruneResult::Skipped(text)
+    }
+}
+
+/// Quote one CSV field for COPY (FORMAT csv): wrap in quotes, double inner quotes.
+fn csv_quote(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        if c == '"' {
+            out.push('"');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn csv_quote_doubles_quotes() {
+        assert_eq!(super::csv_quote(r#"{"a":"b,c"}"#), r#""{""a"":""b,c""}""#);
+    }
+}

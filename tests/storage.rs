@@ -1,0 +1,390 @@
+//! Storage-level promises: transactional enqueue, lane order, the stale-writer guard, cursor
+//! recovery, the gap protocol and prune's proofs. Each test drives the storage layer directly.
+
+mod support;
+
+use std::time::Duration;
+
+use ringwork::storage::PruneResult;
+use ringwork::{CloseOutcome, NewJob, Outcome};
+use serde_json::json;
+use support::TestDb;
+
+fn job(n: i64) -> NewJob {
+    NewJob::from_parts("noop", json!({ "n": n })).unwrap()
+}
+
+const NO_WAIT: Duration = Duration::from_millis(25);
+
+#[tokio::test]
+async fn transactional_enqueue_commit_makes_visible_rollback_leaves_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    storage.insert(&mut tx, &job(1)).await.unwrap();
+    storage
+        .insert_many(&mut tx, &(0..100).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
+            .await,
+        0
+    );
+    assert!(storage.claim("default", 10, None).await.unwrap().is_empty());
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let id = storage.insert(&mut tx, &job(2)).await.unwrap();
+    tx.commit().await.unwrap();
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].job_id, id);
+    assert_eq!(claimed[0].run_lease, 1);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn claims_follow_enqueue_order_within_a_lane() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut expected = Vec::new();
+    // singles, a small batch and a COPY batch, interleaved
+    for round in 0..3 {
+        expected.push(storage.insert(&mut conn, &job(round)).await.unwrap());
+        expected.extend(
+            storage
+                .insert_many(&mut conn, &(0..10).map(job).collect::<Vec<_>>())
+                .await
+                .unwrap(),
+        );
+        expected.extend(
+            storage
+                .insert_many(&mut conn, &(0..200).map(job).collect::<Vec<_>>())
+                .await
+                .unwrap(),
+        );
+    }
+    let mut seen = Vec::new();
+    loop {
+        let batch = storage.claim("default", 37, None).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        seen.extend(batch.iter().map(|j| j.job_id));
+    }
+    assert_eq!(seen, expected);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn priorities_run_lower_number_first() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let low = storage
+        .insert(&mut conn, &job(1).priority(4))
+        .await
+        .unwrap();
+    let high = storage
+        .insert(&mut conn, &job(2).priority(1))
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 1, None).await.unwrap();
+    assert_eq!(claimed[0].job_id, high);
+    let claimed = storage.claim("default", 1, None).await.unwrap();
+    assert_eq!(claimed[0].job_id, low);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn stale_completion_is_rejected_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage.insert(&mut conn, &job(1)).await.unwrap();
+    let first = storage.claim("default", 1, None).await.unwrap().remove(0);
+
+    // attempt 1 fails and is retried; attempt 2 is claimed with a higher run_lease
+    let retry = CloseOutcome::Retry {
+        at: chrono::Utc::now(),
+        error: "boom".into(),
+    };
+    assert_eq!(
+        storage
+            .close_batch(&[(first.attempt_ref(), retry)])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied]
+    );
+    assert_eq!(storage.promote_due(10).await.unwrap(), 1);
+    let second = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!(second.job_id, first.job_id);
+    assert_eq!(second.run_lease, first.run_lease + 1);
+
+    let evidence = "SELECT (SELECT count(*) FROM {s}.lease_claim_closure_batches)
+                         + (SELECT count(*) FROM {s}.receipt_completion_batches)
+                         + (SELECT count(*) FROM {s}.done_entries)
+                         + (SELECT count(*) FROM {s}.deferred_jobs)";
+    let before = db.scalar_i64(evidence).await;
+    // the old attempt's completion is stale: nothing changes
+    assert_eq!(
+        storage
+            .complete_batch(&[first.attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    let failed = CloseOutcome::Failed {
+        error: "late".into(),
+    };
+    assert_eq!(
+        storage
+            .close_batch(&[(first.attempt_ref(), failed)])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    assert_eq!(db.scalar_i64(evidence).await, before);
+
+    // the live attempt completes once; a second completion of it is stale too
+    assert_eq!(
+        storage
+            .complete_batch(&[second.attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied]
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[second.attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    // a mixed batch reports per attempt
+    let mixed = storage
+        .complete_batch(&[first.attempt_ref(), second.attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(mixed, vec![Outcome::Stale, Outcome::Stale]);
+    // a forged receipt is stale, not an error
+    let mut forged = second.attempt_ref();
+    forged.receipt_id += 1;
+    assert_eq!(
+        storage.complete_batch(&[forged]).await.unwrap(),
+        vec![Outcome::Stale]
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn lost_cursor_advance_is_recovered_without_duplicate_claim() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..10).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let first = storage.claim("default", 4, None).await.unwrap();
+    assert_eq!(first.len(), 4);
+    // the post-commit advance never happened (it is lazy) — and now we also roll the persisted
+    // cursor back to zero, as if every advance had been lost
+    db.exec("SELECT setval(cursor_seq, 0, true) FROM {s}.queue_lanes")
+        .await;
+    let second = storage.claim("default", 100, None).await.unwrap();
+    assert_eq!(second.len(), 6, "recovered from the attempt ledger");
+    let mut all: Vec<i64> = first.iter().chain(&second).map(|j| j.job_id).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 10, "no job claimed twice");
+    assert!(storage
+        .claim("default", 100, None)
+        .await
+        .unwrap()
+        .is_empty());
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_in_flight_enqueue_holds_its_place_and_a_rolled_back_one_is_skipped() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // A allocates first but commits last; B allocates second and commits first.
+    let mut a = db.pool.begin().await.unwrap();
+    let a_id = storage.insert(&mut a, &job(1)).await.unwrap();
+    let mut b = db.pool.begin().await.unwrap();
+    let b_id = storage.insert(&mut b, &job(2)).await.unwrap();
+    b.commit().await.unwrap();
+    assert!(
+        storage.claim("default", 10, None).await.unwrap().is_empty(),
+        "B must wait behind A's open transaction, or A's job would be stepped over"
+    );
+    a.commit().await.unwrap();
+    let claimed: Vec<i64> = storage
+        .claim("default", 10, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.job_id)
+        .collect();
+    assert_eq!(claimed, vec![a_id, b_id]);
+
+    // C allocates and rolls back; D commits after it: the gap is permanent and is stepped over.
+    let mut c = db.pool.begin().await.unwrap();
+    storage.insert(&mut c, &job(3)).await.unwrap();
+    let mut d = db.pool.begin().await.unwrap();
+    let d_id = storage.insert(&mut d, &job(4)).await.unwrap();
+    d.commit().await.unwrap();
+    c.rollback().await.unwrap();
+    let claimed: Vec<i64> = storage
+        .claim("default", 10, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.job_id)
+        .collect();
+    assert_eq!(claimed, vec![d_id]);
+    db.cleanup().await;
+}
+
+async fn rotate_both(storage: &ringwork::Storage) {
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+}
+
+#[tokio::test]
+async fn prune_refuses_a_slot_holding_an_open_claim() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    storage
+        .complete_batch(&[claimed[0].attempt_ref(), claimed[1].attempt_ref()])
+        .await
+        .unwrap();
+    rotate_both(&storage).await;
+    assert_eq!(
+        storage.prune_claim_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Skipped("open_claims".into())
+    );
+    assert_eq!(
+        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Skipped("open_claims".into()),
+        "the open claim still needs its ready row (rescue re-queues from it)"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claim_batches_0")
+            .await,
+        1
+    );
+    // closing the last claim unblocks both
+    storage
+        .complete_batch(&[claimed[2].attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(
+        storage.prune_claim_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Pruned
+    );
+    assert_eq!(
+        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Pruned
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn prune_refuses_a_slot_holding_unclaimed_ready_rows() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..5).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 2, None).await.unwrap();
+    storage
+        .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    rotate_both(&storage).await;
+    assert_eq!(
+        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Skipped("pending_ready".into())
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries_0")
+            .await,
+        5
+    );
+    // the current slot is never pruned
+    assert_eq!(
+        storage.prune_queue_slot(1, NO_WAIT).await.unwrap(),
+        PruneResult::Skipped("not_sealed".into())
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn prune_reclaims_a_fully_closed_slot_and_leaves_its_children_empty() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..300).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 300, None).await.unwrap();
+    let (ok, bad) = claimed.split_at(250);
+    storage
+        .complete_batch(&ok.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let fails: Vec<_> = bad
+        .iter()
+        .map(|j| (j.attempt_ref(), CloseOutcome::Failed { error: "no".into() }))
+        .collect();
+    storage.close_batch(&fails).await.unwrap();
+    rotate_both(&storage).await;
+    assert_eq!(
+        storage.prune_claim_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Pruned
+    );
+    assert_eq!(
+        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Pruned
+    );
+    for table in [
+        "ready_entries_0",
+        "ready_segments_0",
+        "ready_tombstones_0",
+        "ready_claim_attempt_batches_0",
+        "done_entries_0",
+        "receipt_completion_batches_0",
+        "lease_claim_batches_0",
+        "lease_claims_0",
+        "lease_claim_closures_0",
+        "lease_claim_closure_batches_0",
+    ] {
+        assert_eq!(
+            db.scalar_i64(&format!("SELECT count(*) FROM {{s}}.{table}"))
+                .await,
+            0,
+            "{table}"
+        );
+    }
+    // the cursor survived the truncation of its ledger: nothing comes back
+    assert!(storage.claim("default", 10, None).await.unwrap().is_empty());
+    // and the ring keeps working on the reclaimed slot
+    storage.insert(&mut conn, &job(1)).await.unwrap();
+    assert_eq!(storage.claim("default", 10, None).await.unwrap().len(), 1);
+    db.cleanup().await;
+}

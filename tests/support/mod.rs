@@ -1,0 +1,143 @@
+//! Shared test support: a fresh schema per test on a real PostgreSQL server.
+//!
+//! The server is `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/test`, else a throwaway
+//! cluster started once per test binary (stopped by a watchdog when the binary exits).
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use ringwork::{Client, ClientBuilder, MaintenanceConfig, SchemaName, Storage};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use tokio::sync::OnceCell;
+
+static SERVER_URL: OnceCell<String> = OnceCell::const_new();
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+async fn server_url() -> String {
+    SERVER_URL
+        .get_or_init(|| async {
+            if let Ok(url) = std::env::var("DATABASE_URL") {
+                return url;
+            }
+            let default = "postgres://postgres@127.0.0.1:5432/test".to_string();
+            let reachable = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(3))
+                .connect(&default)
+                .await
+                .is_ok();
+            if reachable {
+                return default;
+            }
+            let pg = ringwork::embedded::EmbeddedPostgres::start()
+                .expect("no PostgreSQL reachable and none startable");
+            pg.stop_when_process_exits(std::process::id())
+                .expect("watchdog")
+        })
+        .await
+        .clone()
+}
+
+/// One test's database: its own schema, migrated, dropped by `cleanup`.
+pub struct TestDb {
+    pub url: String,
+    pub pool: PgPool,
+    pub schema: SchemaName,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let url = server_url().await;
+        let name = format!(
+            "rwt_{}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>() % 100_000
+        );
+        let schema = SchemaName::new(&name).expect("schema name");
+        let pool = Self::connect(&url, 12).await;
+        ringwork::schema::migrate(&pool, &schema, ringwork::RingSizes::default())
+            .await
+            .expect("migrate");
+        Self { url, pool, schema }
+    }
+
+    pub async fn connect(url: &str, max: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(url)
+            .await
+            .expect("connect")
+    }
+
+    pub fn storage(&self) -> Storage {
+        Storage::new(self.pool.clone(), self.schema.clone())
+    }
+
+    /// A client builder on this schema with fast maintenance.
+    pub fn client(&self) -> ClientBuilder {
+        Client::builder(self.pool.clone())
+            .schema(self.schema.as_str())
+            .maintenance(fast_maintenance())
+    }
+
+    pub async fn scalar_i64(&self, sql: &str) -> i64 {
+        let sql = sql.replace("{s}", self.schema.as_str());
+        sqlx::query_scalar::<_, i64>(&sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        let sql = sql.replace("{s}", self.schema.as_str());
+        sqlx::raw_sql(&sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    pub async fn cleanup(self) {
+        let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+            .execute(&self.pool)
+            .await;
+        self.pool.close().await;
+    }
+}
+
+pub fn fast_maintenance() -> MaintenanceConfig {
+    MaintenanceConfig {
+        tick: Duration::from_millis(50),
+        rotate_interval: Duration::from_millis(200),
+        ..MaintenanceConfig::default()
+    }
+}
+
+/// Maintenance that never runs (for tests that drive it by hand).
+pub fn no_maintenance() -> MaintenanceConfig {
+    MaintenanceConfig {
+        enabled: false,
+        ..MaintenanceConfig::default()
+    }
+}
+
+/// Poll `check` every 20 ms until it is true or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

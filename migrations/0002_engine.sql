@@ -527,7 +527,10 @@ $$;
 -- Prune order (ADR-023 "Rotation and prune"): ring state FOR UPDATE -> slot row FOR UPDATE ->
 -- proof -> ACCESS EXCLUSIVE on the slot's children with a short lock timeout (skip when busy) ->
 -- re-check not-current and re-prove under the locks -> TRUNCATE all children in one statement.
-CREATE FUNCTION __S__.prune_queue_slot(p_slot int, p_lock_timeout text DEFAULT '25ms') RETURNS text
+-- Failed and cancelled history younger than p_keep_failed is carried forward into the current slot
+-- (INSERT only) before the truncate, so terminal failures outlive their slot.
+CREATE FUNCTION __S__.prune_queue_slot(p_slot int, p_lock_timeout text DEFAULT '25ms',
+                                       p_keep_failed interval DEFAULT '72 hours') RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     v_state text;
@@ -571,6 +574,12 @@ BEGIN
     IF v_blocker IS NOT NULL THEN
         RETURN v_blocker;
     END IF;
+    INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                    max_attempts, state, error, created_at, finalized_at)
+    SELECT (SELECT slot FROM __S__.queue_ring_slots WHERE state = 'current'), d.job_id, d.run_lease, d.queue,
+           d.kind, d.args, d.priority, d.attempt, d.max_attempts, d.state, d.error, d.created_at, d.finalized_at
+    FROM __S__.done_entries d
+    WHERE d.ready_slot = p_slot AND d.state <> 'completed' AND d.finalized_at > now() - p_keep_failed;
     EXECUTE 'TRUNCATE ' || v_children;
     UPDATE __S__.queue_ring_slots SET state = 'free', state_since = now() WHERE slot = p_slot;
     RETURN 'pruned';

@@ -26,6 +26,8 @@ pub struct MaintenanceConfig {
     pub prune_lock_timeout: Duration,
     /// Most deferred jobs promoted per statement.
     pub promote_batch: i32,
+    /// Failed and cancelled jobs stay visible at least this long, across slot prunes.
+    pub keep_failed: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -36,6 +38,7 @@ impl Default for MaintenanceConfig {
             rotate_interval: Duration::from_secs(1),
             prune_lock_timeout: Duration::from_millis(25),
             promote_batch: 1000,
+            keep_failed: Duration::from_secs(72 * 3600),
         }
     }
 }
@@ -87,7 +90,7 @@ pub async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickR
     }
     for slot in storage.sealed_queue_slots().await? {
         match storage
-            .prune_queue_slot(slot, config.prune_lock_timeout)
+            .prune_queue_slot(slot, config.prune_lock_timeout, config.keep_failed)
             .await?
         {
             PruneResult::Pruned => report.pruned_queue_slots.push(slot),

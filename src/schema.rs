@@ -5,7 +5,7 @@
 //! recorded in `<schema>.schema_migrations`. A database whose recorded version is newer than the
 //! binary is refused before anything runs against it.
 
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 
 use crate::error::{Error, Result};
 
@@ -210,7 +210,18 @@ pub fn check_not_newer(schema: &SchemaName, database: Option<i32>) -> Result<()>
 
 /// Apply every migration the database does not have yet. Safe to call from many processes at once;
 /// returns the versions this call applied.
-pub async fn migrate(pool: &PgPool, schema: &SchemaName, rings: RingSizes) -> Result<Vec<i32>> {
+///
+/// Returns a boxed `Send` future: callers spawn it, and rustc cannot otherwise prove `Send` for a
+/// future that reborrows a connection across awaits (rust-lang/rust#102211).
+pub fn migrate<'a>(
+    pool: &'a PgPool,
+    schema: &'a SchemaName,
+    rings: RingSizes,
+) -> futures::future::BoxFuture<'a, Result<Vec<i32>>> {
+    Box::pin(migrate_inner(pool, schema, rings))
+}
+
+async fn migrate_inner(pool: &PgPool, schema: &SchemaName, rings: RingSizes) -> Result<Vec<i32>> {
     rings.validate()?;
     let mut conn = pool.acquire().await?;
     let key = migration_lock_key(schema);
@@ -242,25 +253,17 @@ async fn migrate_locked(
         if version <= current {
             continue;
         }
-        let mut tx = conn.begin().await?;
-        sqlx::raw_sql(&format!(
+        // One simple-query message: PostgreSQL runs it as a single implicit transaction, so a
+        // version is either fully applied and recorded or not at all.
+        let script = format!(
             "CREATE SCHEMA IF NOT EXISTS {schema};
              CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
-                 version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-        ))
-        .execute(&mut *tx)
-        .await?;
-        sqlx::raw_sql(&render(sql, schema, rings))
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(&format!(
-            "INSERT INTO {schema}.schema_migrations (version, name) VALUES ($1, $2)"
-        ))
-        .bind(version)
-        .bind(*name)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+                 version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+             {}
+             ;INSERT INTO {schema}.schema_migrations (version, name) VALUES ({version}, '{name}');",
+            render(sql, schema, rings)
+        );
+        sqlx::Executor::execute(&mut *conn, script.as_str()).await?;
         applied.push(version);
     }
     Ok(applied)

@@ -74,7 +74,7 @@ impl Statements {
             sealed_claim_slots: format!(
                 "SELECT slot FROM {s}.claim_ring_slots WHERE state = 'sealed' ORDER BY generation"
             ),
-            prune_queue_slot: format!("SELECT {s}.prune_queue_slot($1, $2)"),
+            prune_queue_slot: format!("SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3))"),
             prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
         }
     }
@@ -424,11 +424,18 @@ impl Storage {
             .await?)
     }
 
-    /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5).
-    pub async fn prune_queue_slot(&self, slot: i32, lock_timeout: Duration) -> Result<PruneResult> {
+    /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5). Failed and cancelled history
+    /// younger than `keep_failed` is carried forward into the current slot.
+    pub async fn prune_queue_slot(
+        &self,
+        slot: i32,
+        lock_timeout: Duration,
+        keep_failed: Duration,
+    ) -> Result<PruneResult> {
         let result: String = sqlx::query_scalar(&self.sql.prune_queue_slot)
             .bind(slot)
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
+            .bind(keep_failed.as_secs_f64())
             .fetch_one(&self.pool)
             .await?;
         Ok(prune_result(result))

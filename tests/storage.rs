@@ -15,6 +15,7 @@ fn job(n: i64) -> NewJob {
 }
 
 const NO_WAIT: Duration = Duration::from_millis(25);
+const KEEP: Duration = Duration::ZERO;
 
 #[tokio::test]
 async fn transactional_enqueue_commit_makes_visible_rollback_leaves_nothing() {
@@ -276,7 +277,7 @@ async fn prune_refuses_a_slot_holding_an_open_claim() {
         PruneResult::Skipped("open_claims".into())
     );
     assert_eq!(
-        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        storage.prune_queue_slot(0, NO_WAIT, KEEP).await.unwrap(),
         PruneResult::Skipped("open_claims".into()),
         "the open claim still needs its ready row (rescue re-queues from it)"
     );
@@ -295,7 +296,7 @@ async fn prune_refuses_a_slot_holding_an_open_claim() {
         PruneResult::Pruned
     );
     assert_eq!(
-        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        storage.prune_queue_slot(0, NO_WAIT, KEEP).await.unwrap(),
         PruneResult::Pruned
     );
     db.cleanup().await;
@@ -317,7 +318,7 @@ async fn prune_refuses_a_slot_holding_unclaimed_ready_rows() {
         .unwrap();
     rotate_both(&storage).await;
     assert_eq!(
-        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        storage.prune_queue_slot(0, NO_WAIT, KEEP).await.unwrap(),
         PruneResult::Skipped("pending_ready".into())
     );
     assert_eq!(
@@ -327,7 +328,7 @@ async fn prune_refuses_a_slot_holding_unclaimed_ready_rows() {
     );
     // the current slot is never pruned
     assert_eq!(
-        storage.prune_queue_slot(1, NO_WAIT).await.unwrap(),
+        storage.prune_queue_slot(1, NO_WAIT, KEEP).await.unwrap(),
         PruneResult::Skipped("not_sealed".into())
     );
     db.cleanup().await;
@@ -359,7 +360,7 @@ async fn prune_reclaims_a_fully_closed_slot_and_leaves_its_children_empty() {
         PruneResult::Pruned
     );
     assert_eq!(
-        storage.prune_queue_slot(0, NO_WAIT).await.unwrap(),
+        storage.prune_queue_slot(0, NO_WAIT, KEEP).await.unwrap(),
         PruneResult::Pruned
     );
     for table in [
@@ -386,5 +387,62 @@ async fn prune_reclaims_a_fully_closed_slot_and_leaves_its_children_empty() {
     // and the ring keeps working on the reclaimed slot
     storage.insert(&mut conn, &job(1)).await.unwrap();
     assert_eq!(storage.claim("default", 10, None).await.unwrap().len(), 1);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn failed_history_is_carried_forward_when_its_slot_is_pruned() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..4).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 4, None).await.unwrap();
+    storage
+        .complete_batch(&[claimed[0].attempt_ref(), claimed[1].attempt_ref()])
+        .await
+        .unwrap();
+    let fails: Vec<_> = claimed[2..]
+        .iter()
+        .map(|j| {
+            (
+                j.attempt_ref(),
+                CloseOutcome::Failed {
+                    error: "kept".into(),
+                },
+            )
+        })
+        .collect();
+    storage.close_batch(&fails).await.unwrap();
+    rotate_both(&storage).await;
+    assert_eq!(
+        storage.prune_claim_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Pruned
+    );
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert_eq!(
+        storage.prune_queue_slot(0, NO_WAIT, week).await.unwrap(),
+        PruneResult::Pruned
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.done_entries_0")
+            .await,
+        0
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.done_entries_1 WHERE state = 'failed' AND error = 'kept'"
+        )
+        .await,
+        2,
+        "both failures moved to the current slot"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.receipt_completion_batches")
+            .await,
+        0
+    );
     db.cleanup().await;
 }

@@ -57,7 +57,7 @@ impl TestDb {
             rand::random::<u32>() % 100_000
         );
         let schema = SchemaName::new(&name).expect("schema name");
-        let pool = Self::connect(&url, 12).await;
+        let pool = Self::connect(&url, 8).await;
         ringwork::schema::migrate(&pool, &schema, ringwork::RingSizes::default())
             .await
             .expect("migrate");

@@ -1,0 +1,525 @@
+//! Runtime promises: many workers in separate runtimes drain a queue with every job run exactly
+//! once, the dead-tuple contract, bad input, retries, the schema version guard.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ringwork::schema::{churn_class, ChurnClass, SCHEMA_VERSION};
+use ringwork::{Client, Error, JobArgs, JobContext, JobError, NewJob, QueueConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use support::{eventually, fast_maintenance, no_maintenance, TestDb};
+
+#[derive(Serialize, Deserialize)]
+struct Count {
+    n: u64,
+}
+impl JobArgs for Count {
+    const KIND: &'static str = "count";
+}
+
+type Runs = Arc<Mutex<HashMap<i64, u32>>>;
+
+fn queue(workers: usize) -> QueueConfig {
+    QueueConfig {
+        max_workers: workers,
+        claim_batch: 64,
+        poll_interval: Duration::from_millis(50),
+        deadline: None,
+    }
+}
+
+/// A client in its own OS thread and tokio runtime, with its own pool, until `stop` fires.
+fn spawn_worker_process(
+    url: String,
+    schema: String,
+    runs: Runs,
+    stop: Arc<tokio::sync::Notify>,
+) -> std::thread::JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let pool = TestDb::connect(&url, 6).await;
+            let client = Client::builder(pool.clone())
+                .schema(&schema)
+                .maintenance(fast_maintenance())
+                .queue("default", queue(16))
+                .register(move |ctx: JobContext, _args: Count| {
+                    let runs = Arc::clone(&runs);
+                    async move {
+                        *runs.lock().unwrap().entry(ctx.job_id).or_default() += 1;
+                        Ok::<(), JobError>(())
+                    }
+                })
+                .build()
+                .await
+                .unwrap();
+            let metrics = client.metrics();
+            let running = client.start().await.unwrap();
+            stop.notified().await;
+            running.shutdown(Duration::from_secs(10)).await;
+            pool.close().await;
+            (
+                metrics.completed.load(Ordering::Relaxed),
+                metrics.stale.load(Ordering::Relaxed),
+            )
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_in_separate_runtimes_run_every_job_exactly_once() {
+    let db = TestDb::new().await;
+    let runs: Runs = Arc::default();
+    let stops: Vec<_> = (0..2)
+        .map(|_| Arc::new(tokio::sync::Notify::new()))
+        .collect();
+    let workers: Vec<_> = stops
+        .iter()
+        .map(|stop| {
+            spawn_worker_process(
+                db.url.clone(),
+                db.schema.to_string(),
+                Arc::clone(&runs),
+                Arc::clone(stop),
+            )
+        })
+        .collect();
+
+    // enqueue while they run: batches (COPY) and singles, from two producers
+    let storage = db.storage();
+    let mut ids = Vec::new();
+    let mut conn = db.pool.acquire().await.unwrap();
+    for chunk in 0..19 {
+        let jobs: Vec<_> = (0..500)
+            .map(|i| NewJob::new(&Count { n: chunk * 500 + i }).unwrap())
+            .collect();
+        ids.extend(storage.insert_many(&mut conn, &jobs).await.unwrap());
+    }
+    for i in 0..500 {
+        ids.push(
+            storage
+                .insert(&mut conn, &NewJob::new(&Count { n: 9500 + i }).unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(ids.len(), 10_000);
+
+    let done = eventually(Duration::from_secs(120), || {
+        let runs = Arc::clone(&runs);
+        async move { runs.lock().unwrap().len() == 10_000 }
+    })
+    .await;
+    // let in-flight completions flush, then stop both
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for stop in &stops {
+        stop.notify_one();
+    }
+    let mut completed = 0;
+    let mut stale = 0;
+    for worker in workers {
+        let (c, s) = worker.join().unwrap();
+        completed += c;
+        stale += s;
+    }
+    assert!(done, "not every job ran within 120 s");
+    let runs = runs.lock().unwrap();
+    for id in &ids {
+        assert_eq!(
+            runs.get(id),
+            Some(&1),
+            "job {id} ran {:?} times",
+            runs.get(id)
+        );
+    }
+    assert_eq!(completed, 10_000, "completed exactly once each");
+    assert_eq!(stale, 0);
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_tables_gain_no_dead_tuples_from_enqueue_claim_complete() {
+    let db = TestDb::new().await;
+    // Maintenance off: no TRUNCATE may reset the counters and hide an UPDATE or DELETE.
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .queue("default", queue(32))
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let running = client.start().await.unwrap();
+    for chunk in 0..40 {
+        let jobs: Vec<_> = (0..500)
+            .map(|i| NewJob::new(&Count { n: chunk * 500 + i }).unwrap())
+            .collect();
+        client.insert_many(&jobs).await.unwrap();
+    }
+    for i in 0..100 {
+        client
+            .insert(NewJob::new(&Count { n: i }).unwrap())
+            .await
+            .unwrap();
+    }
+    let all_done = eventually(Duration::from_secs(120), || {
+        let metrics = Arc::clone(&metrics);
+        async move { metrics.completed.load(Ordering::Relaxed) == 20_100 }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(10)).await;
+    assert!(
+        all_done,
+        "completed {}",
+        metrics.completed.load(Ordering::Relaxed)
+    );
+
+    // Closing every connection makes each backend flush its statistics on exit; then wait until
+    // the inserts are visible in the statistics before reading the dead-tuple counts.
+    let url = db.url.clone();
+    let schema = db.schema.clone();
+    db.pool.close().await;
+    let pool = TestDb::connect(&url, 2).await;
+    let flushed = eventually(Duration::from_secs(30), || {
+        let pool = pool.clone();
+        let schema = schema.clone();
+        async move {
+            let inserted: i64 = sqlx::query_scalar(
+                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
+                 WHERE schemaname = $1 AND relname LIKE 'ready_entries%'",
+            )
+            .bind(schema.as_str())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            inserted >= 20_100
+        }
+    })
+    .await;
+    assert!(flushed, "statistics never caught up");
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_dead_tup, n_tup_upd, n_tup_del, n_tup_ins FROM pg_stat_user_tables
+         WHERE schemaname = $1",
+    )
+    .bind(schema.as_str())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut ring_inserts = 0;
+    for (table, dead, updated, deleted, inserted) in &rows {
+        let class = churn_class(table)
+            .unwrap_or_else(|| panic!("table {table} has no declared churn class"));
+        if class == ChurnClass::Ring {
+            assert_eq!(
+                (*dead, *updated, *deleted),
+                (0, 0, 0),
+                "ring table {table}: dead/upd/del"
+            );
+            ring_inserts += inserted;
+        }
+    }
+    assert!(
+        ring_inserts > 20_100,
+        "ring tables saw the traffic ({ring_inserts} inserts)"
+    );
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn every_table_declares_its_churn_class() {
+    let db = TestDb::new().await;
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = $1")
+            .bind(db.schema.as_str())
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert!(tables.len() > 100, "ring children exist");
+    for table in tables {
+        assert!(
+            churn_class(&table).is_some(),
+            "{table} has no churn class in schema::TABLE_CLASSES"
+        );
+    }
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct Strict {
+    value: u32,
+}
+impl JobArgs for Strict {
+    const KIND: &'static str = "strict";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kind_and_undecodable_args_fail_that_job_only() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .queue("default", queue(8))
+        .register(|_ctx: JobContext, _args: Strict| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let unknown = client
+        .insert(NewJob::from_parts("nobody_handles_this", json!({})).unwrap())
+        .await
+        .unwrap();
+    let undecodable = client
+        .insert(NewJob::from_parts("strict", json!({ "value": "not a number" })).unwrap())
+        .await
+        .unwrap();
+    let good: Vec<i64> = client
+        .insert_many(
+            &(0..20)
+                .map(|v| NewJob::new(&Strict { value: v }).unwrap())
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let done = eventually(Duration::from_secs(30), || {
+        let metrics = Arc::clone(&metrics);
+        async move {
+            metrics.completed.load(Ordering::Relaxed) == 20
+                && metrics.failed.load(Ordering::Relaxed) == 2
+        }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        done,
+        "completed {} failed {}",
+        metrics.completed.load(Ordering::Relaxed),
+        metrics.failed.load(Ordering::Relaxed)
+    );
+    let error_of = |id: i64| {
+        let pool = db.pool.clone();
+        let sql = format!(
+            "SELECT state || ': ' || error FROM {}.done_entries WHERE job_id = $1",
+            db.schema
+        );
+        async move {
+            sqlx::query_scalar::<_, String>(&sql)
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let e = error_of(unknown).await;
+    assert!(
+        e.starts_with("failed: unknown job kind \"nobody_handles_this\""),
+        "{e}"
+    );
+    let e = error_of(undecodable).await;
+    assert!(
+        e.starts_with("failed: undecodable arguments for kind \"strict\""),
+        "{e}"
+    );
+    assert_eq!(good.len(), 20);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_before_anything_is_written() {
+    let db = TestDb::new().await;
+    let client = db.client().build().await.unwrap();
+    let nul = NewJob::from_parts("k", json!({ "s": "a\u{0}b" })).unwrap();
+    assert!(matches!(
+        client.insert(nul.clone()).await,
+        Err(Error::InvalidArgs { .. })
+    ));
+    // a batch with one bad job writes nothing
+    let good = NewJob::from_parts("k", json!({})).unwrap();
+    assert!(client.insert_many(&[good.clone(), nul]).await.is_err());
+    assert!(client.insert(good.clone().priority(0)).await.is_err());
+    assert!(client
+        .insert(good.clone().queue("bad\0queue"))
+        .await
+        .is_err());
+    assert!(matches!(
+        NewJob::from_parts("k\0", json!({})),
+        Err(Error::InvalidName { .. })
+    ));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
+            .await,
+        0
+    );
+    // bad configuration
+    let bad = db
+        .client()
+        .queue(
+            "q",
+            QueueConfig {
+                max_workers: 0,
+                ..QueueConfig::default()
+            },
+        )
+        .build()
+        .await;
+    assert!(matches!(bad, Err(Error::Config(_))));
+    assert!(matches!(
+        db.client().schema("Robert'); DROP").build().await,
+        Err(Error::InvalidName { .. })
+    ));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_newer_schema_version_is_refused() {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "INSERT INTO {{s}}.schema_migrations (version, name) VALUES ({}, 'from the future')",
+        SCHEMA_VERSION + 1
+    ))
+    .await;
+    for migrate in [true, false] {
+        match db.client().migrate(migrate).build().await {
+            Err(Error::SchemaTooNew {
+                database, binary, ..
+            }) => {
+                assert_eq!((database, binary), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+            }
+            other => panic!("expected SchemaTooNew, got {:?}", other.err()),
+        }
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn concurrent_migrations_apply_each_version_once() {
+    let db = TestDb::new().await;
+    let fresh = ringwork::SchemaName::new(&format!("{}_m", db.schema)).unwrap();
+    let runs = (0..4).map(|_| {
+        let pool = db.pool.clone();
+        let fresh = fresh.clone();
+        tokio::spawn(
+            async move { ringwork::schema::migrate(&pool, &fresh, Default::default()).await },
+        )
+    });
+    let mut applied = Vec::new();
+    for run in runs {
+        applied.extend(run.await.unwrap().unwrap());
+    }
+    applied.sort();
+    assert_eq!(applied, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    sqlx::query(&format!("DROP SCHEMA {fresh} CASCADE"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct Flaky {
+    fail_times: i32,
+}
+impl JobArgs for Flaky {
+    const KIND: &'static str = "flaky";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_retry_through_deferred_and_then_complete_or_fail_for_good() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .queue("default", queue(4))
+        .register(|ctx: JobContext, args: Flaky| async move {
+            if ctx.attempt <= args.fail_times {
+                Err(JobError::RetryAfter(
+                    Duration::ZERO,
+                    format!("attempt {} fails", ctx.attempt),
+                ))
+            } else {
+                Ok(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let recovers = client
+        .insert(NewJob::new(&Flaky { fail_times: 2 }).unwrap())
+        .await
+        .unwrap();
+    let exhausts = client
+        .insert(
+            NewJob::new(&Flaky { fail_times: 10 })
+                .unwrap()
+                .max_attempts(3),
+        )
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let done = eventually(Duration::from_secs(30), || {
+        let metrics = Arc::clone(&metrics);
+        async move {
+            metrics.completed.load(Ordering::Relaxed) == 1
+                && metrics.failed.load(Ordering::Relaxed) == 1
+        }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(done);
+    assert_eq!(metrics.retried.load(Ordering::Relaxed), 4);
+    let state: String = sqlx::query_scalar(&format!(
+        "SELECT state || ' after attempt ' || attempt || ', lease ' || run_lease FROM {}.done_entries WHERE job_id = $1",
+        db.schema
+    ))
+    .bind(exhausts)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(state, "failed after attempt 3, lease 3");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
+            .await,
+        0
+    );
+    let _ = recovers;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn public_futures_are_send() {
+    fn assert_send<T: Send>(_: T) {}
+    let pool = sqlx::PgPool::connect_lazy("postgres://localhost/x").unwrap();
+    assert_send(Client::builder(pool.clone()).build());
+    let schema = ringwork::SchemaName::default();
+    assert_send(ringwork::schema::migrate(
+        &pool,
+        &schema,
+        Default::default(),
+    ));
+    let client_insert = async move {
+        let client = Client::builder(pool).build().await.unwrap();
+        client
+            .insert(NewJob::from_parts("k", json!({})).unwrap())
+            .await
+            .unwrap();
+        client
+            .start()
+            .await
+            .unwrap()
+            .shutdown(Duration::from_secs(1))
+            .await;
+    };
+    assert_send(client_insert);
+}

@@ -132,7 +132,7 @@ async fn two_clients_in_separate_runtimes_run_every_job_exactly_once() {
         stale += s;
     }
     assert!(done, "not every job ran within 120 s");
-    let runs = runs.lock().unwrap();
+    let runs = runs.lock().unwrap().clone();
     for id in &ids {
         assert_eq!(
             runs.get(id),

@@ -1,7 +1,6 @@
 -- ringwork schema version 2: the hot-path and maintenance statements as server-side functions,
--- so claim and complete are one round trip each. Every function that reads a partitioned parent
--- runs with plan_cache_mode = force_custom_plan: a generic plan would lock every child partition
--- (ARCHITECTURE §5), a custom plan prunes at plan time where a slot is known.
+-- so claim and complete are one round trip each. See the end of the file for which functions
+-- force custom plans and why.
 
 -- Advisory-lock namespaces, derived from the schema name so two schemas never share a key.
 CREATE FUNCTION __S__.lock_ns(p_kind text) RETURNS int
@@ -631,12 +630,16 @@ BEGIN
 END
 $$;
 
--- Plan-time partition pruning everywhere a slot is known (see header).
+-- Plan-time partition pruning for the maintenance functions, which address one slot by parameter.
+-- The hot-path functions (enqueue, claim, complete, close) keep cached generic plans: they read the
+-- lanes across every slot anyway, so a custom plan would lock the same children and cost ~5 ms of
+-- planning per call. Their child locks are short; prune's lock_timeout bounds how long it can queue.
 DO $$
 DECLARE f regprocedure;
 BEGIN
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p WHERE p.pronamespace = '__S__'::regnamespace
-             AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'plpgsql') LOOP
+             AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'plpgsql')
+             AND (p.proname LIKE 'prune_%' OR p.proname LIKE 'rotate_%') LOOP
         EXECUTE format('ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f);
     END LOOP;
 END

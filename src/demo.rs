@@ -176,7 +176,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         completed as f64 / elapsed.as_secs_f64()
     );
     println!(
-        "| pickup latency p50 / p99 | {:.1} ms / {:.1} ms |",
+        "| pickup latency p50 / p99 (enqueue → handler start; includes time queued behind the backlog) | {:.1} ms / {:.1} ms |",
         pct(0.50),
         pct(0.99)
     );

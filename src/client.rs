@@ -30,7 +30,8 @@ pub struct QueueConfig {
     pub claim_batch: usize,
     /// How long an idle dispatcher waits for a NOTIFY before claiming anyway.
     pub poll_interval: Duration,
-    /// Optional deadline stamped on every claim batch (enforced by deadline rescue).
+    /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and
+    /// deadline rescue closes the attempt if its worker cannot.
     pub deadline: Option<Duration>,
 }
 
@@ -192,6 +193,7 @@ impl ClientBuilder {
         }
         Ok(Client {
             inner: Arc::new(Inner {
+                running: Mutex::default(),
                 storage,
                 queues: self.queues,
                 registry: self.registry,
@@ -203,7 +205,11 @@ impl ClientBuilder {
     }
 }
 
+/// Attempts running in this process, for heartbeats: (job_id, run_lease) -> (attempt, started).
+type RunningAttempts = Mutex<HashMap<(i64, i64), (AttemptRef, std::time::Instant)>>;
+
 struct Inner {
+    running: RunningAttempts,
     storage: Storage,
     queues: Vec<(String, QueueConfig)>,
     registry: Registry,
@@ -304,6 +310,10 @@ impl Client {
             dispatchers.push((Arc::clone(&dispatcher.slots), config.max_workers));
             tasks.push(tokio::spawn(dispatcher.run(stop_rx.clone())));
         }
+        tasks.push(tokio::spawn(heartbeats(
+            Arc::clone(&self.inner),
+            stop_rx.clone(),
+        )));
         if self.inner.maintenance.enabled {
             tasks.push(tokio::spawn(maintenance::run(
                 self.inner.storage.clone(),
@@ -371,6 +381,7 @@ struct Dispatcher {
 impl Dispatcher {
     async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut failures = 0_u32;
+        let mut busy_rounds = 0_u32;
         loop {
             if *stop.borrow() {
                 return;
@@ -397,6 +408,7 @@ impl Dispatcher {
             match claimed {
                 Ok(jobs) if !jobs.is_empty() => {
                     failures = 0;
+                    busy_rounds = 0;
                     self.inner
                         .metrics
                         .claimed
@@ -422,8 +434,17 @@ impl Dispatcher {
                         .queue_has_backlog(&self.queue)
                         .await
                         .unwrap_or(false);
+                    // A lane locked by another claimer frees up within milliseconds; a lane held
+                    // behind an open producer transaction may not, so back off towards the poll
+                    // interval while it stays busy.
+                    busy_rounds = if busy {
+                        busy_rounds.saturating_add(1)
+                    } else {
+                        0
+                    };
                     let wait = if busy {
-                        Duration::from_millis(2)
+                        Duration::from_millis(2 << busy_rounds.min(8))
+                            .min(self.config.poll_interval)
                     } else {
                         self.config.poll_interval
                     };
@@ -450,6 +471,19 @@ impl Dispatcher {
 
 async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
     let attempt = job.attempt_ref();
+    let key = (job.job_id, job.run_lease);
+    if let Ok(mut running) = inner.running.lock() {
+        running.insert(key, (attempt, std::time::Instant::now()));
+    }
+    let finished = run_handler(inner, queue, job).await;
+    if let Ok(mut running) = inner.running.lock() {
+        running.remove(&key);
+    }
+    finished
+}
+
+async fn run_handler(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
+    let attempt = job.attempt_ref();
     if let Ok(mut samples) = inner.metrics.pickup_ms.lock() {
         if let Some(samples) = samples.as_mut() {
             let ms = (Utc::now() - job.created_at)
@@ -474,8 +508,26 @@ async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
                 queue: queue.to_string(),
                 created_at: job.created_at,
             };
-            // A panicking handler is a failed attempt, not a dead worker.
-            match tokio::spawn(handler(ctx, job.args.clone())).await {
+            // A panicking handler is a failed attempt, not a dead worker; one past its deadline is
+            // stopped (deadline rescue closes the claim if this process cannot).
+            let task = tokio::spawn(handler(ctx, job.args.clone()));
+            let abort = task.abort_handle();
+            let limit = job
+                .deadline_at
+                .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO));
+            let joined = match limit {
+                Some(limit) => match tokio::time::timeout(limit, task).await {
+                    Ok(joined) => joined,
+                    Err(_) => {
+                        abort.abort();
+                        Ok(Err(JobError::Retry(format!(
+                            "deadline exceeded after {limit:?}"
+                        ))))
+                    }
+                },
+                None => task.await,
+            };
+            match joined {
                 Ok(result) => result,
                 Err(e) => Err(JobError::Retry(format!("handler panicked: {e}"))),
             }
@@ -508,6 +560,38 @@ fn close_outcome(job: &ClaimedJob, error: JobError) -> CloseOutcome {
 
 fn chrono_duration(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::hours(1))
+}
+
+/// Heartbeat every attempt that has run for longer than a quarter of the staleness window, in one
+/// statement per tick. Short jobs finish before their first heartbeat and never create
+/// `attempt_state` rows.
+async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    let every = inner.maintenance.stale_after / 4;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        let due: Vec<(AttemptRef, Option<serde_json::Value>)> = match inner.running.lock() {
+            Ok(running) => running
+                .values()
+                .filter(|(_, started)| started.elapsed() >= every)
+                .map(|(attempt, _)| (*attempt, None))
+                .collect(),
+            Err(_) => continue,
+        };
+        match inner.storage.heartbeat_batch(&due).await {
+            Ok(outcomes) => {
+                for ((attempt, _), outcome) in due.iter().zip(outcomes) {
+                    if outcome == Outcome::Stale {
+                        warn!(job_id = attempt.job_id, run_lease = attempt.run_lease,
+                              "attempt is no longer open (rescued or cancelled); its result will be discarded");
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "heartbeat failed"),
+        }
+    }
 }
 
 /// Collects finished attempts and writes them in batches: one `complete_batch` call for the

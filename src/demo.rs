@@ -200,3 +200,62 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         .await?;
     Ok(())
 }
+
+/// Arguments of the `sleep` job kind run by `ringwork work`.
+#[derive(Serialize, Deserialize)]
+pub struct Sleep {
+    pub ms: u64,
+}
+
+impl JobArgs for Sleep {
+    const KIND: &'static str = "sleep";
+}
+
+/// A worker process for `sleep` jobs; runs until SIGINT/SIGTERM, then shuts down gracefully.
+pub async fn work(
+    url: &str,
+    schema: &str,
+    queue: &str,
+    workers: usize,
+    stale_after: Duration,
+) -> Result<()> {
+    let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
+    let client = Client::builder(pool)
+        .schema(schema)
+        .queue(
+            queue,
+            QueueConfig {
+                max_workers: workers,
+                poll_interval: Duration::from_millis(50),
+                ..QueueConfig::default()
+            },
+        )
+        .maintenance(crate::MaintenanceConfig {
+            tick: Duration::from_millis(100),
+            stale_after,
+            rotate_interval: Duration::from_millis(500),
+            ..crate::MaintenanceConfig::default()
+        })
+        .register(|_ctx: JobContext, job: Sleep| async move {
+            tokio::time::sleep(Duration::from_millis(job.ms)).await;
+            Ok::<(), JobError>(())
+        })
+        .build()
+        .await?;
+    let metrics = client.metrics();
+    let running = client.start().await?;
+    println!("ready");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| crate::Error::Config(format!("cannot install SIGTERM handler: {e}")))?;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                println!("completed {}", metrics.completed.load(Ordering::Relaxed));
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        }
+    }
+    running.shutdown(Duration::from_secs(30)).await;
+    Ok(())
+}

@@ -26,6 +26,7 @@ pub struct NewJob {
     pub(crate) priority: i16,
     pub(crate) max_attempts: i32,
     pub(crate) run_at: Option<DateTime<Utc>>,
+    pub(crate) timeout: Option<std::time::Duration>,
 }
 
 impl NewJob {
@@ -48,6 +49,7 @@ impl NewJob {
             priority: DEFAULT_PRIORITY,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             run_at: None,
+            timeout: None,
         })
     }
 
@@ -73,6 +75,18 @@ impl NewJob {
         self
     }
 
+    /// This job's own time limit. A claim of it gets a row-local claim with its own deadline; past
+    /// the deadline the handler is stopped and deadline rescue closes the attempt.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    pub(crate) fn timeout_ms(&self) -> Option<i32> {
+        self.timeout
+            .map(|t| t.as_millis().min(i32::MAX as u128) as i32)
+    }
+
     /// Check everything that would otherwise fail inside the database, so a bad job is refused with
     /// a clear error before any row is written.
     pub(crate) fn validate(&self) -> Result<String> {
@@ -89,6 +103,15 @@ impl NewJob {
                 "max_attempts must be 1..=1000000, got {}",
                 self.max_attempts
             )));
+        }
+        if let Some(t) = self.timeout {
+            if t < std::time::Duration::from_millis(1)
+                || t > std::time::Duration::from_secs(7 * 24 * 3600)
+            {
+                return Err(Error::Config(format!(
+                    "timeout must be 1 ms..=7 days, got {t:?}"
+                )));
+            }
         }
         let text = serde_json::to_string(&self.args).map_err(|e| Error::InvalidArgs {
             kind: self.kind.clone(),

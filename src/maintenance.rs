@@ -28,6 +28,12 @@ pub struct MaintenanceConfig {
     pub promote_batch: i32,
     /// Failed and cancelled jobs stay visible at least this long, across slot prunes.
     pub keep_failed: Duration,
+    /// A claim older than this, with no heartbeat this recent, is presumed abandoned (its worker
+    /// crashed) and is rescued: closed as `rescued` and re-queued. Workers heartbeat running jobs
+    /// every quarter of this, so only a dead or stuck worker's claims go stale.
+    pub stale_after: Duration,
+    /// Most claim batches (or row-local claims) each rescue sweep visits per slot and tick.
+    pub rescue_batch: i32,
 }
 
 impl Default for MaintenanceConfig {
@@ -39,6 +45,8 @@ impl Default for MaintenanceConfig {
             prune_lock_timeout: Duration::from_millis(25),
             promote_batch: 1000,
             keep_failed: Duration::from_secs(72 * 3600),
+            stale_after: Duration::from_secs(60),
+            rescue_batch: 200,
         }
     }
 }
@@ -52,6 +60,12 @@ impl MaintenanceConfig {
             return Err(Error::Config(
                 "prune_lock_timeout must be in (0, 5s]: a long wait queues hot reads behind the prune".into(),
             ));
+        }
+        if self.stale_after < Duration::from_millis(100) {
+            return Err(Error::Config("stale_after must be at least 100 ms".into()));
+        }
+        if !(1..=100_000).contains(&self.rescue_batch) {
+            return Err(Error::Config("rescue_batch must be 1..=100000".into()));
         }
         if !(1..=100_000).contains(&self.promote_batch) {
             return Err(Error::Config("promote_batch must be 1..=100000".into()));
@@ -68,6 +82,7 @@ pub struct TickReport {
     pub pruned_queue_slots: Vec<i32>,
     pub pruned_claim_slots: Vec<i32>,
     pub promoted: i32,
+    pub rescued: i32,
 }
 
 /// One maintenance pass. Public so tests and operators (`ringwork` CLI) can drive it directly.
@@ -77,6 +92,10 @@ pub async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickR
         rotated_claim: storage.rotate_claim_ring(config.rotate_interval).await?,
         ..TickReport::default()
     };
+    // Rescue first: it is the gating step for prune (an open claim blocks its slot).
+    report.rescued = storage
+        .rescue(config.stale_after, config.rescue_batch)
+        .await?;
     // Prune any sealed slot whose proof passes, not only the oldest: a pinned slot must not stall
     // the ring (ARCHITECTURE §5).
     for slot in storage.sealed_claim_slots().await? {

@@ -13,6 +13,10 @@ use crate::error::{Error, Result};
 const MIGRATIONS: &[(&str, &str)] = &[
     ("rings", include_str!("../migrations/0001_rings.sql")),
     ("engine", include_str!("../migrations/0002_engine.sql")),
+    (
+        "receipt_plane",
+        include_str!("../migrations/0003_receipt_plane.sql"),
+    ),
 ];
 
 /// Highest schema version this binary can run against.

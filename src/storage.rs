@@ -31,6 +31,9 @@ struct Statements {
     complete_batch: String,
     close_batch: String,
     promote_due: String,
+    heartbeat_batch: String,
+    rescue: String,
+    count_in_flight: String,
     rotate_queue_ring: String,
     rotate_claim_ring: String,
     sealed_queue_slots: String,
@@ -42,8 +45,8 @@ struct Statements {
 impl Statements {
     fn new(s: &SchemaName) -> Self {
         Self {
-            enqueue_jobs: format!("SELECT * FROM {s}.enqueue_jobs($1, $2, $3, $4, $5)"),
-            schedule_jobs: format!("SELECT * FROM {s}.schedule_jobs($1, $2, $3, $4, $5, $6)"),
+            enqueue_jobs: format!("SELECT * FROM {s}.enqueue_jobs($1, $2, $3, $4, $5, $6)"),
+            schedule_jobs: format!("SELECT * FROM {s}.schedule_jobs($1, $2, $3, $4, $5, $6, $7)"),
             reserve_segment: format!(
                 "SELECT g.ready_slot, g.lane_id, g.base_pos,
                         ARRAY(SELECT nextval('{s}.job_ids') FROM generate_series(1, $3)) AS job_ids
@@ -51,11 +54,11 @@ impl Statements {
             ),
             copy_ready: format!(
                 "COPY {s}.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority, \
-                 attempt, run_lease, max_attempts) FROM STDIN (FORMAT csv)"
+                 attempt, run_lease, max_attempts, timeout_ms) FROM STDIN (FORMAT csv)"
             ),
             claim: format!(
                 "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args, attempt, max_attempts, priority, \
-                 created_at FROM {s}.claim($1, $2, make_interval(secs => $3))"
+                 created_at, deadline_at FROM {s}.claim($1, $2, make_interval(secs => $3))"
             ),
             ensure_lanes: format!("SELECT count({s}.ensure_lane($1, p::smallint)) FROM generate_series(1, 4) p"),
             queue_has_backlog: format!(
@@ -66,6 +69,9 @@ impl Statements {
             complete_batch: format!("SELECT job_id, accepted FROM {s}.complete_batch($1, $2, $3, $4)"),
             close_batch: format!("SELECT job_id, accepted FROM {s}.close_batch($1, $2, $3, $4, $5, $6, $7)"),
             promote_due: format!("SELECT {s}.promote_due($1)"),
+            heartbeat_batch: format!("SELECT job_id, accepted FROM {s}.heartbeat_batch($1, $2, $3, $4, $5)"),
+            rescue: format!("SELECT {s}.rescue(make_interval(secs => $1), $2)"),
+            count_in_flight: format!("SELECT {s}.count_in_flight($1)::int8"),
             rotate_queue_ring: format!("SELECT {s}.rotate_queue_ring(make_interval(secs => $1))"),
             rotate_claim_ring: format!("SELECT {s}.rotate_claim_ring(make_interval(secs => $1))"),
             sealed_queue_slots: format!(
@@ -94,6 +100,8 @@ pub struct ClaimedJob {
     pub max_attempts: i32,
     pub priority: i16,
     pub created_at: DateTime<Utc>,
+    /// When deadline rescue may close this attempt (queue deadline or the job's own timeout).
+    pub deadline_at: Option<DateTime<Utc>>,
 }
 
 impl ClaimedJob {
@@ -209,6 +217,21 @@ impl Storage {
         for job in jobs {
             self.ensure_queue(&job.queue).await?;
         }
+        // All or nothing: a transaction of its own on a plain connection, a savepoint inside the
+        // caller's transaction. Without it a COPY group's segment reservation could commit alone
+        // and leave a hole the lane waits on.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let ids = self.insert_groups(&mut tx, jobs, &texts).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    async fn insert_groups(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[NewJob],
+        texts: &[String],
+    ) -> Result<Vec<i64>> {
         let now = Utc::now();
         let mut ids = vec![0_i64; jobs.len()];
         // group by lane (immediate) or by (queue, priority) for the backlog, keeping input order
@@ -223,6 +246,8 @@ impl Storage {
         for ((queue, priority, future), members) in groups {
             let kinds: Vec<&str> = members.iter().map(|&i| jobs[i].kind.as_str()).collect();
             let max_attempts: Vec<i32> = members.iter().map(|&i| jobs[i].max_attempts).collect();
+            let timeouts: Vec<Option<i32>> =
+                members.iter().map(|&i| jobs[i].timeout_ms()).collect();
             let group_ids: Vec<i64> = if future {
                 let args: Vec<serde_json::Value> =
                     members.iter().map(|&i| jobs[i].args.clone()).collect();
@@ -237,6 +262,7 @@ impl Storage {
                     .bind(&args)
                     .bind(&max_attempts)
                     .bind(&run_at)
+                    .bind(&timeouts)
                     .fetch_all(&mut *conn)
                     .await?
             } else if members.len() <= COPY_THRESHOLD {
@@ -248,10 +274,11 @@ impl Storage {
                     .bind(&kinds)
                     .bind(&args)
                     .bind(&max_attempts)
+                    .bind(&timeouts)
                     .fetch_all(&mut *conn)
                     .await?
             } else {
-                self.copy_group(conn, &queue, priority, &members, jobs, &texts)
+                self.copy_group(conn, &queue, priority, &members, jobs, texts)
                     .await?
             };
             for (&index, id) in members.iter().zip(group_ids) {
@@ -284,12 +311,14 @@ impl Storage {
         for (ordinal, (&index, id)) in members.iter().zip(&ids).enumerate() {
             let job = &jobs[index];
             csv.push_str(&format!(
-                "{slot},{lane},{},{id},{},{},{},{priority},0,0,{}\n",
+                "{slot},{lane},{},{id},{},{},{},{priority},0,0,{},{}\n",
                 base + ordinal as i64,
                 csv_quote(queue),
                 csv_quote(&job.kind),
                 csv_quote(&texts[index]),
-                job.max_attempts
+                job.max_attempts,
+                // an unquoted empty CSV field is NULL
+                job.timeout_ms().map(|t| t.to_string()).unwrap_or_default()
             ));
         }
         let mut copy = conn.copy_in_raw(&self.sql.copy_ready).await?;
@@ -324,6 +353,7 @@ impl Storage {
                     max_attempts: r.try_get("max_attempts")?,
                     priority: r.try_get("priority")?,
                     created_at: r.try_get("created_at")?,
+                    deadline_at: r.try_get("deadline_at")?,
                 })
             })
             .collect()
@@ -386,6 +416,58 @@ impl Storage {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
+    }
+
+    /// Record a heartbeat (and optional progress) for running attempts. `Stale` means the attempt
+    /// is no longer open: it was rescued or cancelled and its handler should stop.
+    pub async fn heartbeat_batch(
+        &self,
+        attempts: &[(AttemptRef, Option<serde_json::Value>)],
+    ) -> Result<Vec<Outcome>> {
+        if attempts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(i64, bool)> = sqlx::query_as(&self.sql.heartbeat_batch)
+            .bind(
+                attempts
+                    .iter()
+                    .map(|(a, _)| a.claim_slot)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                attempts
+                    .iter()
+                    .map(|(a, _)| a.receipt_id)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(attempts.iter().map(|(a, _)| a.job_id).collect::<Vec<_>>())
+            .bind(
+                attempts
+                    .iter()
+                    .map(|(a, _)| a.run_lease)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(attempts.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
+    }
+
+    /// One rescue pass (deadline, then stale) over every claim slot. Returns attempts closed.
+    pub async fn rescue(&self, stale_after: Duration, limit: i32) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.rescue)
+            .bind(stale_after.as_secs_f64())
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Attempts currently claimed and not closed (in one queue, or all).
+    pub async fn count_in_flight(&self, queue: Option<&str>) -> Result<i64> {
+        Ok(sqlx::query_scalar(&self.sql.count_in_flight)
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// Move up to `limit` due `deferred_jobs` to ready. Returns how many moved.

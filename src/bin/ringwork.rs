@@ -39,6 +39,22 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         workers: usize,
     },
+    /// Run a worker process for the `sleep` job kind until interrupted (used by the crash tests and
+    /// the benchmarks). Prints "ready" once started and "completed N" every second.
+    #[command(hide = true)]
+    Work {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+        #[arg(long, default_value = "default")]
+        queue: String,
+        #[arg(long, default_value_t = 16)]
+        workers: usize,
+        /// Seconds without heartbeat or completion before a claim is rescued.
+        #[arg(long, default_value_t = 60.0)]
+        stale_after: f64,
+    },
     /// Run one maintenance pass (rotate, prune, promote) and print what it did.
     Maintain {
         #[arg(long, env = "DATABASE_URL")]
@@ -97,6 +113,17 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 workers,
             })
             .await?;
+        }
+        Command::Work {
+            database_url,
+            schema,
+            queue,
+            workers,
+            stale_after,
+        } => {
+            let stale_after = Duration::try_from_secs_f64(stale_after)
+                .map_err(|e| ringwork::Error::Config(format!("--stale-after: {e}")))?;
+            demo::work(&database_url, &schema, &queue, workers, stale_after).await?;
         }
         Command::Maintain {
             database_url,

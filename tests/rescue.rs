@@ -1,0 +1,497 @@
+//! The receipt plane (seed ADR-023): heartbeats, stale and deadline rescue with per-slot cursors,
+//! row-local claims, per-attempt serialization, prune order, and the races around them.
+
+mod support;
+
+use std::time::Duration;
+
+use ringwork::storage::PruneResult;
+use ringwork::{NewJob, Outcome};
+use serde_json::json;
+use support::TestDb;
+
+fn job(n: i64) -> NewJob {
+    NewJob::from_parts("noop", json!({ "n": n })).unwrap()
+}
+
+const NO_WAIT: Duration = Duration::from_millis(25);
+const STALE: Duration = Duration::from_millis(300);
+const NEVER: Duration = Duration::from_secs(3600);
+
+async fn enqueue(db: &TestDb, jobs: Vec<NewJob>) -> Vec<i64> {
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.storage().insert_many(&mut conn, &jobs).await.unwrap()
+}
+
+#[tokio::test]
+async fn stale_rescue_requeues_an_abandoned_claim_and_the_late_completion_is_stale() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, vec![job(1)]).await;
+    let first = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!(
+        storage.rescue(STALE, 100).await.unwrap(),
+        0,
+        "too new to be a candidate"
+    );
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
+    assert_eq!(
+        storage
+            .complete_batch(&[first.attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.lease_claim_closure_batches WHERE outcome = 'rescued'"
+        )
+        .await,
+        1
+    );
+    // re-queued with backoff (2^1 s): due later, then runs again under a higher run_lease
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs WHERE run_at > now()")
+            .await,
+        1
+    );
+    db.exec("UPDATE {s}.deferred_jobs SET run_at = now()").await;
+    storage.promote_due(10).await.unwrap();
+    let second = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!(
+        (second.job_id, second.run_lease, second.attempt),
+        (first.job_id, 2, 2)
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_fresh_heartbeat_keeps_a_claim_alive_and_the_cursor_wraps_back_to_it() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, vec![job(1), job(2)]).await;
+    let claimed = storage.claim("default", 2, None).await.unwrap();
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.attempt_state")
+            .await,
+        0,
+        "short jobs make none"
+    );
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    let beat = storage
+        .heartbeat_batch(&[(claimed[0].attempt_ref(), Some(json!({"done": 50})))])
+        .await
+        .unwrap();
+    assert_eq!(beat, vec![Outcome::Applied]);
+    assert_eq!(
+        storage.rescue(STALE, 100).await.unwrap(),
+        1,
+        "only the silent claim is rescued"
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[claimed[1].attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    // the sweep stepped over the live claim and will revisit it: once its heartbeat ages, it goes
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    assert_eq!(
+        storage.rescue(STALE, 100).await.unwrap(),
+        1,
+        "revisited after the wrap"
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[claimed[0].attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.attempt_state")
+            .await,
+        0,
+        "deleted with the attempt"
+    );
+    // a heartbeat for a closed attempt changes nothing
+    let late = storage
+        .heartbeat_batch(&[(claimed[0].attempt_ref(), None)])
+        .await
+        .unwrap();
+    assert_eq!(late, vec![Outcome::Stale]);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.attempt_state")
+            .await,
+        0
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn exhausted_attempts_are_failed_by_rescue_not_retried_forever() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let id = enqueue(&db, vec![job(1).max_attempts(1)]).await[0];
+    storage.claim("default", 1, None).await.unwrap();
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
+    let state: String = sqlx::query_scalar(&format!(
+        "SELECT state FROM {}.done_entries WHERE job_id = $1",
+        db.schema
+    ))
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(state, "failed");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
+            .await,
+        0
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_stale_cursor_stops_before_a_claim_it_cannot_lock_and_skips_claims_too_new() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, (0..3).map(job).collect()).await;
+    let old = storage.claim("default", 1, None).await.unwrap().remove(0);
+    let old2 = storage.claim("default", 1, None).await.unwrap().remove(0);
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    let new = storage.claim("default", 1, None).await.unwrap().remove(0);
+
+    // a completion of `old` is in flight: it holds the per-attempt lock
+    let mut completer = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT {}.lock_attempt($1)", db.schema))
+        .bind(old.job_id)
+        .execute(&mut *completer)
+        .await
+        .unwrap();
+    assert_eq!(
+        storage.rescue(STALE, 100).await.unwrap(),
+        0,
+        "stopped before the locked claim"
+    );
+    let cursor = db
+        .scalar_i64(
+            "SELECT count(*) FROM {s}.claim_ring_slots WHERE stale_cursor_claimed_at IS NOT NULL",
+        )
+        .await;
+    assert_eq!(cursor, 0, "the cursor did not move past it");
+    completer.rollback().await.unwrap();
+
+    assert_eq!(
+        storage.rescue(STALE, 100).await.unwrap(),
+        2,
+        "both old claims, not the new one"
+    );
+    let batch_of = |receipt: i64| receipt / 4096;
+    let cursor_batch = db
+        .scalar_i64("SELECT stale_cursor_batch_id FROM {s}.claim_ring_slots WHERE slot = 0")
+        .await;
+    assert_eq!(cursor_batch, batch_of(old2.receipt_id));
+    assert_eq!(
+        storage.complete_batch(&[new.attempt_ref()]).await.unwrap(),
+        vec![Outcome::Applied]
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn complete_and_rescue_of_the_same_attempt_have_exactly_one_winner() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, (0..40).map(job).collect()).await;
+    let claimed = storage.claim("default", 40, None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // race each attempt's completion against a rescue sweep that sees it as stale
+    let mut completed = 0;
+    let mut rescued = 0;
+    for pair in claimed.chunks(2) {
+        let refs: Vec<_> = pair.iter().map(|j| j.attempt_ref()).collect();
+        let (outcomes, closed) = tokio::join!(
+            storage.complete_batch(&refs),
+            storage.rescue(Duration::from_millis(100), 100)
+        );
+        let outcomes = outcomes.unwrap();
+        completed += outcomes.iter().filter(|o| **o == Outcome::Applied).count() as i64;
+        rescued += closed.unwrap() as i64;
+    }
+    // whatever the interleaving, every attempt was closed exactly once
+    assert_eq!(
+        completed + rescued,
+        40,
+        "completed {completed} + rescued {rescued}"
+    );
+    let closures = db
+        .scalar_i64(
+            "SELECT coalesce(sum(closed_count), 0)::int8 FROM {s}.lease_claim_closure_batches",
+        )
+        .await;
+    assert_eq!(closures, 40);
+    let history = db
+        .scalar_i64(
+            "SELECT coalesce(sum(completed_count), 0)::int8 FROM {s}.receipt_completion_batches",
+        )
+        .await;
+    assert_eq!(history, completed);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
+            .await,
+        rescued
+    );
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 0);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn deadline_rescue_closes_the_open_members_of_a_partly_closed_compact_batch() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, (0..3).map(job).collect()).await;
+    let claimed = storage
+        .claim("default", 3, Some(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    assert!(claimed.iter().all(|j| j.deadline_at.is_some()));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claim_batches WHERE deadline_at IS NOT NULL")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claims").await,
+        0,
+        "compact, not row-local"
+    );
+    storage
+        .complete_batch(&[claimed[0].attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(
+        storage.rescue(NEVER, 100).await.unwrap(),
+        0,
+        "deadline not reached"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(storage.rescue(NEVER, 100).await.unwrap(), 2);
+    assert_eq!(
+        db.scalar_i64("SELECT coalesce(sum(closed_count), 0)::int8 FROM {s}.lease_claim_closure_batches WHERE outcome = 'deadline_expired'").await,
+        2
+    );
+    let cursor = db
+        .scalar_i64(
+            "SELECT batch_deadline_cursor_batch_id FROM {s}.claim_ring_slots WHERE slot = 0",
+        )
+        .await;
+    assert_eq!(
+        cursor,
+        claimed[0].receipt_id / 4096,
+        "advanced past the batch once every member closed"
+    );
+    assert_eq!(storage.rescue(NEVER, 100).await.unwrap(), 0);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_job_with_its_own_timeout_gets_a_row_local_claim_with_its_own_deadline() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(
+        &db,
+        vec![
+            job(1),
+            job(2).timeout(Duration::from_millis(200)),
+            job(3).timeout(Duration::from_secs(600)),
+        ],
+    )
+    .await;
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    assert_eq!(claimed[0].deadline_at, None);
+    assert!(claimed[1].deadline_at.is_some() && claimed[2].deadline_at.is_some());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claims").await,
+        2
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT coalesce(sum(claimed_count), 0)::int8 FROM {s}.lease_claim_batches")
+            .await,
+        1
+    );
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 3);
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        storage.rescue(NEVER, 100).await.unwrap(),
+        1,
+        "only the 200 ms job expired"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.lease_claim_closures WHERE outcome = 'deadline_expired'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[claimed[1].attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    // row-local completion closes into lease_claim_closures; compact into closure batches
+    let done = storage
+        .complete_batch(&[claimed[0].attempt_ref(), claimed[2].attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(done, vec![Outcome::Applied, Outcome::Applied]);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claim_closures WHERE outcome = 'completed'")
+            .await,
+        1
+    );
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 0);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn prune_refuses_an_open_row_local_claim_and_resets_rescue_cursors_when_it_prunes() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, vec![job(1), job(2).timeout(Duration::from_secs(600))]).await;
+    let claimed = storage.claim("default", 2, None).await.unwrap();
+    storage
+        .complete_batch(&[claimed[0].attempt_ref()])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    storage.rescue(NEVER, 100).await.unwrap();
+    db.exec("UPDATE {s}.claim_ring_slots SET stale_cursor_claimed_at = now(), stale_cursor_batch_id = 1 WHERE slot = 0").await;
+    assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    assert_eq!(
+        storage.prune_claim_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Skipped("open_claims".into())
+    );
+    assert_eq!(
+        storage
+            .prune_queue_slot(0, NO_WAIT, Duration::ZERO)
+            .await
+            .unwrap(),
+        PruneResult::Skipped("open_claims".into())
+    );
+    storage
+        .complete_batch(&[claimed[1].attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(
+        storage.prune_claim_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Pruned
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.claim_ring_slots WHERE slot = 0 AND stale_cursor_claimed_at IS NULL AND stale_cursor_batch_id IS NULL").await,
+        1,
+        "cursors reset"
+    );
+    assert_eq!(
+        storage
+            .prune_queue_slot(0, NO_WAIT, Duration::ZERO)
+            .await
+            .unwrap(),
+        PruneResult::Pruned
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_attempt_listed_twice_in_one_batch_is_closed_and_counted_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, vec![job(1), job(2)]).await;
+    let claimed = storage.claim("default", 2, None).await.unwrap();
+    let a = claimed[0].attempt_ref();
+    assert_eq!(
+        storage.complete_batch(&[a, a]).await.unwrap(),
+        vec![Outcome::Applied, Outcome::Applied],
+        "both entries name the attempt that this call closed"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT sum(closed_count)::int8 FROM {s}.lease_claim_closure_batches")
+            .await,
+        1
+    );
+    // the other claim is still open, so the slot must not be prunable
+    storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        storage.prune_claim_slot(0, NO_WAIT).await.unwrap(),
+        PruneResult::Skipped("open_claims".into())
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_slot_does_not_stall_rotation_or_pruning_of_the_others() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, vec![job(0)]).await;
+    let pinned = storage.claim("default", 1, None).await.unwrap().remove(0); // a long job, never finishing
+    let mut pruned_claim = std::collections::BTreeSet::new();
+    let mut pruned_queue = std::collections::BTreeSet::new();
+    for round in 0..40 {
+        enqueue(&db, (0..5).map(|i| job(round * 10 + i)).collect()).await;
+        let batch = storage.claim("default", 5, None).await.unwrap();
+        storage
+            .complete_batch(&batch.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        storage
+            .heartbeat_batch(&[(pinned.attempt_ref(), None)])
+            .await
+            .unwrap();
+        storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+        storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+        for slot in storage.sealed_claim_slots().await.unwrap() {
+            if storage.prune_claim_slot(slot, NO_WAIT).await.unwrap() == PruneResult::Pruned {
+                pruned_claim.insert(slot);
+            }
+        }
+        for slot in storage.sealed_queue_slots().await.unwrap() {
+            if storage
+                .prune_queue_slot(slot, NO_WAIT, Duration::ZERO)
+                .await
+                .unwrap()
+                == PruneResult::Pruned
+            {
+                pruned_queue.insert(slot);
+            }
+        }
+    }
+    assert!(
+        !pruned_claim.contains(&0) && !pruned_queue.contains(&0),
+        "the pinned slots were kept"
+    );
+    assert_eq!(
+        pruned_claim.len(),
+        7,
+        "every other claim slot was reclaimed: {pruned_claim:?}"
+    );
+    assert_eq!(
+        pruned_queue.len(),
+        15,
+        "every other queue slot was reclaimed: {pruned_queue:?}"
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[pinned.attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied]
+    );
+    db.cleanup().await;
+}

@@ -217,7 +217,7 @@ pub async fn work(
     schema: &str,
     queue: &str,
     workers: usize,
-    stale_after: Duration,
+    maintenance: crate::MaintenanceConfig,
 ) -> Result<()> {
     let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
     let client = Client::builder(pool)
@@ -230,12 +230,7 @@ pub async fn work(
                 ..QueueConfig::default()
             },
         )
-        .maintenance(crate::MaintenanceConfig {
-            tick: Duration::from_millis(100),
-            stale_after,
-            rotate_interval: Duration::from_millis(500),
-            ..crate::MaintenanceConfig::default()
-        })
+        .maintenance(maintenance)
         .register(|_ctx: JobContext, job: Sleep| async move {
             tokio::time::sleep(Duration::from_millis(job.ms)).await;
             Ok::<(), JobError>(())

@@ -54,6 +54,9 @@ enum Command {
         /// Seconds without heartbeat or completion before a claim is rescued.
         #[arg(long, default_value_t = 60.0)]
         stale_after: f64,
+        /// Seconds between ring rotations.
+        #[arg(long, default_value_t = 1.0)]
+        rotate_every: f64,
     },
     /// Run one maintenance pass (rotate, prune, promote) and print what it did.
     Maintain {
@@ -120,10 +123,19 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             queue,
             workers,
             stale_after,
+            rotate_every,
         } => {
-            let stale_after = Duration::try_from_secs_f64(stale_after)
-                .map_err(|e| ringwork::Error::Config(format!("--stale-after: {e}")))?;
-            demo::work(&database_url, &schema, &queue, workers, stale_after).await?;
+            let seconds = |value: f64, flag: &str| {
+                Duration::try_from_secs_f64(value)
+                    .map_err(|e| ringwork::Error::Config(format!("{flag}: {e}")))
+            };
+            let maintenance = MaintenanceConfig {
+                tick: Duration::from_millis(100),
+                stale_after: seconds(stale_after, "--stale-after")?,
+                rotate_interval: seconds(rotate_every, "--rotate-every")?,
+                ..MaintenanceConfig::default()
+            };
+            demo::work(&database_url, &schema, &queue, workers, maintenance).await?;
         }
         Command::Maintain {
             database_url,

@@ -1,0 +1,386 @@
+//! Crash and concurrency: a worker process killed with SIGKILL under load, rescue racing prune for
+//! hundreds of cycles while workers claim and complete, and the claim ring under a held horizon.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ringwork::schema::{churn_class, ChurnClass};
+use ringwork::storage::PruneResult;
+use ringwork::{JobArgs, JobContext, JobError, NewJob, Outcome, QueueConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use support::{eventually, TestDb};
+
+/// `ringwork work` in a child process; returns the child and its latest "completed N" count.
+fn worker_process(db: &TestDb) -> (Child, Arc<AtomicU64>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ringwork"))
+        .args([
+            "work",
+            "--database-url",
+            &db.url,
+            "--schema",
+            db.schema.as_str(),
+            "--workers",
+            "16",
+            "--stale-after",
+            "1",
+            // keep every slot (and so all completion history) for the checks below
+            "--rotate-every",
+            "3600",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn ringwork work");
+    let completed = Arc::new(AtomicU64::new(0));
+    let stdout = child.stdout.take().expect("stdout");
+    let seen = Arc::clone(&completed);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(n) = line.strip_prefix("completed ").and_then(|n| n.parse().ok()) {
+                seen.store(n, Ordering::Relaxed);
+            }
+        }
+    });
+    (child, completed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_with_sigkill_loses_no_job_and_no_attempt_completes_twice() {
+    let db = TestDb::new().await;
+    let total = 3000_i64;
+    let jobs: Vec<_> = (0..total)
+        .map(|_| NewJob::from_parts("sleep", json!({ "ms": 5 })).unwrap())
+        .collect();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ids = db.storage().insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+
+    let (mut first, first_done) = worker_process(&db);
+    let progressed = eventually(Duration::from_secs(60), || {
+        let done = Arc::clone(&first_done);
+        async move { done.load(Ordering::Relaxed) >= 300 }
+    })
+    .await;
+    assert!(progressed, "the first worker never got going");
+    first.kill().expect("SIGKILL"); // Child::kill sends SIGKILL on Unix
+    first.wait().unwrap();
+    let in_flight_at_kill = db.storage().count_in_flight(None).await.unwrap();
+
+    let (mut second, _) = worker_process(&db);
+    let query = format!(
+        "SELECT count(DISTINCT j)::int8 FROM {}.receipt_completion_batches, unnest(job_ids) j",
+        db.schema
+    );
+    let all_done = eventually(Duration::from_secs(120), || {
+        let pool = db.pool.clone();
+        let query = query.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&query)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                == total
+        }
+    })
+    .await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert!(all_done, "not every job completed after the crash");
+    assert!(
+        in_flight_at_kill > 0,
+        "the kill left claims open (else this test proves nothing)"
+    );
+    assert!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.lease_claim_closure_batches WHERE outcome = 'rescued'"
+        )
+        .await
+            > 0,
+        "the dead worker's claims were rescued"
+    );
+    let twice = db
+        .scalar_i64(
+            "SELECT count(*) FROM (SELECT j, l FROM {s}.receipt_completion_batches,
+                 unnest(job_ids, run_leases) AS u(j, l) GROUP BY j, l HAVING count(*) > 1) d",
+        )
+        .await;
+    assert_eq!(
+        twice, 0,
+        "an attempt completed twice under the same run_lease"
+    );
+    let completed: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT DISTINCT j FROM {}.receipt_completion_batches, unnest(job_ids) j ORDER BY j",
+        db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(completed, expected, "every enqueued job completed");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.done_entries").await,
+        0,
+        "none failed"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rescue_and_prune_race_for_hundreds_of_cycles_without_losing_a_claim() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let total = 1500_i64;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ids = storage
+        .insert_many(
+            &mut conn,
+            &(0..total)
+                .map(|n| NewJob::from_parts("k", json!({ "n": n })).unwrap())
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    drop(conn);
+    let applied: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
+    let crashing = Arc::new(AtomicBool::new(true));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let mut workers = Vec::new();
+    for worker in 0..2_i64 {
+        let storage = storage.clone();
+        let applied = Arc::clone(&applied);
+        let crashing = Arc::clone(&crashing);
+        let stop = Arc::clone(&stop);
+        workers.push(tokio::spawn(async move {
+            let mut round = 0_i64;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                let jobs = storage.claim("default", 16, None).await.unwrap();
+                if jobs.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                // while "crashing", a worker abandons a fifth of its claims (lost in-memory
+                // completions) and completes some others late, after rescue may have taken them
+                let (mut now, mut late) = (Vec::new(), Vec::new());
+                for job in &jobs {
+                    let pick = (job.job_id + round + worker) % 10;
+                    if crashing.load(Ordering::Relaxed) && pick < 2 {
+                        continue;
+                    } else if crashing.load(Ordering::Relaxed) && pick == 2 {
+                        late.push(job.attempt_ref());
+                    } else {
+                        now.push(job.attempt_ref());
+                    }
+                }
+                for batch in [now, late] {
+                    if batch.is_empty() {
+                        continue;
+                    }
+                    let outcomes = storage.complete_batch(&batch).await.unwrap();
+                    {
+                        let mut applied = applied.lock().unwrap();
+                        for (attempt, outcome) in batch.iter().zip(outcomes) {
+                            if outcome == Outcome::Applied {
+                                *applied.entry(attempt.job_id).or_default() += 1;
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                }
+            }
+        }));
+    }
+
+    // the maintenance side: rotate, rescue, prune every sealed slot, promote — hundreds of times
+    let mut pruned = 0;
+    let mut rescued = 0;
+    for cycle in 0..400 {
+        storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+        storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+        rescued += storage
+            .rescue(Duration::from_millis(50), 100)
+            .await
+            .unwrap();
+        for slot in storage.sealed_claim_slots().await.unwrap() {
+            if storage
+                .prune_claim_slot(slot, Duration::from_millis(10))
+                .await
+                .unwrap()
+                == PruneResult::Pruned
+            {
+                pruned += 1;
+            }
+        }
+        for slot in storage.sealed_queue_slots().await.unwrap() {
+            if storage
+                .prune_queue_slot(slot, Duration::from_millis(10), Duration::ZERO)
+                .await
+                .unwrap()
+                == PruneResult::Pruned
+            {
+                pruned += 1;
+            }
+        }
+        // skip the retry backoff so rescued jobs come straight back
+        db.exec("UPDATE {s}.deferred_jobs SET run_at = now() WHERE run_at > now()")
+            .await;
+        storage.promote_due(1000).await.unwrap();
+        if cycle == 250 {
+            crashing.store(false, Ordering::Relaxed);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // let the last rescued jobs drain with maintenance still going
+    let drained = eventually(Duration::from_secs(60), || {
+        let applied = Arc::clone(&applied);
+        let storage = storage.clone();
+        let db_exec = db.pool.clone();
+        let schema = db.schema.clone();
+        async move {
+            let _ = storage.rescue(Duration::from_millis(50), 100).await;
+            let _ = sqlx::query(&format!(
+                "UPDATE {schema}.deferred_jobs SET run_at = now() WHERE run_at > now()"
+            ))
+            .execute(&db_exec)
+            .await;
+            let _ = storage.promote_due(1000).await;
+            applied.lock().unwrap().len() as i64 == total
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert!(
+        drained,
+        "only {} of {total} jobs completed",
+        applied.lock().unwrap().len()
+    );
+    assert!(
+        pruned > 100,
+        "prune ran for real ({pruned} slots reclaimed)"
+    );
+    assert!(rescued > 0, "rescue ran for real");
+    let applied = applied.lock().unwrap().clone();
+    for id in &ids {
+        assert_eq!(
+            applied.get(id),
+            Some(&1),
+            "job {id} completed {:?} times",
+            applied.get(id)
+        );
+    }
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 0);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
+            .await,
+        0
+    );
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct Noop {}
+impl JobArgs for Noop {
+    const KIND: &'static str = "noop";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_ring_gains_no_dead_tuples_while_a_transaction_holds_the_horizon() {
+    let db = TestDb::new().await;
+    // hold the MVCC horizon for the whole run
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT txid_current()")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let client = db
+        .client()
+        .queue(
+            "default",
+            QueueConfig {
+                max_workers: 32,
+                ..QueueConfig::default()
+            },
+        )
+        .register(|_ctx: JobContext, _args: Noop| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let running = client.start().await.unwrap();
+    for _ in 0..20 {
+        let jobs: Vec<_> = (0..500).map(|_| NewJob::new(&Noop {}).unwrap()).collect();
+        client.insert_many(&jobs).await.unwrap();
+    }
+    let done = eventually(Duration::from_secs(120), || {
+        let metrics = Arc::clone(&metrics);
+        async move { metrics.completed.load(Ordering::Relaxed) == 10_000 }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(10)).await;
+    assert!(done);
+    let horizon_held: bool = sqlx::query_scalar("SELECT txid_current() > 0")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    assert!(horizon_held);
+
+    let url = db.url.clone();
+    let schema = db.schema.clone();
+    let stats_pool = TestDb::connect(&url, 1).await;
+    db.pool.close().await; // backends flush their statistics as they exit
+    drop(holder);
+    let flushed = eventually(Duration::from_secs(30), || {
+        let pool = stats_pool.clone();
+        let schema = schema.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
+                 WHERE schemaname = $1 AND relname LIKE 'ready_entries%'",
+            )
+            .bind(schema.as_str())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                >= 10_000
+        }
+    })
+    .await;
+    assert!(flushed, "statistics never caught up");
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_dead_tup, n_tup_upd, n_tup_del FROM pg_stat_user_tables WHERE schemaname = $1",
+    )
+    .bind(schema.as_str())
+    .fetch_all(&stats_pool)
+    .await
+    .unwrap();
+    let mut claim_families = 0;
+    for (table, dead, updated, deleted) in &rows {
+        if churn_class(table) == Some(ChurnClass::Ring) {
+            assert_eq!((*dead, *updated, *deleted), (0, 0, 0), "{table}");
+            if table.starts_with("lease_claim") {
+                claim_families += 1;
+            }
+        }
+    }
+    assert_eq!(
+        claim_families,
+        4 * (8 + 1),
+        "four claim-ring families: parent and every slot"
+    );
+    let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&stats_pool)
+        .await;
+}

@@ -19,7 +19,7 @@ use crate::job::{validate_name, JobArgs, NewJob};
 use crate::maintenance::{self, MaintenanceConfig};
 use crate::schema::{self, RingSizes, SchemaName};
 use crate::storage::{AttemptRef, ClaimedJob, CloseOutcome, Outcome, Storage};
-use crate::worker::{retry_backoff, JobContext, JobError, Registry};
+use crate::worker::{retry_backoff, CancelSignal, JobContext, JobError, Registry};
 
 /// Per-queue runtime settings.
 #[derive(Clone, Debug)]
@@ -33,6 +33,9 @@ pub struct QueueConfig {
     /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and
     /// deadline rescue closes the attempt if its worker cannot.
     pub deadline: Option<Duration>,
+    /// Priority aging: a lane's effective priority improves one level per this much waiting by its
+    /// oldest job, so low priorities never starve. `None` (or zero) disables aging.
+    pub priority_aging: Option<Duration>,
 }
 
 impl Default for QueueConfig {
@@ -42,6 +45,7 @@ impl Default for QueueConfig {
             claim_batch: 128,
             poll_interval: Duration::from_millis(250),
             deadline: None,
+            priority_aging: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -206,7 +210,8 @@ impl ClientBuilder {
 }
 
 /// Attempts running in this process, for heartbeats: (job_id, run_lease) -> (attempt, started).
-type RunningAttempts = Mutex<HashMap<(i64, i64), (AttemptRef, std::time::Instant)>>;
+type RunningAttempts =
+    Mutex<HashMap<(i64, i64), (AttemptRef, std::time::Instant, Arc<CancelSignal>)>>;
 
 struct Inner {
     running: RunningAttempts,
@@ -275,6 +280,12 @@ impl Client {
         Ok(ids)
     }
 
+    /// Cancel a job by id: an available or scheduled job never runs; a running one has its claim
+    /// closed and its handler signalled (`JobContext::cancelled`).
+    pub async fn cancel(&self, job_id: i64) -> Result<crate::storage::CancelOutcome> {
+        self.inner.storage.cancel_job(job_id, "cancelled").await
+    }
+
     /// Start dispatchers, the completion batcher, the NOTIFY listener and the maintenance loop.
     pub async fn start(&self) -> Result<RunningClient> {
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -287,7 +298,7 @@ impl Client {
         let mut tasks = Vec::new();
 
         tasks.push(tokio::spawn(listen(
-            self.inner.storage.clone(),
+            Arc::clone(&self.inner),
             Arc::clone(&wakers),
             stop_rx.clone(),
         )));
@@ -403,7 +414,12 @@ impl Dispatcher {
             let claimed = self
                 .inner
                 .storage
-                .claim(&self.queue, permits.len(), self.config.deadline)
+                .claim_aged(
+                    &self.queue,
+                    permits.len(),
+                    self.config.deadline,
+                    self.config.priority_aging,
+                )
                 .await;
             match claimed {
                 Ok(jobs) if !jobs.is_empty() => {
@@ -472,17 +488,26 @@ impl Dispatcher {
 async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
     let attempt = job.attempt_ref();
     let key = (job.job_id, job.run_lease);
+    let cancel = Arc::new(CancelSignal::default());
     if let Ok(mut running) = inner.running.lock() {
-        running.insert(key, (attempt, std::time::Instant::now()));
+        running.insert(
+            key,
+            (attempt, std::time::Instant::now(), Arc::clone(&cancel)),
+        );
     }
-    let finished = run_handler(inner, queue, job).await;
+    let finished = run_handler(inner, queue, job, cancel).await;
     if let Ok(mut running) = inner.running.lock() {
         running.remove(&key);
     }
     finished
 }
 
-async fn run_handler(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
+async fn run_handler(
+    inner: &Inner,
+    queue: &str,
+    job: ClaimedJob,
+    cancel: Arc<CancelSignal>,
+) -> Finished {
     let attempt = job.attempt_ref();
     if let Ok(mut samples) = inner.metrics.pickup_ms.lock() {
         if let Some(samples) = samples.as_mut() {
@@ -507,6 +532,7 @@ async fn run_handler(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
                 kind: job.kind.clone(),
                 queue: queue.to_string(),
                 created_at: job.created_at,
+                cancel,
             };
             // A panicking handler is a failed attempt, not a dead worker; one past its deadline is
             // stopped (deadline rescue closes the claim if this process cannot).
@@ -575,8 +601,8 @@ async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         let due: Vec<(AttemptRef, Option<serde_json::Value>)> = match inner.running.lock() {
             Ok(running) => running
                 .values()
-                .filter(|(_, started)| started.elapsed() >= every)
-                .map(|(attempt, _)| (*attempt, None))
+                .filter(|(_, started, _)| started.elapsed() >= every)
+                .map(|(attempt, _, _)| (*attempt, None))
                 .collect(),
             Err(_) => continue,
         };
@@ -668,15 +694,29 @@ fn count(metrics: &Metrics, outcomes: &[Outcome], applied: &AtomicU64) {
     }
 }
 
+/// `cancel_job` notifies "job_id:run_lease" of a running attempt it closed; tell its handler.
+fn signal_cancel(inner: &Inner, payload: &str) {
+    let parsed = payload
+        .split_once(':')
+        .and_then(|(job, lease)| Some((job.parse::<i64>().ok()?, lease.parse::<i64>().ok()?)));
+    if let (Some(key), Ok(running)) = (parsed, inner.running.lock()) {
+        if let Some((_, _, signal)) = running.get(&key) {
+            signal.set();
+        }
+    }
+}
+
 /// LISTEN for enqueue notifications and wake the matching dispatcher. Reconnects on failure; the
 /// dispatchers' poll interval covers the gap (and PgBouncer transaction pooling, where LISTEN
 /// does not work at all).
 async fn listen(
-    storage: Storage,
+    inner: Arc<Inner>,
     wakers: Arc<HashMap<String, Arc<Notify>>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let storage = &inner.storage;
     let channel = storage.schema().notify_channel();
+    let cancel_channel = format!("{channel}_cancel");
     loop {
         let mut listener = match PgListener::connect_with(storage.pool()).await {
             Ok(l) => l,
@@ -688,7 +728,10 @@ async fn listen(
                 }
             }
         };
-        if let Err(e) = listener.listen(&channel).await {
+        if let Err(e) = listener
+            .listen_all([channel.as_str(), cancel_channel.as_str()])
+            .await
+        {
             debug!(error = %e, "LISTEN failed; polling only for now");
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
@@ -698,6 +741,7 @@ async fn listen(
         loop {
             tokio::select! {
                 message = listener.try_recv() => match message {
+                    Ok(Some(n)) if n.channel() == cancel_channel => signal_cancel(&inner, n.payload()),
                     Ok(Some(n)) => {
                         if let Some(w) = wakers.get(n.payload()) {
                             w.notify_one();

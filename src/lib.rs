@@ -44,5 +44,7 @@ pub use error::{Error, Result};
 pub use job::{JobArgs, NewJob};
 pub use maintenance::MaintenanceConfig;
 pub use schema::{RingSizes, SchemaName};
-pub use storage::{AttemptRef, ClaimedJob, CloseOutcome, Outcome, Storage};
+pub use storage::{
+    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, JobState, Outcome, Storage,
+};
 pub use worker::{JobContext, JobError};

@@ -17,6 +17,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "receipt_plane",
         include_str!("../migrations/0003_receipt_plane.sql"),
     ),
+    (
+        "lifecycle",
+        include_str!("../migrations/0004_lifecycle.sql"),
+    ),
 ];
 
 /// Highest schema version this binary can run against.

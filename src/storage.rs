@@ -32,6 +32,9 @@ struct Statements {
     close_batch: String,
     promote_due: String,
     heartbeat_batch: String,
+    cancel_job: String,
+    set_queue_paused: String,
+    job_state: String,
     rescue: String,
     count_in_flight: String,
     rotate_queue_ring: String,
@@ -58,7 +61,8 @@ impl Statements {
             ),
             claim: format!(
                 "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args, attempt, max_attempts, priority, \
-                 created_at, deadline_at FROM {s}.claim($1, $2, make_interval(secs => $3))"
+                 created_at, deadline_at FROM {s}.claim($1, $2, make_interval(secs => $3), \
+                 make_interval(secs => $4))"
             ),
             ensure_lanes: format!("SELECT count({s}.ensure_lane($1, p::smallint)) FROM generate_series(1, 4) p"),
             queue_has_backlog: format!(
@@ -69,6 +73,11 @@ impl Statements {
             complete_batch: format!("SELECT job_id, accepted FROM {s}.complete_batch($1, $2, $3, $4)"),
             close_batch: format!("SELECT job_id, accepted FROM {s}.close_batch($1, $2, $3, $4, $5, $6, $7)"),
             promote_due: format!("SELECT {s}.promote_due($1)"),
+            cancel_job: format!("SELECT {s}.cancel_job($1, $2)"),
+            set_queue_paused: format!("SELECT {s}.set_queue_paused($1, $2)"),
+            job_state: format!(
+                "SELECT state, queue, kind, attempt, run_lease, detail FROM {s}.job_state($1)"
+            ),
             heartbeat_batch: format!("SELECT job_id, accepted FROM {s}.heartbeat_batch($1, $2, $3, $4, $5)"),
             rescue: format!("SELECT {s}.rescue(make_interval(secs => $1), $2)"),
             count_in_flight: format!("SELECT {s}.count_in_flight($1)::int8"),
@@ -131,6 +140,31 @@ pub enum CloseOutcome {
     Retry { at: DateTime<Utc>, error: String },
     /// Terminal failure: a failed `done_entries` row.
     Failed { error: String },
+}
+
+/// What `cancel_job` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// It was available or scheduled and will never run.
+    Cancelled,
+    /// It was running: its claim is closed as cancelled, the handler is signalled, and its
+    /// completion will be reported stale.
+    CancelledRunning,
+    AlreadyFinished,
+    NotFound,
+}
+
+/// A job's current state (see `Storage::job_state`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobState {
+    pub job_id: i64,
+    pub state: String,
+    pub queue: String,
+    pub kind: String,
+    pub attempt: i32,
+    pub run_lease: i64,
+    /// The recorded error of a failed/cancelled/retryable job.
+    pub detail: Option<String>,
 }
 
 /// Whether a write on behalf of an attempt took effect.
@@ -334,10 +368,23 @@ impl Storage {
         max: usize,
         deadline: Option<Duration>,
     ) -> Result<Vec<ClaimedJob>> {
+        self.claim_aged(queue, max, deadline, None).await
+    }
+
+    /// Claim with priority aging: a lane's effective priority improves one level per `aging` its
+    /// oldest waiting job has waited.
+    pub async fn claim_aged(
+        &self,
+        queue: &str,
+        max: usize,
+        deadline: Option<Duration>,
+        aging: Option<Duration>,
+    ) -> Result<Vec<ClaimedJob>> {
         let rows = sqlx::query(&self.sql.claim)
             .bind(queue)
             .bind(max.clamp(1, 4096) as i32)
             .bind(deadline.map(|d| d.as_secs_f64()))
+            .bind(aging.filter(|a| !a.is_zero()).map(|a| a.as_secs_f64()))
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -416,6 +463,53 @@ impl Storage {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
+    }
+
+    /// Cancel a job by id, wherever it is (see `CancelOutcome`).
+    pub async fn cancel_job(&self, job_id: i64, reason: &str) -> Result<CancelOutcome> {
+        crate::job::validate_name("cancel reason", reason)?;
+        let text: String = sqlx::query_scalar(&self.sql.cancel_job)
+            .bind(job_id)
+            .bind(reason)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(match text.as_str() {
+            "cancelled" => CancelOutcome::Cancelled,
+            "cancelled_running" => CancelOutcome::CancelledRunning,
+            "already_finished" => CancelOutcome::AlreadyFinished,
+            _ => CancelOutcome::NotFound,
+        })
+    }
+
+    /// Pause (no claims; enqueue still works) or resume a queue. Returns whether anything changed.
+    pub async fn set_queue_paused(&self, queue: &str, paused: bool) -> Result<bool> {
+        crate::job::validate_name("queue name", queue)?;
+        Ok(sqlx::query_scalar(&self.sql.set_queue_paused)
+            .bind(queue)
+            .bind(paused)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Where a job is now: `available`, `running`, `scheduled`, `retryable`, `completed`,
+    /// `failed` or `cancelled`; `None` when unknown (or its history has aged out).
+    pub async fn job_state(&self, job_id: i64) -> Result<Option<JobState>> {
+        let row: Option<(String, String, String, i32, i64, Option<String>)> =
+            sqlx::query_as(&self.sql.job_state)
+                .bind(job_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(
+            |(state, queue, kind, attempt, run_lease, detail)| JobState {
+                job_id,
+                state,
+                queue,
+                kind,
+                attempt,
+                run_lease,
+                detail,
+            },
+        ))
     }
 
     /// Record a heartbeat (and optional progress) for running attempts. `Stale` means the attempt

@@ -20,6 +20,48 @@ pub struct JobContext {
     pub kind: String,
     pub queue: String,
     pub created_at: DateTime<Utc>,
+    pub(crate) cancel: Arc<CancelSignal>,
+}
+
+impl JobContext {
+    /// True once this attempt was cancelled (by id, through `Client::cancel`). The attempt's claim
+    /// is already closed; a handler should stop at its next safe point.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_set()
+    }
+
+    /// Resolves when this attempt is cancelled (for `tokio::select!` in long handlers).
+    pub async fn cancelled(&self) {
+        self.cancel.wait().await
+    }
+}
+
+/// A one-way flag with a waker: set once, observed by the handler.
+#[derive(Debug, Default)]
+pub(crate) struct CancelSignal {
+    set: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl CancelSignal {
+    pub(crate) fn set(&self) {
+        self.set.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.set.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 /// A handler's failure. `Retry` uses an attempt and backs off; `Terminal` fails the job for good.

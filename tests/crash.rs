@@ -267,7 +267,7 @@ async fn rescue_and_prune_race_for_hundreds_of_cycles_without_losing_a_claim() {
         applied.lock().unwrap().len()
     );
     assert!(
-        pruned > 100,
+        pruned > 30,
         "prune ran for real ({pruned} slots reclaimed)"
     );
     assert!(rescued > 0, "rescue ran for real");

@@ -29,7 +29,7 @@ fn queue(workers: usize) -> QueueConfig {
         max_workers: workers,
         claim_batch: 64,
         poll_interval: Duration::from_millis(50),
-        deadline: None,
+        ..QueueConfig::default()
     }
 }
 

@@ -39,6 +39,38 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         workers: usize,
     },
+    /// Pause a queue (nothing is claimed from it; enqueue still works).
+    Pause {
+        queue: String,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
+    /// Resume a paused queue.
+    Resume {
+        queue: String,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
+    /// Cancel a job by id (available, scheduled or running).
+    Cancel {
+        job_id: i64,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
+    /// Show where a job is now.
+    Job {
+        job_id: i64,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
     /// Run a worker process for the `sleep` job kind until interrupted (used by the crash tests and
     /// the benchmarks). Prints "ready" once started and "completed N" every second.
     #[command(hide = true)]
@@ -65,6 +97,22 @@ enum Command {
         #[arg(long, default_value = "ringwork")]
         schema: String,
     },
+}
+
+/// A storage handle on an installed schema this binary can run against.
+async fn open_storage(url: &str, schema: &str) -> ringwork::Result<Storage> {
+    let schema = SchemaName::new(schema)?;
+    let pool = PgPoolOptions::new().max_connections(2).connect(url).await?;
+    let mut conn = pool.acquire().await?;
+    let version = schema::installed_version(&mut conn, &schema).await?;
+    schema::check_not_newer(&schema, version)?;
+    if version.is_none() {
+        return Err(ringwork::Error::Config(format!(
+            "schema {schema} is not installed; run `ringwork migrate` first"
+        )));
+    }
+    drop(conn);
+    Ok(Storage::new(pool, schema))
 }
 
 #[tokio::main]
@@ -136,6 +184,54 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 ..MaintenanceConfig::default()
             };
             demo::work(&database_url, &schema, &queue, workers, maintenance).await?;
+        }
+        Command::Pause {
+            queue,
+            database_url,
+            schema,
+        } => {
+            let storage = open_storage(&database_url, &schema).await?;
+            let changed = storage.set_queue_paused(&queue, true).await?;
+            println!(
+                "queue {queue:?} paused{}",
+                if changed { "" } else { " (already)" }
+            );
+        }
+        Command::Resume {
+            queue,
+            database_url,
+            schema,
+        } => {
+            let storage = open_storage(&database_url, &schema).await?;
+            let changed = storage.set_queue_paused(&queue, false).await?;
+            println!(
+                "queue {queue:?} resumed{}",
+                if changed { "" } else { " (was not paused)" }
+            );
+        }
+        Command::Cancel {
+            job_id,
+            database_url,
+            schema,
+        } => {
+            let storage = open_storage(&database_url, &schema).await?;
+            println!(
+                "job {job_id}: {:?}",
+                storage.cancel_job(job_id, "cancelled by operator").await?
+            );
+        }
+        Command::Job {
+            job_id,
+            database_url,
+            schema,
+        } => {
+            let storage = open_storage(&database_url, &schema).await?;
+            match storage.job_state(job_id).await? {
+                Some(state) => println!("{state:?}"),
+                None => {
+                    println!("job {job_id}: not found (never existed, or its history aged out)")
+                }
+            }
         }
         Command::Maintain {
             database_url,

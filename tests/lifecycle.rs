@@ -1,0 +1,272 @@
+//! Job lifecycle: pause/resume, cancel in every state (and against a racing claim), priority
+//! aging, job inspection.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringwork::{CancelOutcome, JobArgs, JobContext, JobError, NewJob, Outcome, QueueConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use support::{eventually, TestDb};
+
+fn job(n: i64) -> NewJob {
+    NewJob::from_parts("noop", json!({ "n": n })).unwrap()
+}
+
+async fn enqueue(db: &TestDb, jobs: Vec<NewJob>) -> Vec<i64> {
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.storage().insert_many(&mut conn, &jobs).await.unwrap()
+}
+
+async fn state(db: &TestDb, id: i64) -> String {
+    db.storage()
+        .job_state(id)
+        .await
+        .unwrap()
+        .map(|s| s.state)
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_paused_queue_is_not_claimed_from_but_still_accepts_jobs() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    assert!(storage.set_queue_paused("default", true).await.unwrap());
+    assert!(
+        !storage.set_queue_paused("default", true).await.unwrap(),
+        "already paused"
+    );
+    let id = enqueue(&db, vec![job(1)]).await[0];
+    assert!(storage.claim("default", 10, None).await.unwrap().is_empty());
+    assert_eq!(state(&db, id).await, "available");
+    assert!(storage.set_queue_paused("default", false).await.unwrap());
+    assert_eq!(
+        storage.claim("default", 10, None).await.unwrap()[0].job_id,
+        id
+    );
+    assert_eq!(state(&db, id).await, "running");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancel_reaches_a_job_in_every_state() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let ids = enqueue(&db, vec![job(1), job(2), job(3)]).await;
+    let scheduled = enqueue(
+        &db,
+        vec![job(4).run_at(chrono::Utc::now() + chrono::Duration::hours(1))],
+    )
+    .await[0];
+    assert_eq!(state(&db, scheduled).await, "scheduled");
+
+    // available: tombstoned, the claim steps over it
+    assert_eq!(
+        storage.cancel_job(ids[0], "not needed").await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+        vec![ids[1], ids[2]]
+    );
+    assert_eq!(state(&db, ids[0]).await, "cancelled");
+    // scheduled
+    assert_eq!(
+        storage.cancel_job(scheduled, "no").await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
+            .await,
+        0
+    );
+    assert_eq!(state(&db, scheduled).await, "cancelled");
+    // running: its claim closes; the late completion is stale
+    assert_eq!(
+        storage.cancel_job(ids[1], "stop").await.unwrap(),
+        CancelOutcome::CancelledRunning
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[claimed[0].attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    assert_eq!(state(&db, ids[1]).await, "cancelled");
+    // finished
+    storage
+        .complete_batch(&[claimed[1].attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(state(&db, ids[2]).await, "completed");
+    assert_eq!(
+        storage.cancel_job(ids[2], "late").await.unwrap(),
+        CancelOutcome::AlreadyFinished
+    );
+    assert_eq!(
+        storage.cancel_job(ids[0], "again").await.unwrap(),
+        CancelOutcome::AlreadyFinished
+    );
+    assert_eq!(
+        storage.cancel_job(999_999, "x").await.unwrap(),
+        CancelOutcome::NotFound
+    );
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 0);
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_claim_of_the_same_available_job_never_both_win() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let (mut as_available, mut as_running) = (0, 0);
+    for n in 0..40 {
+        let id = enqueue(&db, vec![job(n)]).await[0];
+        let (claimed, cancelled) = tokio::join!(
+            storage.claim("default", 1, None),
+            storage.cancel_job(id, "race")
+        );
+        let claimed = claimed.unwrap();
+        match cancelled.unwrap() {
+            CancelOutcome::Cancelled => {
+                assert!(
+                    claimed.is_empty(),
+                    "job {id} was tombstoned as available yet claimed"
+                );
+                as_available += 1;
+            }
+            CancelOutcome::CancelledRunning => {
+                assert_eq!(claimed.len(), 1, "cancelled as running, so it was claimed");
+                assert_eq!(
+                    storage
+                        .complete_batch(&[claimed[0].attempt_ref()])
+                        .await
+                        .unwrap(),
+                    vec![Outcome::Stale],
+                    "and its completion loses"
+                );
+                as_running += 1;
+            }
+            other => panic!("job {id}: unexpected {other:?}"),
+        }
+        assert_eq!(state(&db, id).await, "cancelled");
+        assert!(
+            storage.claim("default", 1, None).await.unwrap().is_empty(),
+            "nothing left to run"
+        );
+    }
+    assert_eq!(as_available + as_running, 40);
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct Long {}
+impl JobArgs for Long {
+    const KIND: &'static str = "long";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_handler_is_told_it_was_cancelled() {
+    let db = TestDb::new().await;
+    let noticed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&noticed);
+    let client = db
+        .client()
+        .queue(
+            "default",
+            QueueConfig {
+                poll_interval: Duration::from_millis(50),
+                ..QueueConfig::default()
+            },
+        )
+        .register(move |ctx: JobContext, _args: Long| {
+            let flag = Arc::clone(&flag);
+            async move {
+                tokio::select! {
+                    _ = ctx.cancelled() => flag.store(true, Ordering::SeqCst),
+                    _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                }
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let id = client.insert(NewJob::new(&Long {}).unwrap()).await.unwrap();
+    let running = client.start().await.unwrap();
+    let started =
+        eventually(Duration::from_secs(10), || {
+            let db_state = db.storage();
+            async move {
+                db_state.job_state(id).await.unwrap().map(|s| s.state) == Some("running".into())
+            }
+        })
+        .await;
+    assert!(started);
+    tokio::time::sleep(Duration::from_millis(100)).await; // the listener is up before the handler starts
+    assert_eq!(
+        client.cancel(id).await.unwrap(),
+        CancelOutcome::CancelledRunning
+    );
+    let told = eventually(Duration::from_secs(10), || {
+        let noticed = Arc::clone(&noticed);
+        async move { noticed.load(Ordering::SeqCst) }
+    })
+    .await;
+    let stale = eventually(Duration::from_secs(5), || {
+        let metrics = Arc::clone(&metrics);
+        async move { metrics.stale.load(Ordering::Relaxed) == 1 }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(told, "the handler saw ctx.cancelled()");
+    assert!(stale, "its completion was reported stale");
+    assert_eq!(state(&db, id).await, "cancelled");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn priority_aging_lets_an_old_low_priority_job_through_a_steady_high_priority_stream() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let low = enqueue(&db, vec![job(0).priority(4)]).await[0];
+    let aging = Duration::from_millis(100);
+    // without aging the stream would starve it; with 100 ms aging it must run once it has waited
+    // 3 levels' worth (300 ms), while fresh priority-1 jobs keep arriving
+    let started = std::time::Instant::now();
+    let mut ran_after = None;
+    for n in 0..60 {
+        enqueue(&db, vec![job(n).priority(1), job(n).priority(1)]).await;
+        let claimed = storage
+            .claim_aged("default", 1, None, Some(aging))
+            .await
+            .unwrap();
+        if claimed.iter().any(|j| j.job_id == low) {
+            ran_after = Some(started.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waited = ran_after.expect("the low-priority job starved");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "ran too early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(1000),
+        "aging bound exceeded: {waited:?}"
+    );
+    // and without aging, priority is strict
+    let low2 = enqueue(&db, vec![job(1).priority(4)]).await[0];
+    enqueue(&db, vec![job(2).priority(1)]).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let strict = storage.claim("default", 1, None).await.unwrap();
+    assert_ne!(strict[0].job_id, low2);
+    db.cleanup().await;
+}

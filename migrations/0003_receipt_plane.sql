@@ -42,20 +42,25 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- In-flight attempts (compact members + row-local claims minus closures) over the claim ring.
+-- All queues: claim and closure counts (closures are unique per receipt, so counts subtract
+-- exactly). One queue: a closure batch can span queues, so count that queue's open items.
 CREATE FUNCTION __S__.count_in_flight(p_queue text DEFAULT NULL) RETURNS bigint
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT sum(b.claimed_count) FROM __S__.lease_claim_batches b
-                     WHERE p_queue IS NULL OR b.queue = p_queue), 0)
-         + (SELECT count(*) FROM __S__.lease_claims l WHERE p_queue IS NULL OR l.queue = p_queue)
-         - coalesce((SELECT sum(c.closed_count) FROM __S__.lease_claim_closure_batches c
-                     WHERE p_queue IS NULL OR EXISTS (
-                         SELECT 1 FROM __S__.lease_claim_batches b
-                         WHERE b.claim_slot = c.claim_slot AND b.queue = p_queue
-                           AND b.receipt_ranges && c.receipt_ranges)), 0)
-         - (SELECT count(*) FROM __S__.lease_claim_closures c
-            WHERE p_queue IS NULL OR EXISTS (
-                SELECT 1 FROM __S__.lease_claims l
-                WHERE l.claim_slot = c.claim_slot AND l.receipt_id = c.receipt_id AND l.queue = p_queue))
+    SELECT CASE WHEN p_queue IS NULL THEN
+        coalesce((SELECT sum(b.claimed_count) FROM __S__.lease_claim_batches b), 0)
+        + (SELECT count(*) FROM __S__.lease_claims l)
+        - coalesce((SELECT sum(c.closed_count) FROM __S__.lease_claim_closure_batches c), 0)
+        - (SELECT count(*) FROM __S__.lease_claim_closures c)
+    ELSE
+        (SELECT count(*) FROM __S__.lease_claim_batches b, generate_subscripts(b.job_ids, 1) i
+         WHERE b.queue = p_queue AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+           AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                           WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1)))
+        + (SELECT count(*) FROM __S__.lease_claims l
+           WHERE l.queue = p_queue
+             AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                             WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id))
+    END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
@@ -305,7 +310,8 @@ BEGIN
         RETURNING 1
     )
     SELECT i.job_id, i.run_lease,
-           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot)
+           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot
+                          AND o.job_id = i.job_id AND o.run_lease = i.run_lease)
     FROM input i;
 END
 $$;
@@ -369,7 +375,8 @@ BEGIN
         RETURNING 1
     )
     SELECT i.job_id, i.run_lease,
-           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot)
+           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot
+                          AND o.job_id = i.job_id AND o.run_lease = i.run_lease)
     FROM input i;
 END
 $$;
@@ -398,7 +405,9 @@ BEGIN
             SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
         RETURNING 1
     )
-    SELECT i.job_id, i.run_lease, EXISTS (SELECT 1 FROM open o WHERE o.job_id = i.job_id AND o.run_lease = i.run_lease)
+    SELECT i.job_id, i.run_lease,
+           EXISTS (SELECT 1 FROM open o WHERE o.job_id = i.job_id AND o.run_lease = i.run_lease
+                                            AND o.claim_slot = i.claim_slot AND o.receipt_id = i.receipt_id)
     FROM input i;
 END
 $$;
@@ -414,30 +423,30 @@ LANGUAGE sql STABLE AS $$
                 ELSE now() + make_interval(secs => least(power(2, least(p_attempt, 30)), 3600)) END
 $$;
 
--- Try to close the given open attempts with p_outcome. Returns false (closing nothing) if any of
--- their per-attempt locks is held by someone else — the caller's cursor must then stop before them.
+-- Try to close the given open attempts with p_outcome. Returns how many it closed, or -1 (closing
+-- nothing) if any of their per-attempt locks is held by someone else — the caller's cursor must
+-- then stop before them.
 CREATE FUNCTION __S__.rescue_close(p_slots int[], p_receipts bigint[], p_jobs bigint[], p_leases bigint[],
                                    p_attempts int[], p_max_attempts int[], p_outcome text, p_error text)
-RETURNS boolean
+RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     v_job bigint;
 BEGIN
-    IF cardinality(p_jobs) = 0 THEN
-        RETURN true;
+    IF coalesce(cardinality(p_jobs), 0) = 0 THEN
+        RETURN 0;
     END IF;
     FOREACH v_job IN ARRAY (SELECT array_agg(DISTINCT j ORDER BY j) FROM unnest(p_jobs) j) LOOP
         IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('attempt'), (v_job % 2147483647)::int) THEN
-            RETURN false;
+            RETURN -1;
         END IF;
     END LOOP;
     -- close_batch re-takes the (re-entrant) locks and re-validates in a fresh snapshot: an attempt
-    -- completed while we looked is reported not accepted and left alone
-    PERFORM 1 FROM __S__.close_batch(
+    -- completed while we looked is reported not accepted, left alone and not counted
+    RETURN (SELECT count(*) FILTER (WHERE c.accepted) FROM __S__.close_batch(
         p_slots, p_receipts, p_jobs, p_leases, array_fill(p_outcome, ARRAY[cardinality(p_jobs)]),
         ARRAY(SELECT __S__.rescue_retry_at(a, m) FROM unnest(p_attempts, p_max_attempts) AS u(a, m)),
-        array_fill(p_error, ARRAY[cardinality(p_jobs)]));
-    RETURN true;
+        array_fill(p_error, ARRAY[cardinality(p_jobs)])) c);
 END
 $$;
 
@@ -457,6 +466,7 @@ DECLARE
     v_open record;
     v_slots int[]; v_receipts bigint[]; v_jobs bigint[]; v_leases bigint[]; v_attempts int[]; v_max int[];
     v_blocked boolean := false;
+    v_result int;
 BEGIN
     SELECT * INTO v_slot FROM __S__.claim_ring_slots WHERE slot = p_slot;
     -- compact batches by (claimed_at, batch_id)
@@ -468,6 +478,8 @@ BEGIN
         ORDER BY b.claimed_at, b.batch_id
         LIMIT p_limit
     LOOP
+        -- bound the locks one rescue transaction holds: p_limit attempts closed at most
+        EXIT WHEN v_closed >= p_limit;
         v_seen := v_seen + 1;
         v_slots := '{}'; v_receipts := '{}'; v_jobs := '{}'; v_leases := '{}'; v_attempts := '{}'; v_max := '{}';
         v_alive := false;
@@ -491,12 +503,13 @@ BEGIN
             v_jobs := v_jobs || v_open.job_id; v_leases := v_leases || v_open.run_lease;
             v_attempts := v_attempts || v_open.attempt; v_max := v_max || v_open.max_attempts;
         END LOOP;
-        IF NOT __S__.rescue_close(v_slots, v_receipts, v_jobs, v_leases, v_attempts, v_max, 'rescued',
-                                  'rescued: no heartbeat or completion within ' || p_stale_after) THEN
+        v_result := __S__.rescue_close(v_slots, v_receipts, v_jobs, v_leases, v_attempts, v_max, 'rescued',
+                                       'rescued: no heartbeat or completion within ' || p_stale_after);
+        IF v_result < 0 THEN
             v_blocked := true;
             EXIT;
         END IF;
-        v_closed := v_closed + cardinality(v_jobs);
+        v_closed := v_closed + v_result;
         IF v_alive AND v_slot.stale_revisit_at IS NULL THEN
             v_slot.stale_revisit_at := v_batch.claimed_at;
             v_slot.stale_revisit_batch_id := v_batch.batch_id - 1;
@@ -531,13 +544,16 @@ BEGIN
                        WHERE a.job_id = v_claim.job_id AND a.run_lease = v_claim.run_lease
                          AND a.heartbeat_at >= v_cutoff) THEN
                 v_slot.stale_row_revisit_at := coalesce(v_slot.stale_row_revisit_at, v_claim.claimed_at);
-            ELSIF __S__.rescue_close(ARRAY[p_slot], ARRAY[v_claim.receipt_id], ARRAY[v_claim.job_id],
-                                     ARRAY[v_claim.run_lease], ARRAY[v_claim.attempt], ARRAY[v_claim.max_attempts],
-                                     'rescued', 'rescued: no heartbeat or completion within ' || p_stale_after) THEN
-                v_closed := v_closed + 1;
             ELSE
-                v_blocked := true;
-                EXIT;
+                v_result := __S__.rescue_close(ARRAY[p_slot], ARRAY[v_claim.receipt_id], ARRAY[v_claim.job_id],
+                                               ARRAY[v_claim.run_lease], ARRAY[v_claim.attempt],
+                                               ARRAY[v_claim.max_attempts], 'rescued',
+                                               'rescued: no heartbeat or completion within ' || p_stale_after);
+                IF v_result < 0 THEN
+                    v_blocked := true;
+                    EXIT;
+                END IF;
+                v_closed := v_closed + v_result;
             END IF;
         END IF;
         v_slot.stale_row_cursor_at := v_claim.claimed_at;
@@ -585,6 +601,7 @@ DECLARE
     v_claim record;
     v_closed int := 0;
     v_slots int[]; v_receipts bigint[]; v_jobs bigint[]; v_leases bigint[]; v_attempts int[]; v_max int[];
+    v_result int;
 BEGIN
     SELECT * INTO v_slot FROM __S__.claim_ring_slots WHERE slot = p_slot;
     FOR v_batch IN
@@ -603,10 +620,12 @@ BEGIN
         WHERE v_batch.receipt_ranges @> x.r
           AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
                           WHERE c.claim_slot = p_slot AND c.receipt_ranges @> x.r);
+        EXIT WHEN v_closed >= p_limit;
         IF v_jobs IS NOT NULL THEN
-            EXIT WHEN NOT __S__.rescue_close(v_slots, v_receipts, v_jobs, v_leases, v_attempts, v_max,
-                                             'deadline_expired', 'deadline expired');
-            v_closed := v_closed + cardinality(v_jobs);
+            v_result := __S__.rescue_close(v_slots, v_receipts, v_jobs, v_leases, v_attempts, v_max,
+                                           'deadline_expired', 'deadline expired');
+            EXIT WHEN v_result < 0;
+            v_closed := v_closed + v_result;
         END IF;
         v_slot.batch_deadline_cursor_at := v_batch.deadline_at;
         v_slot.batch_deadline_cursor_batch_id := v_batch.batch_id;
@@ -622,10 +641,12 @@ BEGIN
     LOOP
         IF NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
                        WHERE c.claim_slot = p_slot AND c.receipt_id = v_claim.receipt_id) THEN
-            EXIT WHEN NOT __S__.rescue_close(ARRAY[p_slot], ARRAY[v_claim.receipt_id], ARRAY[v_claim.job_id],
-                                             ARRAY[v_claim.run_lease], ARRAY[v_claim.attempt],
-                                             ARRAY[v_claim.max_attempts], 'deadline_expired', 'deadline expired');
-            v_closed := v_closed + 1;
+            EXIT WHEN v_closed >= p_limit;
+            v_result := __S__.rescue_close(ARRAY[p_slot], ARRAY[v_claim.receipt_id], ARRAY[v_claim.job_id],
+                                           ARRAY[v_claim.run_lease], ARRAY[v_claim.attempt],
+                                           ARRAY[v_claim.max_attempts], 'deadline_expired', 'deadline expired');
+            EXIT WHEN v_result < 0;
+            v_closed := v_closed + v_result;
         END IF;
         v_slot.deadline_cursor_at := v_claim.deadline_at;
         v_slot.deadline_cursor_job_id := v_claim.job_id;
@@ -647,7 +668,8 @@ BEGIN
 END
 $$;
 
--- One maintenance tick of rescue: deadline then stale, over every slot that can hold claims.
+-- One maintenance tick of rescue: deadline then stale, over every slot that can hold claims,
+-- closing at most p_limit attempts (so one transaction holds at most that many attempt locks).
 CREATE FUNCTION __S__.rescue(p_stale_after interval, p_limit int) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -655,8 +677,10 @@ DECLARE
     v_closed int := 0;
 BEGIN
     FOR v_slot IN SELECT slot FROM __S__.claim_ring_slots WHERE state <> 'free' ORDER BY generation LOOP
-        v_closed := v_closed + __S__.rescue_deadline_slot(v_slot, p_limit);
-        v_closed := v_closed + __S__.rescue_stale_slot(v_slot, p_stale_after, p_limit);
+        EXIT WHEN v_closed >= p_limit;
+        v_closed := v_closed + __S__.rescue_deadline_slot(v_slot, p_limit - v_closed);
+        EXIT WHEN v_closed >= p_limit;
+        v_closed := v_closed + __S__.rescue_stale_slot(v_slot, p_stale_after, p_limit - v_closed);
     END LOOP;
     RETURN v_closed;
 END

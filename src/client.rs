@@ -36,6 +36,9 @@ pub struct QueueConfig {
     /// Priority aging: a lane's effective priority improves one level per this much waiting by its
     /// oldest job, so low priorities never starve. `None` (or zero) disables aging.
     pub priority_aging: Option<Duration>,
+    /// Send this queue's terminal failures to the dead-letter queue (`dlq_entries`) instead of
+    /// failed history, for an operator to inspect, retry or purge.
+    pub dead_letter: bool,
 }
 
 impl Default for QueueConfig {
@@ -46,6 +49,7 @@ impl Default for QueueConfig {
             poll_interval: Duration::from_millis(250),
             deadline: None,
             priority_aging: Some(Duration::from_secs(60)),
+            dead_letter: false,
         }
     }
 }
@@ -192,8 +196,11 @@ impl ClientBuilder {
             schema::check_not_newer(&self.schema, version)?;
         }
         let storage = Storage::new(self.pool, self.schema);
-        for (queue, _) in &self.queues {
+        for (queue, config) in &self.queues {
             storage.ensure_queue(queue).await?;
+            storage
+                .set_queue_dead_letter(queue, config.dead_letter)
+                .await?;
         }
         Ok(Client {
             inner: Arc::new(Inner {
@@ -577,6 +584,9 @@ fn close_outcome(job: &ClaimedJob, error: JobError) -> CloseOutcome {
             at: Utc::now() + chrono_duration(retry_backoff(job.attempt)),
             error: e,
         },
+        JobError::Snooze(delay) => CloseOutcome::Snooze {
+            at: Utc::now() + chrono_duration(delay),
+        },
         JobError::RetryAfter(delay, e) => CloseOutcome::Retry {
             at: Utc::now() + chrono_duration(delay),
             error: e,
@@ -610,8 +620,10 @@ async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
             Ok(outcomes) => {
                 for ((attempt, _), outcome) in due.iter().zip(outcomes) {
                     if outcome == Outcome::Stale {
+                        // closed under us (rescued or cancelled): tell the handler to stop
+                        signal_cancel(&inner, &format!("{}:{}", attempt.job_id, attempt.run_lease));
                         warn!(job_id = attempt.job_id, run_lease = attempt.run_lease,
-                              "attempt is no longer open (rescued or cancelled); its result will be discarded");
+                              "attempt is no longer open (rescued or cancelled); its handler is told to stop");
                     }
                 }
             }
@@ -670,7 +682,9 @@ async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) {
             Ok(outcomes) => {
                 for ((_, close), outcome) in closes.iter().zip(&outcomes) {
                     let counter = match close {
-                        CloseOutcome::Retry { .. } => &metrics.retried,
+                        CloseOutcome::Retry { .. } | CloseOutcome::Snooze { .. } => {
+                            &metrics.retried
+                        }
                         CloseOutcome::Failed { .. } => &metrics.failed,
                     };
                     count(metrics, std::slice::from_ref(outcome), counter);

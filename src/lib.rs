@@ -45,6 +45,6 @@ pub use job::{JobArgs, NewJob};
 pub use maintenance::MaintenanceConfig;
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
-    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, JobState, Outcome, Storage,
+    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, JobState, Outcome, Storage,
 };
 pub use worker::{JobContext, JobError};

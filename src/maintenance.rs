@@ -34,6 +34,8 @@ pub struct MaintenanceConfig {
     pub stale_after: Duration,
     /// Most claim batches (or row-local claims) each rescue sweep visits per slot and tick.
     pub rescue_batch: i32,
+    /// Dead-lettered jobs are deleted after this long (in batches of `promote_batch`).
+    pub dlq_retention: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -47,6 +49,7 @@ impl Default for MaintenanceConfig {
             keep_failed: Duration::from_secs(72 * 3600),
             stale_after: Duration::from_secs(60),
             rescue_batch: 200,
+            dlq_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -83,6 +86,7 @@ pub struct TickReport {
     pub pruned_claim_slots: Vec<i32>,
     pub promoted: i32,
     pub rescued: i32,
+    pub dlq_expired: i32,
 }
 
 /// One maintenance pass. Public so tests and operators (`ringwork` CLI) can drive it directly.
@@ -116,6 +120,9 @@ pub async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickR
             PruneResult::Skipped(reason) => debug!(slot, reason, "queue slot kept"),
         }
     }
+    report.dlq_expired = storage
+        .dlq_expire(config.dlq_retention, config.promote_batch)
+        .await?;
     loop {
         let moved = storage.promote_due(config.promote_batch).await?;
         report.promoted += moved;

@@ -21,6 +21,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "lifecycle",
         include_str!("../migrations/0004_lifecycle.sql"),
     ),
+    (
+        "dead_letter",
+        include_str!("../migrations/0005_dead_letter.sql"),
+    ),
 ];
 
 /// Highest schema version this binary can run against.
@@ -151,6 +155,7 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("attempt_state", ChurnClass::Warm),
     ("schema_migrations", ChurnClass::Warm),
     ("deferred_jobs", ChurnClass::Backlog),
+    ("dlq_entries", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

@@ -32,6 +32,11 @@ struct Statements {
     close_batch: String,
     promote_due: String,
     heartbeat_batch: String,
+    set_queue_dead_letter: String,
+    dlq_list: String,
+    dlq_retry: String,
+    dlq_purge: String,
+    dlq_expire: String,
     cancel_job: String,
     set_queue_paused: String,
     job_state: String,
@@ -78,6 +83,17 @@ impl Statements {
             job_state: format!(
                 "SELECT state, queue, kind, attempt, run_lease, detail FROM {s}.job_state($1)"
             ),
+            set_queue_dead_letter: format!("SELECT {s}.set_queue_dead_letter($1, $2)"),
+            dlq_list: format!(
+                "SELECT job_id, queue, kind, args, attempt, run_lease, error, failed_at FROM {s}.dlq_entries
+                 WHERE $1::text IS NULL OR queue = $1 ORDER BY failed_at, job_id LIMIT $2"
+            ),
+            dlq_retry: format!("SELECT {s}.dlq_retry($1)"),
+            dlq_purge: format!(
+                "WITH gone AS (DELETE FROM {s}.dlq_entries WHERE ($1::text IS NULL OR queue = $1)
+                   AND ($2::int8 IS NULL OR job_id = $2) RETURNING 1) SELECT count(*)::int8 FROM gone"
+            ),
+            dlq_expire: format!("SELECT {s}.dlq_expire(make_interval(secs => $1), $2)"),
             heartbeat_batch: format!("SELECT job_id, accepted FROM {s}.heartbeat_batch($1, $2, $3, $4, $5)"),
             rescue: format!("SELECT {s}.rescue(make_interval(secs => $1), $2)"),
             count_in_flight: format!("SELECT {s}.count_in_flight($1)::int8"),
@@ -138,8 +154,11 @@ pub struct AttemptRef {
 pub enum CloseOutcome {
     /// Back to `deferred_jobs`, runnable again at `at`.
     Retry { at: DateTime<Utc>, error: String },
-    /// Terminal failure: a failed `done_entries` row.
+    /// Terminal failure: a failed `done_entries` row, or a `dlq_entries` row when the queue has a
+    /// dead-letter queue.
     Failed { error: String },
+    /// Back to `deferred_jobs` at `at` without using an attempt.
+    Snooze { at: DateTime<Utc> },
 }
 
 /// What `cancel_job` did.
@@ -152,6 +171,19 @@ pub enum CancelOutcome {
     CancelledRunning,
     AlreadyFinished,
     NotFound,
+}
+
+/// A dead-lettered job.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    pub job_id: i64,
+    pub queue: String,
+    pub kind: String,
+    pub args: serde_json::Value,
+    pub attempt: i32,
+    pub run_lease: i64,
+    pub error: Option<String>,
+    pub failed_at: DateTime<Utc>,
 }
 
 /// A job's current state (see `Storage::job_state`).
@@ -450,6 +482,11 @@ impl Storage {
                     retry_at.push(None);
                     errors.push(error.as_str());
                 }
+                CloseOutcome::Snooze { at } => {
+                    outcomes.push("snoozed");
+                    retry_at.push(Some(*at));
+                    errors.push("snoozed");
+                }
             }
         }
         let rows: Vec<(i64, bool)> = sqlx::query_as(&self.sql.close_batch)
@@ -510,6 +547,66 @@ impl Storage {
                 detail,
             },
         ))
+    }
+
+    /// Send this queue's terminal failures to the dead-letter queue (or stop doing so).
+    pub async fn set_queue_dead_letter(&self, queue: &str, enabled: bool) -> Result<bool> {
+        crate::job::validate_name("queue name", queue)?;
+        Ok(sqlx::query_scalar(&self.sql.set_queue_dead_letter)
+            .bind(queue)
+            .bind(enabled)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Dead-lettered jobs, oldest failure first.
+    pub async fn dlq_list(&self, queue: Option<&str>, limit: i64) -> Result<Vec<DeadLetter>> {
+        let rows = sqlx::query(&self.sql.dlq_list)
+            .bind(queue)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    job_id: r.try_get("job_id")?,
+                    queue: r.try_get("queue")?,
+                    kind: r.try_get("kind")?,
+                    args: r.try_get("args")?,
+                    attempt: r.try_get("attempt")?,
+                    run_lease: r.try_get("run_lease")?,
+                    error: r.try_get("error")?,
+                    failed_at: r.try_get("failed_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Move a dead-lettered job back to run now with fresh attempts. False when it is not in the
+    /// DLQ (already retried, purged, or never there).
+    pub async fn dlq_retry(&self, job_id: i64) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.sql.dlq_retry)
+            .bind(job_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Delete dead-lettered jobs: one (`job_id`), a queue's, or all. Returns how many.
+    pub async fn dlq_purge(&self, queue: Option<&str>, job_id: Option<i64>) -> Result<i64> {
+        Ok(sqlx::query_scalar(&self.sql.dlq_purge)
+            .bind(queue)
+            .bind(job_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Retention: delete up to `limit` DLQ rows older than `keep`.
+    pub async fn dlq_expire(&self, keep: Duration, limit: i32) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.dlq_expire)
+            .bind(keep.as_secs_f64())
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// Record a heartbeat (and optional progress) for running attempts. `Stale` means the attempt

@@ -69,6 +69,8 @@ impl CancelSignal {
 pub enum JobError {
     Retry(String),
     RetryAfter(Duration, String),
+    /// Run again after the delay without using an attempt (the job is not ready yet).
+    Snooze(Duration),
     Terminal(String),
 }
 
@@ -89,6 +91,7 @@ impl std::fmt::Display for JobError {
         match self {
             Self::Retry(e) => write!(f, "{e}"),
             Self::RetryAfter(d, e) => write!(f, "{e} (retry after {d:?})"),
+            Self::Snooze(d) => write!(f, "snoozed for {d:?}"),
             Self::Terminal(e) => write!(f, "{e}"),
         }
     }

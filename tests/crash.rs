@@ -266,10 +266,7 @@ async fn rescue_and_prune_race_for_hundreds_of_cycles_without_losing_a_claim() {
         "only {} of {total} jobs completed",
         applied.lock().unwrap().len()
     );
-    assert!(
-        pruned > 30,
-        "prune ran for real ({pruned} slots reclaimed)"
-    );
+    assert!(pruned > 30, "prune ran for real ({pruned} slots reclaimed)");
     assert!(rescued > 0, "rescue ran for real");
     let applied = applied.lock().unwrap().clone();
     for id in &ids {

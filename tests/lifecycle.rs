@@ -270,3 +270,95 @@ async fn priority_aging_lets_an_old_low_priority_job_through_a_steady_high_prior
     assert_ne!(strict[0].job_id, low2);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_snooze_runs_the_job_later_without_using_an_attempt() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, vec![job(1).max_attempts(1)]).await;
+    let first = storage.claim("default", 1, None).await.unwrap().remove(0);
+    let at = chrono::Utc::now() + chrono::Duration::milliseconds(200);
+    let snoozed = storage
+        .close_batch(&[(first.attempt_ref(), ringwork::CloseOutcome::Snooze { at })])
+        .await
+        .unwrap();
+    assert_eq!(snoozed, vec![Outcome::Applied]);
+    assert_eq!(storage.promote_due(10).await.unwrap(), 0, "not due yet");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(storage.promote_due(10).await.unwrap(), 1);
+    let second = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!(second.attempt, 1, "the snooze did not use the only attempt");
+    assert_eq!(
+        second.run_lease,
+        first.run_lease + 1,
+        "but the run_lease still moved on"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn exhausted_jobs_of_a_dead_letter_queue_can_be_listed_retried_once_and_purged() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage
+        .set_queue_dead_letter("default", true)
+        .await
+        .unwrap();
+    let ids = enqueue(&db, vec![job(1), job(2), job(3).max_attempts(1)]).await;
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    let fail = |j: &ringwork::ClaimedJob| {
+        (
+            j.attempt_ref(),
+            ringwork::CloseOutcome::Failed {
+                error: format!("boom {}", j.job_id),
+            },
+        )
+    };
+    storage
+        .close_batch(&[fail(&claimed[0]), fail(&claimed[1])])
+        .await
+        .unwrap();
+    // exhausted by rescue also lands in the DLQ
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        storage
+            .rescue(Duration::from_millis(100), 100)
+            .await
+            .unwrap(),
+        1
+    );
+
+    let dead = storage.dlq_list(Some("default"), 10).await.unwrap();
+    assert_eq!(dead.iter().map(|d| d.job_id).collect::<Vec<_>>(), ids);
+    assert_eq!(
+        dead[0].error.as_deref(),
+        Some(format!("boom {}", ids[0]).as_str())
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.done_entries").await,
+        0,
+        "not failed history"
+    );
+    assert_eq!(state(&db, ids[0]).await, "dead_lettered");
+
+    // two concurrent retries: exactly one wins
+    let (a, b) = tokio::join!(storage.dlq_retry(ids[0]), storage.dlq_retry(ids[0]));
+    assert!(a.unwrap() ^ b.unwrap(), "exactly one retry takes the job");
+    assert_eq!(storage.promote_due(10).await.unwrap(), 1);
+    let again = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!(again.job_id, ids[0]);
+    assert_eq!(again.attempt, 1, "fresh attempts");
+    assert!(
+        again.run_lease > claimed[0].run_lease,
+        "a higher run_lease, never a reset one"
+    );
+
+    assert_eq!(storage.dlq_purge(None, Some(ids[1])).await.unwrap(), 1);
+    assert_eq!(
+        storage.dlq_expire(Duration::ZERO, 100).await.unwrap(),
+        1,
+        "retention removes the rest"
+    );
+    assert!(storage.dlq_list(None, 10).await.unwrap().is_empty());
+    db.cleanup().await;
+}

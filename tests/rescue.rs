@@ -495,3 +495,38 @@ async fn a_pinned_slot_does_not_stall_rotation_or_pruning_of_the_others() {
     );
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn in_flight_counts_are_exact_per_queue_when_one_closure_batch_spans_queues() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(
+        &db,
+        vec![
+            job(1).queue("a"),
+            job(2).queue("a"),
+            job(3).queue("b"),
+            job(4).queue("b"),
+        ],
+    )
+    .await;
+    let a = storage.claim("a", 2, None).await.unwrap();
+    let b = storage.claim("b", 2, None).await.unwrap();
+    storage
+        .complete_batch(&[a[0].attempt_ref(), b[0].attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(storage.count_in_flight(Some("a")).await.unwrap(), 1);
+    assert_eq!(storage.count_in_flight(Some("b")).await.unwrap(), 1);
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 2);
+    // a forged entry beside the real one is not reported as accepted
+    let mut forged = a[1].attempt_ref();
+    forged.job_id = b[1].job_id;
+    let outcomes = storage
+        .complete_batch(&[a[1].attempt_ref(), forged])
+        .await
+        .unwrap();
+    assert_eq!(outcomes, vec![Outcome::Applied, Outcome::Stale]);
+    assert_eq!(storage.count_in_flight(Some("a")).await.unwrap(), 0);
+    db.cleanup().await;
+}

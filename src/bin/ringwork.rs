@@ -19,6 +19,27 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum DlqAction {
+    /// List dead-lettered jobs, oldest failure first.
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Run a dead-lettered job again (fresh attempts, higher run_lease).
+    Retry { job_id: i64 },
+    /// Delete dead-lettered jobs: one by id, a whole queue's, or (with --all) every one.
+    Purge {
+        job_id: Option<i64>,
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Apply the schema migrations (idempotent; safe to run from several processes).
     Migrate {
@@ -63,6 +84,15 @@ enum Command {
         #[arg(long, default_value = "ringwork")]
         schema: String,
     },
+    /// Inspect and act on the dead-letter queue.
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+        #[arg(long, env = "DATABASE_URL", global = true)]
+        database_url: Option<String>,
+        #[arg(long, default_value = "ringwork", global = true)]
+        schema: String,
+    },
     /// Show where a job is now.
     Job {
         job_id: i64,
@@ -90,12 +120,16 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         rotate_every: f64,
     },
-    /// Run one maintenance pass (rotate, prune, promote) and print what it did.
+    /// Run one maintenance pass (rotate, rescue, prune, promote, DLQ retention) and print what it did.
     Maintain {
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, default_value = "ringwork")]
         schema: String,
+        /// Seconds without heartbeat or completion before a claim is rescued; use the same value
+        /// as your workers, or this pass may rescue their live long jobs.
+        #[arg(long, default_value_t = 60.0)]
+        stale_after: f64,
     },
 }
 
@@ -220,6 +254,47 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 storage.cancel_job(job_id, "cancelled by operator").await?
             );
         }
+        Command::Dlq {
+            action,
+            database_url,
+            schema,
+        } => {
+            let url = database_url.ok_or_else(|| {
+                ringwork::Error::Config("set --database-url or DATABASE_URL".into())
+            })?;
+            let storage = open_storage(&url, &schema).await?;
+            match action {
+                DlqAction::List { queue, limit } => {
+                    for dead in storage.dlq_list(queue.as_deref(), limit).await? {
+                        println!(
+                            "{}\t{}\t{}\tattempt {}\t{}\t{}",
+                            dead.job_id,
+                            dead.queue,
+                            dead.kind,
+                            dead.attempt,
+                            dead.failed_at,
+                            dead.error.unwrap_or_default()
+                        );
+                    }
+                }
+                DlqAction::Retry { job_id } => {
+                    if storage.dlq_retry(job_id).await? {
+                        println!("job {job_id} scheduled to run again");
+                    } else {
+                        println!("job {job_id} is not in the dead-letter queue");
+                    }
+                }
+                DlqAction::Purge { job_id, queue, all } => {
+                    if job_id.is_none() && queue.is_none() && !all {
+                        return Err(ringwork::Error::Config(
+                            "name a job id, --queue, or --all".into(),
+                        ));
+                    }
+                    let n = storage.dlq_purge(queue.as_deref(), job_id).await?;
+                    println!("purged {n} dead-lettered job(s)");
+                }
+            }
+        }
         Command::Job {
             job_id,
             database_url,
@@ -236,6 +311,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
         Command::Maintain {
             database_url,
             schema: name,
+            stale_after,
         } => {
             let schema = SchemaName::new(&name)?;
             let pool = PgPoolOptions::new()
@@ -249,6 +325,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             let storage = Storage::new(pool, schema);
             let config = MaintenanceConfig {
                 rotate_interval: Duration::ZERO,
+                stale_after: Duration::try_from_secs_f64(stale_after)
+                    .map_err(|e| ringwork::Error::Config(format!("--stale-after: {e}")))?,
                 ..MaintenanceConfig::default()
             };
             let report = ringwork::maintenance::tick(&storage, &config).await?;

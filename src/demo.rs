@@ -19,6 +19,7 @@ pub struct DemoOptions {
     pub schema: String,
     pub jobs: u64,
     pub workers: usize,
+    pub hold_horizon: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -74,6 +75,21 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     let metrics = client.metrics();
     metrics.record_pickup_latency();
 
+    // A transaction with an xid, idle for the whole run, pins the MVCC horizon database-wide.
+    let mut horizon = if options.hold_horizon {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut *tx)
+            .await?;
+        Some(tx)
+    } else {
+        None
+    };
+    let commits_start: i64 = sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&pool)
+    .await?;
     let wal_start: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
         .fetch_one(&pool)
         .await?;
@@ -120,6 +136,17 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         .map_err(|e| crate::Error::Config(format!("producer task: {e}")))??;
     running.shutdown(Duration::from_secs(10)).await;
 
+    if let Some(tx) = horizon.take() {
+        // still holding it at the end (read, then release)
+        let mut tx = tx;
+        sqlx::query("SELECT 1").execute(&mut *tx).await?;
+        tx.rollback().await?;
+    }
+    let commits: i64 = sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&pool)
+    .await?;
     let wal_bytes: f64 =
         sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
             .bind(&wal_start)
@@ -168,6 +195,10 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     );
     println!("| workers | {} |", options.workers);
     println!(
+        "| MVCC horizon held for the whole run | {} |",
+        if options.hold_horizon { "yes" } else { "no" }
+    );
+    println!(
         "| enqueue rate | {:.0} jobs/s |",
         options.jobs as f64 / enqueue_time.as_secs_f64()
     );
@@ -183,6 +214,10 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     println!(
         "| WAL per completed job (enqueue + claim + complete + maintenance) | {:.0} B |",
         wal_bytes / completed.max(1) as f64
+    );
+    println!(
+        "| commits per completed job (all sessions; statistics lag ≤ 1 s) | {:.3} |",
+        (commits - commits_start) as f64 / completed.max(1) as f64
     );
     println!();
     println!("| table | live tuples | dead tuples |");

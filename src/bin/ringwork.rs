@@ -59,6 +59,10 @@ enum Command {
         jobs: u64,
         #[arg(long, default_value_t = 32)]
         workers: usize,
+        /// Hold the MVCC horizon for the whole run (a session sits in `BEGIN; SELECT
+        /// txid_current()`), the condition under which row-mutating queues bloat.
+        #[arg(long)]
+        hold_horizon: bool,
     },
     /// Pause a queue (nothing is claimed from it; enqueue still works).
     Pause {
@@ -190,12 +194,14 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             schema,
             jobs,
             workers,
+            hold_horizon,
         } => {
             demo::run(DemoOptions {
                 database_url,
                 schema,
                 jobs,
                 workers,
+                hold_horizon,
             })
             .await?;
         }

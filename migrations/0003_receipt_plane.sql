@@ -478,8 +478,12 @@ BEGIN
         ORDER BY b.claimed_at, b.batch_id
         LIMIT p_limit
     LOOP
-        -- bound the locks one rescue transaction holds: p_limit attempts closed at most
-        EXIT WHEN v_closed >= p_limit;
+        -- bound the locks one rescue transaction holds: p_limit attempts closed at most (a stop
+        -- on the budget is not the end of the slot, so it must not wrap the cursor)
+        IF v_closed >= p_limit THEN
+            v_blocked := true;
+            EXIT;
+        END IF;
         v_seen := v_seen + 1;
         v_slots := '{}'; v_receipts := '{}'; v_jobs := '{}'; v_leases := '{}'; v_attempts := '{}'; v_max := '{}';
         v_alive := false;
@@ -537,6 +541,10 @@ BEGIN
         ORDER BY l.claimed_at, l.job_id, l.run_lease
         LIMIT p_limit
     LOOP
+        IF v_closed >= p_limit THEN
+            v_blocked := true;
+            EXIT;
+        END IF;
         v_seen := v_seen + 1;
         IF NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
                        WHERE c.claim_slot = p_slot AND c.receipt_id = v_claim.receipt_id) THEN

@@ -51,11 +51,12 @@ BEGIN
         RETURN;
     END IF;
     -- Lanes by effective priority: with aging, a lane's priority improves by one level per
-    -- p_aging its oldest waiting job has waited, so low priorities never starve.
+    -- p_aging its oldest waiting job has been runnable (run_at: enqueue, or promotion of a
+    -- scheduled/retried job), so low priorities never starve.
     FOR v_lane IN
         SELECT l.lane_id, l.segment_seq, l.cursor_seq FROM __S__.queue_lanes l
         LEFT JOIN LATERAL (
-            SELECT e.created_at FROM __S__.ready_entries e
+            SELECT e.run_at FROM __S__.ready_entries e
             WHERE p_aging IS NOT NULL AND e.lane_id = l.lane_id
               AND e.lane_pos > coalesce(pg_sequence_last_value(l.cursor_seq), 0)
             ORDER BY e.lane_pos LIMIT 1
@@ -64,7 +65,7 @@ BEGIN
           AND pg_sequence_last_value(l.segment_seq) IS NOT NULL
           AND pg_sequence_last_value(l.segment_seq)
               >= coalesce(pg_sequence_last_value(l.cursor_seq), 0) >> 20
-        ORDER BY l.priority - coalesce(floor(extract(epoch FROM v_now - head.created_at)
+        ORDER BY l.priority - coalesce(floor(extract(epoch FROM v_now - head.run_at)
                                              / nullif(extract(epoch FROM p_aging), 0)), 0),
                  l.priority
     LOOP
@@ -221,6 +222,17 @@ BEGIN
         PERFORM pg_notify('ringwork___S___cancel', p_job_id || ':' || (v_ready.run_lease + 1));
         RETURN 'cancelled_running';
     END IF;
+    -- the attempt closed while we looked; if it closed into a retry, the job waits in
+    -- deferred_jobs now (new statement, fresh snapshot) and is cancelled there
+    DELETE FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id RETURNING * INTO v_deferred;
+    IF FOUND THEN
+        INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                        max_attempts, state, error, created_at)
+        VALUES (v_current, v_deferred.job_id, v_deferred.run_lease, v_deferred.queue, v_deferred.kind,
+                v_deferred.args, v_deferred.priority, v_deferred.attempt, v_deferred.max_attempts, 'cancelled',
+                p_reason, v_deferred.created_at);
+        RETURN 'cancelled';
+    END IF;
     RETURN 'already_finished';
 END
 $$;
@@ -245,8 +257,11 @@ LANGUAGE sql STABLE AS $$
                                    WHERE c.ready_slot = r.ready_slot AND p_job_id = ANY (c.job_ids)
                                      AND (r.run_lease + 1) = ANY (c.run_leases))
         UNION ALL
-        SELECT CASE WHEN r.lane_pos > __S__.lane_cursor(r.lane_id) THEN 'available' ELSE 'running' END,
-               r.queue, r.kind, r.attempt, r.run_lease, NULL, 4
-        FROM ready r
+        SELECT x.state, r.queue, r.kind,
+               CASE WHEN x.state = 'running' THEN r.attempt + 1 ELSE r.attempt END,
+               CASE WHEN x.state = 'running' THEN r.run_lease + 1 ELSE r.run_lease END, NULL, 4
+        FROM ready r,
+             LATERAL (SELECT CASE WHEN r.lane_pos > __S__.lane_cursor(r.lane_id) THEN 'available'
+                                  ELSE 'running' END AS state) x
     ) s ORDER BY s.rank LIMIT 1
 $$;

@@ -162,8 +162,11 @@ LANGUAGE sql STABLE AS $$
                                    WHERE c.ready_slot = r.ready_slot AND p_job_id = ANY (c.job_ids)
                                      AND (r.run_lease + 1) = ANY (c.run_leases))
         UNION ALL
-        SELECT CASE WHEN r.lane_pos > __S__.lane_cursor(r.lane_id) THEN 'available' ELSE 'running' END,
-               r.queue, r.kind, r.attempt, r.run_lease, NULL, 4
-        FROM ready r
+        SELECT x.state, r.queue, r.kind,
+               CASE WHEN x.state = 'running' THEN r.attempt + 1 ELSE r.attempt END,
+               CASE WHEN x.state = 'running' THEN r.run_lease + 1 ELSE r.run_lease END, NULL, 4
+        FROM ready r,
+             LATERAL (SELECT CASE WHEN r.lane_pos > __S__.lane_cursor(r.lane_id) THEN 'available'
+                                  ELSE 'running' END AS state) x
     ) s ORDER BY s.rank LIMIT 1
 $$;

@@ -37,7 +37,8 @@ pub struct QueueConfig {
     /// oldest job, so low priorities never starve. `None` (or zero) disables aging.
     pub priority_aging: Option<Duration>,
     /// Send this queue's terminal failures to the dead-letter queue (`dlq_entries`) instead of
-    /// failed history, for an operator to inspect, retry or purge.
+    /// failed history, for an operator to inspect, retry or purge. Switched on for the queue when
+    /// the client is built; never switched off by a client (use `Storage::set_queue_dead_letter`).
     pub dead_letter: bool,
 }
 
@@ -198,9 +199,11 @@ impl ClientBuilder {
         let storage = Storage::new(self.pool, self.schema);
         for (queue, config) in &self.queues {
             storage.ensure_queue(queue).await?;
-            storage
-                .set_queue_dead_letter(queue, config.dead_letter)
-                .await?;
+            // only ever switches it on: a process started without the flag must not turn off
+            // another process's dead-letter queue (operators switch it off explicitly)
+            if config.dead_letter {
+                storage.set_queue_dead_letter(queue, true).await?;
+            }
         }
         Ok(Client {
             inner: Arc::new(Inner {

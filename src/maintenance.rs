@@ -32,7 +32,7 @@ pub struct MaintenanceConfig {
     /// crashed) and is rescued: closed as `rescued` and re-queued. Workers heartbeat running jobs
     /// every quarter of this, so only a dead or stuck worker's claims go stale.
     pub stale_after: Duration,
-    /// Most claim batches (or row-local claims) each rescue sweep visits per slot and tick.
+    /// Most attempts one rescue pass closes (it holds one lock per attempt until it commits).
     pub rescue_batch: i32,
     /// Dead-lettered jobs are deleted after this long (in batches of `promote_batch`).
     pub dlq_retention: Duration,
@@ -66,6 +66,11 @@ impl MaintenanceConfig {
         }
         if self.stale_after < Duration::from_millis(100) {
             return Err(Error::Config("stale_after must be at least 100 ms".into()));
+        }
+        if self.dlq_retention < Duration::from_secs(60) {
+            return Err(Error::Config(
+                "dlq_retention must be at least one minute".into(),
+            ));
         }
         if !(1..=100_000).contains(&self.rescue_batch) {
             return Err(Error::Config("rescue_batch must be 1..=100000".into()));

@@ -529,7 +529,7 @@ impl Storage {
     }
 
     /// Where a job is now: `available`, `running`, `scheduled`, `retryable`, `completed`,
-    /// `failed` or `cancelled`; `None` when unknown (or its history has aged out).
+    /// `failed`, `cancelled` or `dead_lettered`; `None` when unknown (or its history has aged out).
     pub async fn job_state(&self, job_id: i64) -> Result<Option<JobState>> {
         let row: Option<(String, String, String, i32, i64, Option<String>)> =
             sqlx::query_as(&self.sql.job_state)

@@ -24,8 +24,9 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    /// True once this attempt was cancelled (by id, through `Client::cancel`). The attempt's claim
-    /// is already closed; a handler should stop at its next safe point.
+    /// True once this attempt's claim was closed under it — cancelled by id (`Client::cancel`),
+    /// or found closed by a heartbeat (rescued). Its result will be discarded; a handler should
+    /// stop at its next safe point.
     pub fn is_cancelled(&self) -> bool {
         self.cancel.is_set()
     }

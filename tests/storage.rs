@@ -446,3 +446,56 @@ async fn failed_history_is_carried_forward_when_its_slot_is_pruned() {
     );
     db.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    storage
+        .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    rotate_both(&storage).await;
+    storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+
+    // a long transaction that has read the queue (AccessShareLock on every ready child)
+    let mut reader = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {}.ready_entries", db.schema))
+        .execute(&mut *reader)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (pruned, claimed) = tokio::join!(
+        storage.prune_queue_slot(0, Duration::from_millis(25), KEEP),
+        async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            storage.claim("default", 3, None).await
+        }
+    );
+    assert_eq!(pruned.unwrap(), PruneResult::Skipped("busy".into()));
+    assert_eq!(
+        claimed.unwrap().len(),
+        3,
+        "the claim ran while the reader was still open"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited {:?}",
+        started.elapsed()
+    );
+    reader.rollback().await.unwrap();
+    assert_eq!(
+        storage.prune_queue_slot(0, NO_WAIT, KEEP).await.unwrap(),
+        PruneResult::Pruned
+    );
+    db.cleanup().await;
+}

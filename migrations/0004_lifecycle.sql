@@ -53,18 +53,24 @@ BEGIN
     -- Lanes by effective priority: with aging, a lane's priority improves by one level per
     -- p_aging its oldest waiting job has been runnable (run_at: enqueue, or promotion of a
     -- scheduled/retried job), so low priorities never starve.
+    -- The lane cursors are read once, in a materialized CTE: pg_sequence_last_value is volatile,
+    -- and used directly in the head probe it could not bound the index scan (the probe would walk
+    -- every already-claimed row of the lane).
     FOR v_lane IN
-        SELECT l.lane_id, l.segment_seq, l.cursor_seq FROM __S__.queue_lanes l
+        WITH lanes AS MATERIALIZED (
+            SELECT l.lane_id, l.segment_seq, l.cursor_seq, l.priority,
+                   coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
+                   pg_sequence_last_value(l.segment_seq) AS last_segment
+            FROM __S__.queue_lanes l
+            WHERE l.queue = p_queue
+        )
+        SELECT l.lane_id, l.segment_seq, l.cursor_seq FROM lanes l
         LEFT JOIN LATERAL (
             SELECT e.run_at FROM __S__.ready_entries e
-            WHERE p_aging IS NOT NULL AND e.lane_id = l.lane_id
-              AND e.lane_pos > coalesce(pg_sequence_last_value(l.cursor_seq), 0)
+            WHERE p_aging IS NOT NULL AND e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
             ORDER BY e.lane_pos LIMIT 1
         ) head ON true
-        WHERE l.queue = p_queue
-          AND pg_sequence_last_value(l.segment_seq) IS NOT NULL
-          AND pg_sequence_last_value(l.segment_seq)
-              >= coalesce(pg_sequence_last_value(l.cursor_seq), 0) >> 20
+        WHERE l.last_segment IS NOT NULL AND l.last_segment >= l.cursor_pos >> 20
         ORDER BY l.priority - coalesce(floor(extract(epoch FROM v_now - head.run_at)
                                              / nullif(extract(epoch FROM p_aging), 0)), 0),
                  l.priority

@@ -258,8 +258,9 @@ async fn priority_aging_lets_an_old_low_priority_job_through_a_steady_high_prior
         waited >= Duration::from_millis(300),
         "ran too early: {waited:?}"
     );
+    // four levels (a tie at effective priority 1 goes to the real priority-1 lane): 400 ms + slack
     assert!(
-        waited < Duration::from_millis(1000),
+        waited < Duration::from_millis(2000),
         "aging bound exceeded: {waited:?}"
     );
     // and without aging, priority is strict

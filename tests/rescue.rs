@@ -530,3 +530,34 @@ async fn in_flight_counts_are_exact_per_queue_when_one_closure_batch_spans_queue
     assert_eq!(storage.count_in_flight(Some("a")).await.unwrap(), 0);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn rescue_sweeps_a_claim_that_committed_into_a_slot_already_freed() {
+    // A claim reads the current claim slot, a rotation and a prune of that slot commit, then the
+    // claim's INSERT lands in the freed slot. Found by the model (tests/model.rs); reproduced here
+    // by freeing the slot under an open claim.
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, vec![job(1)]).await;
+    let claimed = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+    db.exec(&format!(
+        "UPDATE {{s}}.claim_ring_slots SET state = 'free' WHERE slot = {}",
+        claimed.claim_slot
+    ))
+    .await;
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    assert_eq!(
+        storage.rescue(STALE, 100).await.unwrap(),
+        1,
+        "the stranded claim was rescued"
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[claimed.attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    db.cleanup().await;
+}

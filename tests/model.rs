@@ -1,0 +1,1678 @@
+//! Exhaustive model check of the ring protocol (issue 4), with the `stateright` crate.
+//!
+//! One queue with one lane, a queue ring and a claim ring, a handful of jobs and workers. Every
+//! action below is one transaction (or the in-memory step of a worker) of the real code; the
+//! mapping to the Rust and SQL functions is in `docs/model.md`. Where the real code is two
+//! statements with something able to commit in between, the model has two actions:
+//!
+//! - `claim()` reads the current claim slot first and inserts its claim batch at the end, with no
+//!   lock on the slot row in between (`ClaimBegin` / `ClaimCommit`);
+//! - `enqueue_segment()` reads the current queue slot without a lock before its rows commit
+//!   (`EnqueueBegin` / `EnqueueCommit`);
+//! - completion takes the per-attempt advisory lock before its validating statement
+//!   (`LockAttempt` / `Close`);
+//! - prune proves, then takes ACCESS EXCLUSIVE, then re-proves and truncates (`*PruneProve`,
+//!   `*PruneLock`, `*PruneFinish`, or `*PruneSkip` for `busy`).
+//!
+//! The safety properties are checked in every reachable state by breadth-first search (the
+//! whole state space at the main bounds; every state within 18 steps for three jobs). Each broken
+//! variant (flags on [`Faults`]) must produce a counterexample for the invariant it breaks.
+//! Liveness ("every claimed job is eventually closed once crashes stop") is checked by a graph
+//! walk of our own, not by `Property::eventually`: see `docs/model.md` for why, and for the
+//! state-space reductions (canonical slot labels, sorted workers, forgotten history).
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::ops::{Deref, DerefMut};
+use std::time::Instant;
+
+use stateright::{Checker, HasDiscoveries, Model, Property};
+
+// ------------------------------------------------------------------------------------------------
+// State
+// ------------------------------------------------------------------------------------------------
+
+/// A vector of at most `N` items stored inline, so a state is `Copy` and cloning it allocates
+/// nothing (the checker clones and hashes millions). Unused items stay `T::default()`, so the
+/// derived equality and hash see only the contents.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Small<T, const N: usize> {
+    len: u8,
+    items: [T; N],
+}
+
+impl<T: Copy + Default, const N: usize> Small<T, N> {
+    fn filled(value: T, len: u8) -> Self {
+        assert!(usize::from(len) <= N, "bound above capacity {N}");
+        let mut items = [T::default(); N];
+        items[..usize::from(len)].fill(value);
+        Small { len, items }
+    }
+
+    fn push(&mut self, value: T) {
+        assert!(usize::from(self.len) < N, "capacity {N} exceeded");
+        self.items[usize::from(self.len)] = value;
+        self.len += 1;
+    }
+
+    fn remove(&mut self, index: usize) {
+        let len = usize::from(self.len);
+        self.items.copy_within(index + 1..len, index);
+        self.items[len - 1] = T::default();
+        self.len -= 1;
+    }
+
+    fn retain(&mut self, keep: impl Fn(&T) -> bool) {
+        let mut i = 0;
+        while i < usize::from(self.len) {
+            if keep(&self.items[i]) {
+                i += 1;
+            } else {
+                self.remove(i);
+            }
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> Default for Small<T, N> {
+    fn default() -> Self {
+        Small {
+            len: 0,
+            items: [T::default(); N],
+        }
+    }
+}
+
+impl<T, const N: usize> Deref for Small<T, N> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.items[..usize::from(self.len)]
+    }
+}
+
+impl<T, const N: usize> DerefMut for Small<T, N> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.items[..usize::from(self.len)]
+    }
+}
+
+impl<'a, T, const N: usize> IntoIterator for &'a Small<T, N> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.deref().iter()
+    }
+}
+
+impl<'a, T, const N: usize> IntoIterator for &'a mut Small<T, N> {
+    type Item = &'a mut T;
+    type IntoIter = std::slice::IterMut<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.deref_mut().iter_mut()
+    }
+}
+
+impl<T: std::fmt::Debug, const N: usize> std::fmt::Debug for Small<T, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Capacities. The bounds of a run may be smaller.
+const MAX_JOBS: usize = 3;
+const MAX_WORKERS: usize = 2;
+const MAX_SLOTS: usize = 3;
+/// Open claims are at most one per job; closed ones are kept only by the lock-free variant.
+const MAX_CLAIMS: usize = 8;
+
+/// `queue_ring_slots.state` / `claim_ring_slots.state`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum SlotState {
+    #[default]
+    Free,
+    Current,
+    Sealed,
+}
+
+/// One ring's control rows. `generation` is kept as a dense rank (only the order matters to the
+/// code: rotation takes the free slot with the lowest `(generation, slot)`), so the state space
+/// stays finite however often the ring turns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Ring {
+    state: Small<SlotState, MAX_SLOTS>,
+    generation: Small<u8, MAX_SLOTS>,
+}
+
+impl Ring {
+    /// As `0001_rings.sql` seeds it: slot 0 current with generation 1, the others free with 0.
+    fn new(slots: u8) -> Self {
+        let mut state = Small::filled(SlotState::Free, slots);
+        let mut generation = Small::filled(0, slots);
+        state[0] = SlotState::Current;
+        generation[0] = 1;
+        Ring { state, generation }
+    }
+
+    fn current(&self) -> u8 {
+        self.state
+            .iter()
+            .position(|s| *s == SlotState::Current)
+            .expect("one current slot") as u8
+    }
+
+    fn is(&self, slot: u8, state: SlotState) -> bool {
+        self.state[usize::from(slot)] == state
+    }
+
+    /// `SELECT slot ... WHERE state = 'free' ORDER BY generation, slot LIMIT 1`.
+    fn oldest_free(&self) -> Option<u8> {
+        (0..self.state.len())
+            .filter(|&s| self.state[s] == SlotState::Free)
+            .min_by_key(|&s| (self.generation[s], s))
+            .map(|s| s as u8)
+    }
+
+    /// Current -> sealed, `next` -> current with generation max + 1.
+    fn rotate_to(&mut self, next: u8) {
+        let cur = usize::from(self.current());
+        let next = usize::from(next);
+        self.state[cur] = SlotState::Sealed;
+        self.state[next] = SlotState::Current;
+        self.generation[next] = self.generation.iter().copied().max().unwrap_or(0) + 1;
+        // dense ranks: a generation's rank is the number of distinct smaller ones
+        let before = self.generation;
+        for g in self.generation.iter_mut() {
+            let mut distinct_smaller = 0;
+            for (k, &h) in before.iter().enumerate() {
+                if h < *g && !before[..k].contains(&h) {
+                    distinct_smaller += 1;
+                }
+            }
+            *g = distinct_smaller;
+        }
+    }
+}
+
+/// Where a job's enqueue transaction is (a ghost: the database only sees committed rows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+enum Enqueue {
+    #[default]
+    NotYet,
+    /// `enqueue_segment` has taken its lane position and read the current queue slot.
+    InFlight {
+        slot: u8,
+        pos: u8,
+    },
+    Committed,
+    RolledBack,
+}
+
+/// The job's latest `ready_entries` row. Older rows of the same job are behind the cursor with
+/// their attempt closed, so no proof or statement in the model reads them any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Row {
+    slot: u8,
+    pos: u8,
+    /// `run_lease` of the row; the attempt claimed from it has `run_lease + 1`.
+    lease: u8,
+    /// Ghost: a committed claim handed this row out.
+    taken: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Job {
+    enqueue: Enqueue,
+    ready: Option<Row>,
+    /// `deferred_jobs` row, by the `run_lease` it carries.
+    deferred: Option<u8>,
+    /// Ghost: completed or failed (the history rows themselves are truncated with their slot).
+    terminal: bool,
+    /// Ghost: highest `run_lease` a committed claim issued for the job.
+    lease: u8,
+    /// `pg_advisory_xact_lock(lock_ns('attempt'), job_id)` is held.
+    locked: bool,
+}
+
+/// One claim: a compact `lease_claim_batches` member (or a row-local `lease_claims` row; both
+/// shapes behave the same in every proof the model makes). `closed` is its closure evidence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Claim {
+    slot: u8,
+    job: u8,
+    lease: u8,
+    /// `ready_slots[i]`: where the attempt's ready row lives (close_batch joins it).
+    ready_slot: u8,
+    closed: bool,
+    /// An `attempt_state` row with a fresh `heartbeat_at` (stale rescue passes over it). Time is
+    /// otherwise abstract: any claim may already be older than `stale_after` or past its
+    /// deadline, since enough time can always pass before a rescue sweep.
+    heartbeat: bool,
+}
+
+/// What a worker names when it writes on behalf of an attempt: `(job_id, run_lease)` plus the
+/// claim slot (and, in the code, the receipt id, which is unique per claim).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Att {
+    job: u8,
+    lease: u8,
+    slot: u8,
+}
+
+/// A worker process with one handler slot. Everything here is in memory and lost by a crash.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Worker {
+    #[default]
+    Idle,
+    /// `claim()` is running: it has read the current claim slot, nothing has committed.
+    Claiming { slot: u8 },
+    /// The handler runs (`Inner::running`, heartbeated), or has returned and its result waits
+    /// in the completion batcher: the same to the database, and lost alike by a crash.
+    Running(Att),
+    /// `complete_batch`/`close_batch` holds the per-attempt lock (with `complete_without_lock`:
+    /// has validated the claim open without it) and has not yet written.
+    Closing(Att, bool),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum PrunePhase {
+    /// Ring state and slot row locked FOR UPDATE, first proof passed.
+    Proved,
+    /// ACCESS EXCLUSIVE on the slot's children held.
+    Locked,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Prune {
+    slot: u8,
+    phase: PrunePhase,
+}
+
+/// Ghost flags, set by the transition that breaks a promise, so `always` can see it afterwards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Ghost {
+    /// A TRUNCATE removed a claim that had no closure evidence.
+    truncated_open_claim: bool,
+    /// A write naming an attempt that was no longer open (or not the latest lease) took effect.
+    stale_write: bool,
+    /// A second closure of one attempt took effect.
+    second_winner: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct State {
+    jobs: Small<Job, MAX_JOBS>,
+    /// Sorted: the claim ring's contents, whatever order they were written in.
+    claims: Small<Claim, MAX_CLAIMS>,
+    /// Sorted: workers are interchangeable (symmetry reduction by canonical form).
+    workers: Small<Worker, MAX_WORKERS>,
+    queue_ring: Ring,
+    claim_ring: Ring,
+    /// Per queue slot: `max(upper(lane_range)) - 1` over its `ready_claim_attempt_batches` rows
+    /// (0 = none) — the attempt ledger.
+    ledger: Small<u8, MAX_SLOTS>,
+    /// `pg_sequence_last_value(cursor_seq)`: the persisted claim cursor.
+    cursor_seq: u8,
+    /// Per queue slot: a child of the slot holds rows (rotate_queue_ring's "in use" test).
+    queue_used: Small<bool, MAX_SLOTS>,
+    /// Per claim slot: it holds claims, open or closed (rotate_claim_ring's test).
+    claim_used: Small<bool, MAX_SLOTS>,
+    /// The lane's next position (`segment_seq`; one job per segment here).
+    next_pos: u8,
+    queue_prune: Option<Prune>,
+    claim_prune: Option<Prune>,
+    ghost: Ghost,
+}
+
+impl State {
+    /// `lane_cursor()`: greatest(sequence, max ledger upper - 1).
+    fn lane_cursor(&self) -> u8 {
+        self.ledger
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(self.cursor_seq)
+    }
+
+    fn lock_free(&self, job: u8) -> bool {
+        !self.jobs[usize::from(job)].locked
+    }
+
+    /// `open_claim(slot, receipt, job, lease)`: the claim exists in its slot with no closure.
+    fn open_claim(&self, att: Att) -> Option<usize> {
+        self.claims.iter().position(|c| {
+            c.slot == att.slot && c.job == att.job && c.lease == att.lease && !c.closed
+        })
+    }
+
+    /// close_batch's `JOIN ready_entries e ON e.ready_slot = o.ready_slot AND e.job_id = ...
+    /// AND e.run_lease = i.run_lease - 1`: a non-success close needs the attempt's ready row.
+    fn ready_row_of(&self, claim: &Claim) -> bool {
+        matches!(self.jobs[usize::from(claim.job)].ready,
+                 Some(r) if r.slot == claim.ready_slot && r.lease + 1 == claim.lease)
+    }
+
+    /// The row the claim walk would hand out next, if any: the lowest position above the cursor,
+    /// unless an in-flight enqueue holds a lower position (`lane_gap_resolved` is false).
+    fn next_claimable(&self) -> Option<usize> {
+        let cursor = self.lane_cursor();
+        let (job, row) = self
+            .jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(j, job)| job.ready.map(|r| (j, r)))
+            .filter(|(_, r)| r.pos > cursor)
+            .min_by_key(|(_, r)| r.pos)?;
+        let gap_open = self
+            .jobs
+            .iter()
+            .any(|j| matches!(j.enqueue, Enqueue::InFlight { pos, .. } if pos < row.pos));
+        (!gap_open).then_some(job)
+    }
+
+    /// `queue_slot_blocker(slot)`: a ready row at or ahead of the cursor, or an open claim
+    /// (in any claim slot, free ones included) whose ready row lives here.
+    fn queue_slot_blocked(&self, slot: u8) -> bool {
+        let cursor = self.lane_cursor();
+        let pending = self
+            .jobs
+            .iter()
+            .any(|j| matches!(j.ready, Some(r) if r.slot == slot && r.pos > cursor));
+        let open = self
+            .claims
+            .iter()
+            .any(|c| !c.closed && c.ready_slot == slot);
+        pending || open
+    }
+
+    /// `claim_slot_blocker(slot)`: a claim in the slot without closure evidence.
+    fn claim_slot_blocked(&self, slot: u8) -> bool {
+        self.claims.iter().any(|c| c.slot == slot && !c.closed)
+    }
+
+    /// Append the closure and route the job, as complete_batch / close_batch do.
+    ///
+    /// A closed claim only matters to the proofs as "its slot is in use", which `claim_used`
+    /// records, and its ready row is read by nothing once the attempt is closed; so both are
+    /// dropped from the state (merging states that differ only in dead history) unless
+    /// `keep_closed` — the lock-free completion variant, which must see a second closure.
+    fn close(&mut self, idx: usize, success: bool, max_attempts: u8, keep_closed: bool) {
+        let claim = self.claims[idx];
+        if claim.closed {
+            self.ghost.second_winner = true;
+        }
+        if self.ready_row_of(&claim) {
+            self.jobs[usize::from(claim.job)].ready = None;
+        }
+        if keep_closed {
+            self.claims[idx].closed = true;
+            self.claims[idx].heartbeat = false;
+        } else {
+            self.claims.remove(idx);
+        }
+        let job = &mut self.jobs[usize::from(claim.job)];
+        if success || claim.lease >= max_attempts {
+            // receipt_completion_batches, or a failed done_entries row (attempts exhausted)
+            job.terminal = true;
+        } else {
+            // deferred_jobs, with the closed attempt's run_lease
+            job.deferred = Some(claim.lease);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Model
+// ------------------------------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+struct Bounds {
+    jobs: u8,
+    workers: u8,
+    claim_slots: u8,
+    queue_slots: u8,
+    /// `max_attempts` of every job; the run_lease of an attempt equals its attempt number here.
+    max_attempts: u8,
+    /// The queue has a deadline (deadline rescue is on).
+    deadlines: bool,
+    /// An enqueue transaction may roll back after taking its lane position.
+    rollbacks: bool,
+    /// Workers heartbeat running attempts (the `attempt_state` freshness bit is tracked).
+    heartbeats: bool,
+}
+
+impl Bounds {
+    /// The bounds of the main check: 2 jobs, 2 workers, 3 claim slots, 2 queue slots.
+    fn main() -> Self {
+        Bounds {
+            jobs: 2,
+            workers: 2,
+            claim_slots: 3,
+            queue_slots: 2,
+            max_attempts: 2,
+            deadlines: true,
+            rollbacks: true,
+            heartbeats: false,
+        }
+    }
+}
+
+/// Deliberate departures from the real code. All false = the code as it is.
+#[derive(Clone, Debug, Default)]
+struct Faults {
+    /// Prune truncates after taking its locks without proving the slot dead again.
+    prune_without_reproof: bool,
+    /// complete_batch / close_batch skip `lock_attempt`: validate, then (later) write.
+    complete_without_lock: bool,
+    /// Drop the per-child `EXCLUDE USING gist (receipt_ranges WITH &&)` / `UNIQUE (receipt_id)`
+    /// on the closure tables, so a second closure of one receipt does not fail.
+    no_closure_constraint: bool,
+    /// claim() advances the cursor sequence to its new position before it commits (setval is
+    /// not transactional), and can then abort.
+    cursor_before_commit: bool,
+    /// rescue() sweeps only `claim_ring_slots WHERE state <> 'free'` — the code before
+    /// b7349ee, which this model's liveness check showed can strand a claim.
+    rescue_skips_free_slots: bool,
+}
+
+#[derive(Clone)]
+struct RingModel {
+    bounds: Bounds,
+    faults: Faults,
+}
+
+impl RingModel {
+    /// The `&'static` name of a property.
+    fn name(&self, name: &str) -> &'static str {
+        self.properties()
+            .into_iter()
+            .map(|p| p.name)
+            .find(|n| *n == name)
+            .unwrap_or_else(|| panic!("no property {name}"))
+    }
+
+    fn new(bounds: Bounds, faults: Faults) -> Self {
+        RingModel { bounds, faults }
+    }
+
+    fn rescuable(&self, state: &State, claim: &Claim) -> bool {
+        // rescue() loops over every claim slot, free ones included (since b7349ee)
+        !self.faults.rescue_skips_free_slots || !state.claim_ring.is(claim.slot, SlotState::Free)
+    }
+}
+
+impl RingModel {
+    /// prune_queue_slot after `LOCK TABLE ... IN ACCESS EXCLUSIVE MODE`: persist what the slot's
+    /// ledger rows prove into the lane cursor before they go.
+    fn queue_prune_lock(&self, s: &mut State) {
+        let Some(p) = s.queue_prune.as_mut() else {
+            return;
+        };
+        p.phase = PrunePhase::Locked;
+        if s.ledger[usize::from(p.slot)] > 0 {
+            s.cursor_seq = s.lane_cursor();
+        }
+    }
+
+    /// Re-check sealed and re-prove under the locks, then TRUNCATE and free the slot.
+    fn queue_prune_finish(&self, s: &mut State) {
+        let Some(Prune { slot, .. }) = s.queue_prune.take() else {
+            return;
+        };
+        if !self.faults.prune_without_reproof
+            && (!s.queue_ring.is(slot, SlotState::Sealed) || s.queue_slot_blocked(slot))
+        {
+            return;
+        }
+        for job in &mut s.jobs {
+            if matches!(job.ready, Some(r) if r.slot == slot) {
+                job.ready = None;
+            }
+        }
+        s.ledger[usize::from(slot)] = 0;
+        s.queue_used[usize::from(slot)] = false;
+        s.queue_ring.state[usize::from(slot)] = SlotState::Free;
+    }
+
+    /// prune_claim_slot under its locks: re-check, re-prove, reset cursors, TRUNCATE.
+    fn claim_prune_finish(&self, s: &mut State) {
+        let Some(Prune { slot, .. }) = s.claim_prune.take() else {
+            return;
+        };
+        if !self.faults.prune_without_reproof
+            && (!s.claim_ring.is(slot, SlotState::Sealed) || s.claim_slot_blocked(slot))
+        {
+            return;
+        }
+        if s.claim_slot_blocked(slot) {
+            s.ghost.truncated_open_claim = true;
+        }
+        s.claims.retain(|c| c.slot != slot);
+        s.claim_used[usize::from(slot)] = false;
+        s.claim_ring.state[usize::from(slot)] = SlotState::Free;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Action {
+    EnqueueBegin(u8),
+    EnqueueCommit(u8),
+    EnqueueRollback(u8),
+    ClaimBegin(u8),
+    ClaimCommit(u8),
+    ClaimAbort(u8),
+    AdvanceCursor,
+    LockAttempt(u8, bool),
+    Close(u8),
+    Heartbeat(u8),
+    Age(u8),
+    RescueStale(u8),
+    RescueDeadline(u8),
+    Crash(u8),
+    Promote(u8),
+    RotateQueue,
+    RotateClaim,
+    QueuePruneProve(u8),
+    QueuePruneLock,
+    QueuePruneFinish,
+    QueuePruneSkip,
+    ClaimPruneProve(u8),
+    ClaimPruneLock,
+    ClaimPruneFinish,
+    ClaimPruneSkip,
+}
+
+impl Model for RingModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let b = &self.bounds;
+        let mut init = State {
+            jobs: Small::filled(Job::default(), b.jobs),
+            claims: Small::default(),
+            workers: Small::filled(Worker::Idle, b.workers),
+            queue_ring: Ring::new(b.queue_slots),
+            claim_ring: Ring::new(b.claim_slots),
+            ledger: Small::filled(0, b.queue_slots),
+            cursor_seq: 0,
+            queue_used: Small::filled(false, b.queue_slots),
+            claim_used: Small::filled(false, b.claim_slots),
+            next_pos: 1,
+            queue_prune: None,
+            claim_prune: None,
+            ghost: Ghost::default(),
+        };
+        canonical_slots(&mut init);
+        vec![init]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        let b = &self.bounds;
+        let queue_locked = |slot: u8| matches!(s.queue_prune, Some(p) if p.slot == slot && p.phase == PrunePhase::Locked);
+        let claim_locked = |slot: u8| matches!(s.claim_prune, Some(p) if p.slot == slot && p.phase == PrunePhase::Locked);
+        let any_queue_locked = matches!(s.queue_prune, Some(p) if p.phase == PrunePhase::Locked);
+
+        // Producers. Jobs are interchangeable until enqueued, so they are enqueued in index order.
+        for (j, job) in s.jobs.iter().enumerate() {
+            let j8 = j as u8;
+            match job.enqueue {
+                Enqueue::NotYet => {
+                    actions.push(Action::EnqueueBegin(j8));
+                    break;
+                }
+                Enqueue::InFlight { slot, .. } => {
+                    // its INSERT waits while a prune holds ACCESS EXCLUSIVE on that slot
+                    if !queue_locked(slot) {
+                        actions.push(Action::EnqueueCommit(j8));
+                    }
+                    if b.rollbacks {
+                        actions.push(Action::EnqueueRollback(j8));
+                    }
+                }
+                Enqueue::Committed | Enqueue::RolledBack => {}
+            }
+        }
+
+        // Workers. Identical worker states have identical futures: offer each once.
+        let mut seen: Vec<Worker> = Vec::new();
+        for (w, worker) in s.workers.iter().enumerate() {
+            if seen.contains(worker) {
+                continue;
+            }
+            seen.push(*worker);
+            let w8 = w as u8;
+            match *worker {
+                Worker::Idle => actions.push(Action::ClaimBegin(w8)),
+                Worker::Claiming { slot } => {
+                    // claim() reads every ready_entries child through the parent (generic plan):
+                    // it waits for any queue prune holding ACCESS EXCLUSIVE, and its claim-batch
+                    // INSERT waits for a claim prune of its slot
+                    if !any_queue_locked && !claim_locked(slot) {
+                        actions.push(Action::ClaimCommit(w8));
+                    }
+                    actions.push(Action::ClaimAbort(w8));
+                    actions.push(Action::Crash(w8));
+                }
+                Worker::Running(att) => {
+                    // the handler's result (success / retry) reaches the flush, which takes the
+                    // per-attempt lock (blocking: enabled once it is free)
+                    if self.faults.complete_without_lock || s.lock_free(att.job) {
+                        actions.push(Action::LockAttempt(w8, true));
+                        actions.push(Action::LockAttempt(w8, false));
+                    }
+                    let beat = s.open_claim(att).is_some_and(|i| !s.claims[i].heartbeat);
+                    if self.bounds.heartbeats && beat && s.lock_free(att.job) {
+                        actions.push(Action::Heartbeat(w8));
+                    }
+                    actions.push(Action::Crash(w8));
+                }
+                Worker::Closing(..) => {
+                    actions.push(Action::Close(w8));
+                    actions.push(Action::Crash(w8));
+                }
+            }
+        }
+        // the post-commit cursor advance, whenever the ledger is ahead of the sequence; "lost"
+        // is this action never running (the code never runs it: claim() catches up lazily)
+        if s.lane_cursor() > s.cursor_seq {
+            actions.push(Action::AdvanceCursor);
+        }
+
+        // Time, and the rescue sweeps.
+        for (i, c) in s.claims.iter().enumerate() {
+            if c.closed {
+                continue;
+            }
+            let i8 = i as u8;
+            if c.heartbeat {
+                actions.push(Action::Age(i8));
+            }
+            // pg_try_advisory_xact_lock: a held lock makes the sweep stop, not wait
+            if self.rescuable(s, c) && s.lock_free(c.job) {
+                if !c.heartbeat {
+                    actions.push(Action::RescueStale(i8));
+                }
+                if b.deadlines {
+                    actions.push(Action::RescueDeadline(i8));
+                }
+            }
+        }
+
+        // Maintenance.
+        for (j, job) in s.jobs.iter().enumerate() {
+            if job.deferred.is_some() {
+                actions.push(Action::Promote(j as u8));
+            }
+        }
+        match s.queue_prune {
+            None => {
+                // rotate_queue_ring: an unused current slot gains nothing from rotation
+                let cur = usize::from(s.queue_ring.current());
+                if s.queue_used[cur] && s.queue_ring.oldest_free().is_some() {
+                    actions.push(Action::RotateQueue);
+                }
+                for slot in 0..b.queue_slots {
+                    if s.queue_ring.is(slot, SlotState::Sealed) && !s.queue_slot_blocked(slot) {
+                        actions.push(Action::QueuePruneProve(slot));
+                    }
+                }
+            }
+            Some(p) => {
+                match p.phase {
+                    PrunePhase::Proved => actions.push(Action::QueuePruneLock),
+                    PrunePhase::Locked => actions.push(Action::QueuePruneFinish),
+                }
+                actions.push(Action::QueuePruneSkip);
+            }
+        }
+        match s.claim_prune {
+            None => {
+                let cur = s.claim_ring.current();
+                // rotate_claim_ring: only a current slot that holds claims is rotated
+                if s.claim_used[usize::from(cur)] && s.claim_ring.oldest_free().is_some() {
+                    actions.push(Action::RotateClaim);
+                }
+                for slot in 0..b.claim_slots {
+                    if s.claim_ring.is(slot, SlotState::Sealed) && !s.claim_slot_blocked(slot) {
+                        actions.push(Action::ClaimPruneProve(slot));
+                    }
+                }
+            }
+            Some(p) => {
+                match p.phase {
+                    PrunePhase::Proved => actions.push(Action::ClaimPruneLock),
+                    PrunePhase::Locked => actions.push(Action::ClaimPruneFinish),
+                }
+                actions.push(Action::ClaimPruneSkip);
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let b = &self.bounds;
+        let f = &self.faults;
+        let mut s = *last;
+        match action {
+            Action::EnqueueBegin(j) => {
+                // enqueue_segment: nextval(segment_seq), then the current slot, read unlocked
+                s.jobs[usize::from(j)].enqueue = Enqueue::InFlight {
+                    slot: s.queue_ring.current(),
+                    pos: s.next_pos,
+                };
+                s.next_pos += 1;
+            }
+            Action::EnqueueCommit(j) => {
+                let job = &mut s.jobs[usize::from(j)];
+                let Enqueue::InFlight { slot, pos } = job.enqueue else {
+                    return None;
+                };
+                job.enqueue = Enqueue::Committed;
+                s.queue_used[usize::from(slot)] = true;
+                job.ready = Some(Row {
+                    slot,
+                    pos,
+                    lease: 0,
+                    taken: false,
+                });
+            }
+            Action::EnqueueRollback(j) => s.jobs[usize::from(j)].enqueue = Enqueue::RolledBack,
+            Action::ClaimBegin(w) => {
+                s.workers[usize::from(w)] = Worker::Claiming {
+                    slot: s.claim_ring.current(),
+                };
+            }
+            Action::ClaimCommit(w) => {
+                let Worker::Claiming { slot } = s.workers[usize::from(w)] else {
+                    return None;
+                };
+                // the lazy advance: setval(cursor_seq, lane_cursor()) under the lane row lock
+                s.cursor_seq = s.lane_cursor();
+                s.workers[usize::from(w)] = Worker::Idle;
+                if let Some(j) = s.next_claimable() {
+                    let job = &mut s.jobs[j];
+                    let row = job.ready.as_mut().expect("claimable row");
+                    let taken = *row;
+                    // its position is behind the cursor from now on and read by nothing
+                    row.taken = true;
+                    row.pos = 0;
+                    let row = taken;
+                    let lease = row.lease + 1;
+                    job.lease = job.lease.max(lease);
+                    // ready_claim_attempt_batches row in the ready row's slot ...
+                    s.ledger[usize::from(row.slot)] = s.ledger[usize::from(row.slot)].max(row.pos);
+                    // ... and the claim in the slot read at the start, whatever it is now
+                    s.claims.push(Claim {
+                        slot,
+                        job: j as u8,
+                        lease,
+                        ready_slot: row.slot,
+                        closed: false,
+                        heartbeat: false,
+                    });
+                    s.queue_used[usize::from(row.slot)] = true;
+                    s.claim_used[usize::from(slot)] = true;
+                    s.workers[usize::from(w)] = Worker::Running(Att {
+                        job: j as u8,
+                        lease,
+                        slot,
+                    });
+                }
+            }
+            Action::ClaimAbort(w) => {
+                if f.cursor_before_commit {
+                    // the non-transactional setval to the new position survives the rollback
+                    let mut probe = s;
+                    probe.cursor_seq = probe.lane_cursor();
+                    if let Some(j) = probe.next_claimable() {
+                        let pos = probe.jobs[j].ready.expect("claimable row").pos;
+                        s.cursor_seq = s.cursor_seq.max(pos);
+                    }
+                }
+                s.workers[usize::from(w)] = Worker::Idle;
+            }
+            Action::AdvanceCursor => s.cursor_seq = s.lane_cursor(),
+            Action::LockAttempt(w, ok) => {
+                let Worker::Running(att) = s.workers[usize::from(w)] else {
+                    return None;
+                };
+                if f.complete_without_lock {
+                    // the check half of check-then-act: validate the claim open, no lock
+                    let valid = s
+                        .open_claim(att)
+                        .is_some_and(|i| ok || s.ready_row_of(&s.claims[i]));
+                    s.workers[usize::from(w)] = if valid {
+                        Worker::Closing(att, ok)
+                    } else {
+                        Worker::Idle // Outcome::Stale
+                    };
+                } else {
+                    s.jobs[usize::from(att.job)].locked = true;
+                    s.workers[usize::from(w)] = Worker::Closing(att, ok);
+                }
+            }
+            Action::Close(w) => {
+                let Worker::Closing(att, ok) = s.workers[usize::from(w)] else {
+                    return None;
+                };
+                s.workers[usize::from(w)] = Worker::Idle;
+                if f.complete_without_lock {
+                    // the act half: append the closure on the strength of the earlier check
+                    let Some(i) = s.claims.iter().position(|c| {
+                        c.slot == att.slot && c.job == att.job && c.lease == att.lease
+                    }) else {
+                        return Some(s);
+                    };
+                    if s.claims[i].closed && !f.no_closure_constraint {
+                        // exclusion / unique violation: the whole statement fails, nothing
+                        // changes; the batcher's retry re-validates and reports Stale
+                        return Some(s);
+                    }
+                    if s.claims[i].closed || att.lease < s.jobs[usize::from(att.job)].lease {
+                        s.ghost.stale_write = true;
+                    }
+                    s.close(i, ok, b.max_attempts, f.complete_without_lock);
+                } else {
+                    s.jobs[usize::from(att.job)].locked = false;
+                    // under the lock, in a fresh snapshot: still open? (and, for a non-success
+                    // close, its ready row is there to join)
+                    if let Some(i) = s.open_claim(att) {
+                        if ok || s.ready_row_of(&s.claims[i]) {
+                            if att.lease < s.jobs[usize::from(att.job)].lease {
+                                s.ghost.stale_write = true;
+                            }
+                            s.close(i, ok, b.max_attempts, f.complete_without_lock);
+                        }
+                    }
+                }
+            }
+            Action::Heartbeat(w) => {
+                let Worker::Running(att) = s.workers[usize::from(w)] else {
+                    return None;
+                };
+                // heartbeat_batch: lock, still open?, upsert attempt_state
+                let i = s.open_claim(att)?;
+                if att.lease < s.jobs[usize::from(att.job)].lease {
+                    s.ghost.stale_write = true;
+                }
+                s.claims[i].heartbeat = true;
+            }
+            // stale_after passes without another heartbeat
+            Action::Age(i) => s.claims[usize::from(i)].heartbeat = false,
+            Action::RescueStale(i) | Action::RescueDeadline(i) => {
+                // rescue_close -> close_batch: re-validated under the lock in a fresh snapshot
+                let i = usize::from(i);
+                let c = s.claims[i];
+                if c.closed || !s.ready_row_of(&c) {
+                    return None;
+                }
+                // rescue_retry_at is NULL when attempts are exhausted: the job fails
+                s.close(i, false, b.max_attempts, f.complete_without_lock);
+            }
+            Action::Crash(w) => {
+                if let Worker::Closing(att, _) = s.workers[usize::from(w)] {
+                    if !f.complete_without_lock {
+                        // the transaction dies and its xact lock with it
+                        s.jobs[usize::from(att.job)].locked = false;
+                    }
+                }
+                s.workers[usize::from(w)] = Worker::Idle;
+            }
+            Action::Promote(j) => {
+                // promote_due: delete from deferred_jobs, append at a new lane position
+                let slot = s.queue_ring.current();
+                let pos = s.next_pos;
+                let job = &mut s.jobs[usize::from(j)];
+                let lease = job.deferred.take()?;
+                job.ready = Some(Row {
+                    slot,
+                    pos,
+                    lease,
+                    taken: false,
+                });
+                s.queue_used[usize::from(slot)] = true;
+                s.next_pos += 1;
+            }
+            Action::RotateQueue => {
+                let next = s.queue_ring.oldest_free()?;
+                s.queue_ring.rotate_to(next);
+            }
+            Action::RotateClaim => {
+                let next = s.claim_ring.oldest_free()?;
+                s.claim_ring.rotate_to(next);
+            }
+            Action::QueuePruneProve(slot) => {
+                s.queue_prune = Some(Prune {
+                    slot,
+                    phase: PrunePhase::Proved,
+                });
+                // Only a transaction that read the slot as current before it was sealed can
+                // still write into it. With none in flight, nothing another action does can make
+                // the proof false, and the prune's steps commute with everything else: they are
+                // taken as one step (a sound partial-order reduction).
+                let writer = s
+                    .jobs
+                    .iter()
+                    .any(|j| matches!(j.enqueue, Enqueue::InFlight { slot: t, .. } if t == slot));
+                if !writer {
+                    self.queue_prune_lock(&mut s);
+                    self.queue_prune_finish(&mut s);
+                }
+            }
+            Action::QueuePruneLock => self.queue_prune_lock(&mut s),
+            Action::QueuePruneFinish => self.queue_prune_finish(&mut s),
+            Action::QueuePruneSkip => s.queue_prune = None,
+            Action::ClaimPruneProve(slot) => {
+                s.claim_prune = Some(Prune {
+                    slot,
+                    phase: PrunePhase::Proved,
+                });
+                let writer = s.workers.contains(&Worker::Claiming { slot });
+                if !writer {
+                    self.claim_prune_finish(&mut s);
+                }
+            }
+            Action::ClaimPruneLock => s.claim_prune.as_mut()?.phase = PrunePhase::Locked,
+            Action::ClaimPruneFinish => self.claim_prune_finish(&mut s),
+            Action::ClaimPruneSkip => s.claim_prune = None,
+        }
+        // canonical form: ledger rows at or behind the sequence prove nothing it does not
+        let seq = s.cursor_seq;
+        for l in &mut s.ledger {
+            if *l <= seq {
+                *l = 0;
+            }
+        }
+        canonical_slots(&mut s);
+        if !f.complete_without_lock {
+            canonical_history(&mut s);
+        }
+        s.claims.sort();
+        s.workers.sort();
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("NoLostJob", |_, s: &State| no_lost_job(s)),
+            Property::always("NoTruncateOfOpenClaim", |_, s: &State| {
+                !s.ghost.truncated_open_claim
+                    && s.claims.iter().all(|c| c.closed || s.ready_row_of(c))
+            }),
+            Property::always("StaleWriterRejected", |_, s: &State| !s.ghost.stale_write),
+            Property::always("CursorNeverSkipsRunnable", |_, s: &State| {
+                let cursor = s.lane_cursor();
+                s.jobs.iter().all(|j| {
+                    let row_ok = j.ready.is_none_or(|r| r.taken || r.pos > cursor);
+                    let in_flight_ok =
+                        !matches!(j.enqueue, Enqueue::InFlight { pos, .. } if pos <= cursor);
+                    row_ok && in_flight_ok
+                })
+            }),
+            Property::always("AtMostOneWinner", |_, s: &State| !s.ghost.second_winner),
+            Property::always("OneOpenAttemptPerJob", |_, s: &State| {
+                (0..s.jobs.len()).all(|j| {
+                    s.claims
+                        .iter()
+                        .filter(|c| !c.closed && usize::from(c.job) == j)
+                        .count()
+                        <= 1
+                })
+            }),
+            // reachability checks, so the invariants are not vacuous
+            Property::sometimes("AllJobsFinished", |_, s: &State| {
+                s.jobs.iter().all(|j| j.terminal)
+            }),
+            Property::sometimes("SecondAttemptRuns", |_, s: &State| {
+                s.workers
+                    .iter()
+                    .any(|w| matches!(w, Worker::Running(a) if a.lease == 2))
+            }),
+            // a free slot with a generation above the never-used ones was current once: pruned
+            Property::sometimes("ClaimSlotPruned", |_, s: &State| {
+                (0..s.claim_ring.state.len()).any(|i| {
+                    s.claim_ring.state[i] == SlotState::Free && s.claim_ring.generation[i] > 0
+                })
+            }),
+            Property::sometimes("ClaimCommittedIntoFreeSlot", |_, s: &State| {
+                s.claims
+                    .iter()
+                    .any(|c| !c.closed && s.claim_ring.is(c.slot, SlotState::Free))
+            }),
+            Property::sometimes("ReadyRowInFreeSlot", |_, s: &State| {
+                s.jobs.iter().any(|j| {
+                    matches!(j.ready, Some(r) if !r.taken && s.queue_ring.is(r.slot, SlotState::Free))
+                })
+            }),
+        ]
+    }
+}
+
+/// Slot numbers are labels: what the code does with a slot depends on its state, its generation
+/// order and its contents, never on its number (`ORDER BY generation, slot` only breaks ties
+/// between never-used free slots, which are all empty and alike). So both rings are relabelled
+/// in generation order — the current slot always gets the highest number — and states that
+/// differ only by a renaming of slots become one (symmetry reduction). Slot numbers in printed
+/// traces are these labels.
+fn canonical_slots(s: &mut State) {
+    /// The new label of each old slot.
+    fn order(ring: &Ring) -> [u8; MAX_SLOTS] {
+        let n = ring.state.len();
+        let mut old = [0_usize, 1, 2];
+        old[..n].sort_by_key(|&i| (ring.generation[i], i));
+        let mut label = [0_u8; MAX_SLOTS];
+        for (new, &o) in old[..n].iter().enumerate() {
+            label[o] = new as u8;
+        }
+        label
+    }
+    fn permute<T: Copy + Default>(v: &mut Small<T, MAX_SLOTS>, label: &[u8; MAX_SLOTS]) {
+        let before = *v;
+        for (o, x) in before.iter().enumerate() {
+            v[usize::from(label[o])] = *x;
+        }
+    }
+    let q = order(&s.queue_ring);
+    let c = order(&s.claim_ring);
+    let ql = |slot: u8| q[usize::from(slot)];
+    let cl = |slot: u8| c[usize::from(slot)];
+    permute(&mut s.queue_ring.state, &q);
+    permute(&mut s.queue_ring.generation, &q);
+    permute(&mut s.ledger, &q);
+    permute(&mut s.queue_used, &q);
+    permute(&mut s.claim_ring.state, &c);
+    permute(&mut s.claim_ring.generation, &c);
+    permute(&mut s.claim_used, &c);
+    for job in &mut s.jobs {
+        if let Some(r) = job.ready.as_mut() {
+            r.slot = ql(r.slot);
+        }
+        if let Enqueue::InFlight { slot, .. } = &mut job.enqueue {
+            *slot = ql(*slot);
+        }
+    }
+    for claim in &mut s.claims {
+        claim.slot = cl(claim.slot);
+        claim.ready_slot = ql(claim.ready_slot);
+    }
+    for w in &mut s.workers {
+        match w {
+            Worker::Claiming { slot } => *slot = cl(*slot),
+            Worker::Running(a) | Worker::Closing(a, _) => a.slot = cl(a.slot),
+            Worker::Idle => {}
+        }
+    }
+    if let Some(p) = s.queue_prune.as_mut() {
+        p.slot = ql(p.slot);
+    }
+    if let Some(p) = s.claim_prune.as_mut() {
+        p.slot = cl(p.slot);
+    }
+}
+
+/// Forget what no future step can read, so states that differ only in it are one state. Sound
+/// while run leases only grow (a closed attempt is never claimed again), i.e. for every variant
+/// but the lock-free completion one, whose second closures need the old identities.
+fn canonical_history(s: &mut State) {
+    // A worker whose attempt is closed can only take and drop its job's lock and be told Stale:
+    // which attempt it names no longer matters.
+    for w in 0..s.workers.len() {
+        let (att, ok) = match s.workers[w] {
+            Worker::Running(att) => (att, None),
+            Worker::Closing(att, ok) => (att, Some(ok)),
+            _ => continue,
+        };
+        if s.open_claim(att).is_some() {
+            continue;
+        }
+        let stale = Att {
+            job: att.job,
+            lease: 0,
+            slot: 0,
+        };
+        s.workers[w] = match ok {
+            None => Worker::Running(stale),
+            Some(_) => Worker::Closing(stale, true),
+        };
+    }
+    // A finished job's last lease is read by nothing.
+    for j in 0..s.jobs.len() {
+        if s.jobs[j].terminal && !s.claims.iter().any(|c| usize::from(c.job) == j) {
+            s.jobs[j].lease = 0;
+        }
+    }
+}
+
+/// Every enqueued job is somewhere the system will find it: pending in ready ahead of the cursor,
+/// claimed with an open claim still in the claim ring, deferred, or finished.
+fn no_lost_job(s: &State) -> bool {
+    let cursor = s.lane_cursor();
+    s.jobs.iter().enumerate().all(|(j, job)| {
+        job.enqueue != Enqueue::Committed
+            || job.terminal
+            || job.deferred.is_some()
+            || s.claims
+                .iter()
+                .any(|c| usize::from(c.job) == j && !c.closed)
+            || matches!(job.ready, Some(r) if r.pos > cursor)
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Running the checker
+// ------------------------------------------------------------------------------------------------
+
+const SAFETY: [&str; 6] = [
+    "NoLostJob",
+    "NoTruncateOfOpenClaim",
+    "StaleWriterRejected",
+    "CursorNeverSkipsRunnable",
+    "AtMostOneWinner",
+    "OneOpenAttemptPerJob",
+];
+
+const REACHABLE: [&str; 5] = [
+    "AllJobsFinished",
+    "SecondAttemptRuns",
+    "ClaimSlotPruned",
+    "ClaimCommittedIntoFreeSlot",
+    "ReadyRowInFreeSlot",
+];
+
+struct Run {
+    model: RingModel,
+    states: usize,
+    discoveries: HashMap<&'static str, Vec<Action>>,
+}
+
+impl Run {
+    /// The discovery's trace, cut at the first state that breaks the property. (The BFS checker
+    /// keeps overwriting a discovery with later violating states of the same block, so the
+    /// path it reports can run on past the violation.)
+    fn trace(&self, name: &str) -> Option<Vec<Action>> {
+        let actions = self.discoveries.get(name)?;
+        let property = self.model.property(self.model.name(name));
+        let mut state = self.model.init_states().remove(0);
+        let mut trace = Vec::new();
+        for a in actions {
+            if !(property.condition)(&self.model, &state) {
+                break;
+            }
+            trace.push(*a);
+            state = self.model.next_state(&state, *a).unwrap_or(state);
+        }
+        Some(trace)
+    }
+}
+
+/// Breadth-first over every state reachable in fewer than `depth` steps (0 = no bound: the
+/// whole state space), or until every property named in `stop_at` has a discovery.
+fn check(label: &str, model: RingModel, depth: usize, stop_at: &[&'static str]) -> Run {
+    let started = Instant::now();
+    let mut builder = model.clone().checker();
+    if depth > 0 {
+        builder = builder.target_max_depth(depth);
+    }
+    if !stop_at.is_empty() {
+        builder = builder.finish_when(HasDiscoveries::AllOf(stop_at.iter().copied().collect()));
+    }
+    let checker = builder.spawn_bfs().join();
+    let run = Run {
+        model,
+        states: checker.unique_state_count(),
+        discoveries: checker
+            .discoveries()
+            .into_iter()
+            .map(|(name, path)| (name, path.into_actions()))
+            .collect(),
+    };
+    println!(
+        "{label}: {} unique states explored (max depth {}) in {:.2?}",
+        run.states,
+        checker.max_depth(),
+        started.elapsed()
+    );
+    run
+}
+
+/// One line per state: claim ring, claims, queue ring, cursor, jobs, workers.
+fn summary(s: &State) -> String {
+    let ring = |r: &Ring| -> String {
+        r.state
+            .iter()
+            .map(|st| match st {
+                SlotState::Free => 'F',
+                SlotState::Current => 'C',
+                SlotState::Sealed => 'S',
+            })
+            .collect()
+    };
+    let claims: Vec<String> = s
+        .claims
+        .iter()
+        .map(|c| {
+            let open = if c.closed { "closed" } else { "open" };
+            format!("j{}/l{}@c{} {open}", c.job, c.lease, c.slot)
+        })
+        .collect();
+    let jobs: Vec<String> = s
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(j, job)| {
+            let mut parts = Vec::new();
+            match job.enqueue {
+                Enqueue::NotYet => parts.push("-".to_string()),
+                Enqueue::InFlight { slot, pos } => parts.push(format!("enq@q{slot}p{pos}")),
+                Enqueue::RolledBack => parts.push("rolled back".to_string()),
+                Enqueue::Committed => {}
+            }
+            if let Some(r) = job.ready {
+                if r.taken {
+                    parts.push(format!("row@q{} taken", r.slot));
+                } else {
+                    parts.push(format!("row@q{}p{}", r.slot, r.pos));
+                }
+            }
+            if job.deferred.is_some() {
+                parts.push("deferred".to_string());
+            }
+            if job.terminal {
+                parts.push("done".to_string());
+            }
+            format!("j{j}:{}", parts.join(","))
+        })
+        .collect();
+    let workers: Vec<String> = s
+        .workers
+        .iter()
+        .map(|w| match w {
+            Worker::Idle => "idle".to_string(),
+            Worker::Claiming { slot } => format!("claiming@c{slot}"),
+            // lease 0: the attempt is closed and its identity forgotten (canonical_history)
+            Worker::Running(a) if a.lease == 0 => format!("running stale j{}", a.job),
+            Worker::Closing(a, _) if a.lease == 0 => format!("closing stale j{}", a.job),
+            Worker::Running(a) => format!("running j{}/l{}@c{}", a.job, a.lease, a.slot),
+            Worker::Closing(a, ok) => {
+                format!("closing j{}/l{}@c{} ok={ok}", a.job, a.lease, a.slot)
+            }
+        })
+        .collect();
+    format!(
+        "claim ring {} {:?} | queue ring {} cursor {} | {} | {}",
+        ring(&s.claim_ring),
+        claims,
+        ring(&s.queue_ring),
+        s.lane_cursor(),
+        jobs.join(" "),
+        workers.join(", ")
+    )
+}
+
+fn print_trace(model: &RingModel, name: &str, actions: &[Action]) {
+    println!("counterexample for {name} ({} steps):", actions.len());
+    let mut state = model.init_states().remove(0);
+    println!("      {}", summary(&state));
+    for (n, a) in actions.iter().enumerate() {
+        state = model.next_state(&state, *a).unwrap_or(state);
+        println!("  {:>2}. {a:?}\n      {}", n + 1, summary(&state));
+    }
+}
+
+/// A shortest path to a state that breaks the property (BFS of our own: the checker's
+/// discovery proves one exists, this finds the clearest one to print).
+fn shortest_counterexample(model: &RingModel, name: &str) -> Option<Vec<Action>> {
+    let property = model.property(model.name(name));
+    let init = model.init_states().remove(0);
+    let mut parent: HashMap<State, Option<(State, Action)>> = HashMap::from([(init, None)]);
+    let mut queue = VecDeque::from([init]);
+    let mut actions = Vec::new();
+    while let Some(state) = queue.pop_front() {
+        if !(property.condition)(model, &state) {
+            let mut path = Vec::new();
+            let mut at = state;
+            while let Some(Some((p, a))) = parent.get(&at) {
+                path.push(*a);
+                at = *p;
+            }
+            path.reverse();
+            return Some(path);
+        }
+        model.actions(&state, &mut actions);
+        for a in actions.drain(..) {
+            if let Some(next) = model.next_state(&state, a) {
+                if let std::collections::hash_map::Entry::Vacant(e) = parent.entry(next) {
+                    e.insert(Some((state, a)));
+                    queue.push_back(next);
+                }
+            }
+        }
+    }
+    None
+}
+
+fn assert_safe(run: &Run) {
+    assert!(run.states > 1);
+    for name in SAFETY {
+        if let Some(trace) = run.trace(name) {
+            print_trace(&run.model, name, &trace);
+            panic!("{name} violated");
+        }
+    }
+}
+
+fn assert_counterexample(run: &Run, name: &str) {
+    assert!(
+        run.discoveries.contains_key(name),
+        "the checker found no counterexample for {name}"
+    );
+    let trace = shortest_counterexample(&run.model, name).expect("a violating state is reachable");
+    print_trace(&run.model, name, &trace);
+}
+
+/// The code as it is, its whole state space at the main bounds.
+#[test]
+fn ring_protocol_holds_exhaustively() {
+    let run = check(
+        "code as is, 2 jobs x 2 workers",
+        RingModel::new(Bounds::main(), Faults::default()),
+        0,
+        &[],
+    );
+    assert_safe(&run);
+    for name in REACHABLE {
+        assert!(run.discoveries.contains_key(name), "{name} is unreachable");
+    }
+}
+
+/// Heartbeats on (the attempt_state freshness bit doubles the state space, so one worker).
+#[test]
+fn ring_protocol_holds_with_heartbeats() {
+    let bounds = Bounds {
+        workers: 1,
+        heartbeats: true,
+        ..Bounds::main()
+    };
+    let run = check(
+        "code as is, heartbeats, 2 jobs x 1 worker",
+        RingModel::new(bounds, Faults::default()),
+        0,
+        &[],
+    );
+    assert_safe(&run);
+}
+
+/// Three jobs: every state reachable in at most 18 actions (the checker's depth counts the
+/// initial state as 1 and does not expand depth 20).
+#[test]
+fn ring_protocol_holds_for_three_jobs_within_18_steps() {
+    let bounds = Bounds {
+        jobs: 3,
+        ..Bounds::main()
+    };
+    let run = check(
+        "code as is, 3 jobs x 2 workers, up to 18 steps",
+        RingModel::new(bounds, Faults::default()),
+        20,
+        &[],
+    );
+    assert_safe(&run);
+}
+
+#[test]
+fn broken_prune_without_after_lock_reproof_is_caught() {
+    let faults = Faults {
+        prune_without_reproof: true,
+        ..Faults::default()
+    };
+    let run = check(
+        "prune without after-lock re-proof",
+        RingModel::new(Bounds::main(), faults),
+        0,
+        &["NoTruncateOfOpenClaim", "NoLostJob"],
+    );
+    assert_counterexample(&run, "NoTruncateOfOpenClaim");
+    assert_counterexample(&run, "NoLostJob");
+}
+
+#[test]
+fn broken_completion_without_attempt_lock_is_caught() {
+    let faults = Faults {
+        complete_without_lock: true,
+        no_closure_constraint: true,
+        ..Faults::default()
+    };
+    let run = check(
+        "completion without the per-attempt lock",
+        RingModel::new(Bounds::main(), faults),
+        0,
+        &["AtMostOneWinner", "StaleWriterRejected"],
+    );
+    assert_counterexample(&run, "AtMostOneWinner");
+    assert_counterexample(&run, "StaleWriterRejected");
+}
+
+/// Without the lock, the closure tables' per-slot exclusion / unique constraints still turn the
+/// losing write of the race into a failed statement: defence in depth (the failed statement takes
+/// the rest of its batch down with it until the retry re-validates).
+#[test]
+fn completion_without_attempt_lock_is_still_held_by_closure_constraints() {
+    let faults = Faults {
+        complete_without_lock: true,
+        ..Faults::default()
+    };
+    // the race is a worker against a rescue; a second worker adds the re-claim at a newer lease
+    for (jobs, workers) in [(2, 1), (1, 2)] {
+        let bounds = Bounds {
+            jobs,
+            workers,
+            ..Bounds::main()
+        };
+        let run = check(
+            &format!(
+                "completion without the lock, constraints kept, {jobs} jobs x {workers} workers"
+            ),
+            RingModel::new(bounds, faults.clone()),
+            0,
+            &[],
+        );
+        assert_safe(&run);
+    }
+}
+
+#[test]
+fn broken_cursor_advanced_before_commit_is_caught() {
+    let faults = Faults {
+        cursor_before_commit: true,
+        ..Faults::default()
+    };
+    let run = check(
+        "cursor advanced before commit",
+        RingModel::new(Bounds::main(), faults),
+        0,
+        &["CursorNeverSkipsRunnable", "NoLostJob"],
+    );
+    assert_counterexample(&run, "CursorNeverSkipsRunnable");
+    assert_counterexample(&run, "NoLostJob");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Liveness: from every reachable state (crashes included), some crash-free continuation finishes
+// every enqueued job — "AG EF done", decided on the explicit state graph. `Property::eventually`
+// cannot say this soundly here; see docs/model.md.
+// ------------------------------------------------------------------------------------------------
+
+fn fingerprint(s: &State) -> u64 {
+    let mut h = DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+fn done(s: &State) -> bool {
+    s.jobs
+        .iter()
+        .all(|j| j.terminal || matches!(j.enqueue, Enqueue::NotYet | Enqueue::RolledBack))
+}
+
+/// The action's name, without its arguments.
+fn action_kind(a: &Action) -> String {
+    let text = format!("{a:?}");
+    text.split('(').next().unwrap_or_default().to_string()
+}
+
+struct Liveness {
+    states: usize,
+    /// Shortest path to a state from which no crash-free path finishes every job.
+    stranded: Option<Vec<Action>>,
+    /// Every action kind that changed some reachable state.
+    fired: BTreeSet<String>,
+}
+
+fn check_liveness(label: &str, model: &RingModel) -> Liveness {
+    let started = Instant::now();
+    let init = model.init_states().remove(0);
+    let mut index: HashMap<u64, u32> = HashMap::new();
+    let mut parent: Vec<Option<(u32, Action)>> = vec![None];
+    let mut preds: Vec<Vec<u32>> = vec![Vec::new()];
+    let mut can_finish: Vec<bool> = vec![done(&init)];
+    let mut fired = BTreeSet::new();
+    index.insert(fingerprint(&init), 0);
+    let mut queue = VecDeque::from([(init, 0_u32)]);
+    let mut actions = Vec::new();
+    while let Some((state, id)) = queue.pop_front() {
+        model.actions(&state, &mut actions);
+        for action in actions.drain(..) {
+            let Some(next) = model.next_state(&state, action) else {
+                continue;
+            };
+            if next != state {
+                fired.insert(action_kind(&action));
+            }
+            let fp = fingerprint(&next);
+            let next_id = match index.get(&fp) {
+                Some(&n) => n,
+                None => {
+                    let n = parent.len() as u32;
+                    index.insert(fp, n);
+                    parent.push(Some((id, action)));
+                    preds.push(Vec::new());
+                    can_finish.push(done(&next));
+                    queue.push_back((next, n));
+                    n
+                }
+            };
+            if !matches!(action, Action::Crash(_)) {
+                preds[next_id as usize].push(id);
+            }
+        }
+    }
+    // backwards from the finished states over crash-free edges
+    let mut work: VecDeque<u32> = (0..can_finish.len() as u32)
+        .filter(|&n| can_finish[n as usize])
+        .collect();
+    while let Some(n) = work.pop_front() {
+        for &p in &preds[n as usize] {
+            if !can_finish[p as usize] {
+                can_finish[p as usize] = true;
+                work.push_back(p);
+            }
+        }
+    }
+    // ids are in BFS order, so the first stranded id has a shortest path
+    let stranded = can_finish.iter().position(|ok| !ok).map(|mut n| {
+        let mut path = Vec::new();
+        while let Some((p, a)) = parent[n] {
+            path.push(a);
+            n = p as usize;
+        }
+        path.reverse();
+        path
+    });
+    println!(
+        "{label}: {} unique states explored in {:.2?}",
+        parent.len(),
+        started.elapsed()
+    );
+    Liveness {
+        states: parent.len(),
+        stranded,
+        fired,
+    }
+}
+
+fn liveness_bounds() -> Bounds {
+    Bounds {
+        workers: 1,
+        rollbacks: false,
+        ..Bounds::main()
+    }
+}
+
+/// Every reachable state can still finish every job once crashes stop; and every action of the
+/// model changes some reachable state (none is dead code).
+#[test]
+fn liveness_every_claimed_job_can_still_finish() {
+    let model = RingModel::new(liveness_bounds(), Faults::default());
+    let live = check_liveness("liveness, code as is", &model);
+    assert!(live.states > 1);
+    if let Some(trace) = &live.stranded {
+        print_trace(&model, "every claimed job eventually closes", trace);
+        panic!("a reachable state cannot finish its jobs");
+    }
+    let expected = [
+        "EnqueueBegin",
+        "EnqueueCommit",
+        "ClaimBegin",
+        "ClaimCommit",
+        "ClaimAbort",
+        "AdvanceCursor",
+        "LockAttempt",
+        "Close",
+        "RescueStale",
+        "RescueDeadline",
+        "Crash",
+        "Promote",
+        "RotateQueue",
+        "RotateClaim",
+        "QueuePruneProve",
+        "QueuePruneLock",
+        "QueuePruneFinish",
+        "QueuePruneSkip",
+        "ClaimPruneProve",
+        "ClaimPruneLock",
+        "ClaimPruneFinish",
+        "ClaimPruneSkip",
+    ];
+    for kind in expected {
+        assert!(live.fired.contains(kind), "{kind} never fires");
+    }
+    println!("actions that fire: {:?}", live.fired);
+}
+
+/// The finding, kept as a regression check. claim() reads the current claim slot without a lock
+/// and inserts its batch last. If maintenance seals and prunes that slot in between (every claim
+/// in it closed), the claim commits into a *free* slot. With rescue sweeping only non-free slots
+/// (the code before b7349ee), if that worker dies the attempt is not rescued until the ring
+/// rotates onto the slot again — and rotation needs new claims in the current slot: on a queue
+/// that has gone quiet, never.
+#[test]
+fn broken_rescue_skipping_free_slots_strands_a_claim() {
+    let faults = Faults {
+        rescue_skips_free_slots: true,
+        ..Faults::default()
+    };
+    let model = RingModel::new(liveness_bounds(), faults);
+    let live = check_liveness("liveness, rescue skips free slots", &model);
+    let trace = live.stranded.expect("a stranded state is reachable");
+    print_trace(&model, "every claimed job eventually closes", &trace);
+    // the stranded claim is open in a free slot
+    let mut s = model.init_states().remove(0);
+    for a in &trace {
+        s = model.next_state(&s, *a).expect("trace replays");
+    }
+    assert!(s
+        .claims
+        .iter()
+        .any(|c| !c.closed && s.claim_ring.is(c.slot, SlotState::Free)));
+}

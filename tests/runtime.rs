@@ -113,6 +113,7 @@ async fn two_clients_in_separate_runtimes_run_every_job_exactly_once() {
         );
     }
     assert_eq!(ids.len(), 10_000);
+    drop(conn);
 
     let done = eventually(Duration::from_secs(120), || {
         let runs = Arc::clone(&runs);

@@ -104,7 +104,14 @@ impl TestDb {
         let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
             .execute(&self.pool)
             .await;
-        self.pool.close().await;
+        // `close` waits for every checked-out connection to come back; a test that still holds
+        // one (or a task that leaked one) must not hang the whole suite on it.
+        if tokio::time::timeout(Duration::from_secs(10), self.pool.close())
+            .await
+            .is_err()
+        {
+            eprintln!("cleanup: a pool connection was still checked out after 10 s");
+        }
     }
 }
 

@@ -290,6 +290,34 @@ impl Client {
         Ok(ids)
     }
 
+    /// Insert jobs (unique ones deduplicated) and say for each whether it was a duplicate.
+    pub async fn insert_many_reporting(
+        &self,
+        jobs: &[NewJob],
+    ) -> Result<Vec<crate::storage::Inserted>> {
+        let mut tx = self.inner.storage.pool().begin().await?;
+        let inserted = self
+            .inner
+            .storage
+            .insert_many_reporting(&mut tx, jobs)
+            .await?;
+        tx.commit().await?;
+        Ok(inserted)
+    }
+
+    /// Cancel the job holding this unique job's key (see `NewJob::unique`).
+    pub async fn cancel_unique(&self, job: &NewJob) -> Result<crate::storage::CancelOutcome> {
+        self.inner.storage.cancel_unique(job, "cancelled").await
+    }
+
+    /// Exact per-queue counts (all queues when `queue` is `None`).
+    pub async fn queue_counts(
+        &self,
+        queue: Option<&str>,
+    ) -> Result<Vec<crate::storage::QueueCounts>> {
+        self.inner.storage.queue_counts(queue).await
+    }
+
     /// Cancel a job by id: an available or scheduled job never runs; a running one has its claim
     /// closed and its handler signalled (`JobContext::cancelled`).
     pub async fn cancel(&self, job_id: i64) -> Result<crate::storage::CancelOutcome> {

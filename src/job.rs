@@ -27,6 +27,83 @@ pub struct NewJob {
     pub(crate) max_attempts: i32,
     pub(crate) run_at: Option<DateTime<Utc>>,
     pub(crate) timeout: Option<std::time::Duration>,
+    pub(crate) unique: Option<Unique>,
+}
+
+/// A job state a unique key can be held in (see [`Unique::states`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UniqueState {
+    Available,
+    Scheduled,
+    Retryable,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    DeadLettered,
+}
+
+impl UniqueState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Available => "available",
+            Self::Scheduled => "scheduled",
+            Self::Retryable => "retryable",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+            Self::DeadLettered => "dead_lettered",
+        }
+    }
+}
+
+/// Insert-time deduplication. Two jobs are duplicates when they have the same kind and the same
+/// arguments (compared as canonical JSON: object keys sorted), and, when asked, the same queue and
+/// the same period bucket (insert time divided by `by_period`). A duplicate insert returns the id of
+/// the job already holding the key, as long as that job is in one of `states`; otherwise the key is
+/// released and the new job takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unique {
+    pub by_queue: bool,
+    pub by_period: Option<std::time::Duration>,
+    pub states: Vec<UniqueState>,
+}
+
+impl Default for Unique {
+    /// Kind + args, any queue, no period, while the holder is still pending or running.
+    fn default() -> Self {
+        Self {
+            by_queue: false,
+            by_period: None,
+            states: vec![
+                UniqueState::Available,
+                UniqueState::Scheduled,
+                UniqueState::Retryable,
+                UniqueState::Running,
+            ],
+        }
+    }
+}
+
+impl Unique {
+    /// Also compare the queue.
+    pub fn by_queue(mut self) -> Self {
+        self.by_queue = true;
+        self
+    }
+
+    /// Also compare the period bucket of the insert time (e.g. one job per hour).
+    pub fn by_period(mut self, period: std::time::Duration) -> Self {
+        self.by_period = Some(period);
+        self
+    }
+
+    /// The holder's states in which a new insert is a duplicate.
+    pub fn states(mut self, states: &[UniqueState]) -> Self {
+        self.states = states.to_vec();
+        self
+    }
 }
 
 impl NewJob {
@@ -50,7 +127,45 @@ impl NewJob {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             run_at: None,
             timeout: None,
+            unique: None,
         })
+    }
+
+    /// Deduplicate this job at insert time (see [`Unique`]).
+    pub fn unique(mut self, unique: Unique) -> Self {
+        self.unique = Some(unique);
+        self
+    }
+
+    /// The unique key text for an insert at `now`: kind, canonical args, and the queue and period
+    /// bucket when the options ask for them. The database stores its SHA-256.
+    pub(crate) fn unique_key(&self, unique: &Unique, now: DateTime<Utc>) -> Result<String> {
+        // serde_json's Map is ordered by key (no preserve_order feature), so this is canonical.
+        let args = serde_json::to_string(&self.args).map_err(|e| Error::InvalidArgs {
+            kind: self.kind.clone(),
+            reason: e.to_string(),
+        })?;
+        let queue = if unique.by_queue {
+            self.queue.as_str()
+        } else {
+            ""
+        };
+        let bucket = match unique.by_period {
+            Some(period) => {
+                let secs = period.as_secs();
+                if secs == 0 {
+                    return Err(Error::Config(
+                        "unique by_period must be at least one second".into(),
+                    ));
+                }
+                (now.timestamp().max(0) as u64 / secs).to_string()
+            }
+            None => String::new(),
+        };
+        Ok(format!(
+            "v1\u{1f}{}\u{1f}{args}\u{1f}{queue}\u{1f}{bucket}",
+            self.kind
+        ))
     }
 
     pub fn queue(mut self, queue: &str) -> Self {
@@ -111,6 +226,21 @@ impl NewJob {
                 return Err(Error::Config(format!(
                     "timeout must be 1 ms..=7 days, got {t:?}"
                 )));
+            }
+        }
+        if let Some(unique) = &self.unique {
+            if unique.states.is_empty() {
+                return Err(Error::Config(
+                    "unique states must name at least one state".into(),
+                ));
+            }
+            if unique
+                .by_period
+                .is_some_and(|p| p < std::time::Duration::from_secs(1))
+            {
+                return Err(Error::Config(
+                    "unique by_period must be at least one second".into(),
+                ));
             }
         }
         let text = serde_json::to_string(&self.args).map_err(|e| Error::InvalidArgs {

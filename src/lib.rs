@@ -41,10 +41,11 @@ pub mod worker;
 
 pub use client::{Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient};
 pub use error::{Error, Result};
-pub use job::{JobArgs, NewJob};
+pub use job::{JobArgs, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
-    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, JobState, Outcome, Storage,
+    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, Inserted, JobState, Outcome,
+    QueueCounts, Storage,
 };
 pub use worker::{JobContext, JobError};

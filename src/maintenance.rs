@@ -36,6 +36,9 @@ pub struct MaintenanceConfig {
     pub rescue_batch: i32,
     /// Dead-lettered jobs are deleted after this long (in batches of `promote_batch`).
     pub dlq_retention: Duration,
+    /// Unique keys older than this whose job is no longer pending are forgotten (in batches of
+    /// `promote_batch`); a pending job keeps its key however old.
+    pub unique_key_retention: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -50,6 +53,7 @@ impl Default for MaintenanceConfig {
             stale_after: Duration::from_secs(60),
             rescue_batch: 200,
             dlq_retention: Duration::from_secs(30 * 24 * 3600),
+            unique_key_retention: Duration::from_secs(72 * 3600),
         }
     }
 }
@@ -72,6 +76,11 @@ impl MaintenanceConfig {
                 "dlq_retention must be at least one minute".into(),
             ));
         }
+        if self.unique_key_retention < Duration::from_secs(60) {
+            return Err(Error::Config(
+                "unique_key_retention must be at least one minute".into(),
+            ));
+        }
         if !(1..=100_000).contains(&self.rescue_batch) {
             return Err(Error::Config("rescue_batch must be 1..=100000".into()));
         }
@@ -92,6 +101,7 @@ pub struct TickReport {
     pub promoted: i32,
     pub rescued: i32,
     pub dlq_expired: i32,
+    pub unique_keys_expired: i32,
 }
 
 /// One maintenance pass. Public so tests and operators (`ringwork` CLI) can drive it directly.
@@ -127,6 +137,10 @@ pub async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickR
     }
     report.dlq_expired = storage
         .dlq_expire(config.dlq_retention, config.promote_batch)
+        .await?;
+    // A released unique key is re-taken by the next insert anyway; expiry only bounds the table.
+    report.unique_keys_expired = storage
+        .unique_keys_expire(config.unique_key_retention, config.promote_batch)
         .await?;
     loop {
         let moved = storage.promote_due(config.promote_batch).await?;

@@ -25,6 +25,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "dead_letter",
         include_str!("../migrations/0005_dead_letter.sql"),
     ),
+    (
+        "unique_and_counts",
+        include_str!("../migrations/0006_unique_and_counts.sql"),
+    ),
 ];
 
 /// Highest schema version this binary can run against.
@@ -156,6 +160,9 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("schema_migrations", ChurnClass::Warm),
     ("deferred_jobs", ChurnClass::Backlog),
     ("dlq_entries", ChurnClass::Backlog),
+    // written only by unique inserts (INSERT, or UPDATE when a released key is re-taken) and
+    // expired by maintenance in bounded batches
+    ("unique_keys", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

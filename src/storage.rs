@@ -48,6 +48,11 @@ struct Statements {
     sealed_claim_slots: String,
     prune_queue_slot: String,
     prune_claim_slot: String,
+    insert_unique: String,
+    unique_job: String,
+    unique_keys_expire: String,
+    queue_counts: String,
+    queue_lanes_exist: String,
 }
 
 impl Statements {
@@ -107,6 +112,16 @@ impl Statements {
             ),
             prune_queue_slot: format!("SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3))"),
             prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
+            queue_lanes_exist: format!("SELECT count(*) = 4 FROM {s}.queue_lanes WHERE queue = $1"),
+            insert_unique: format!(
+                "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            ),
+            unique_job: format!("SELECT {s}.unique_job($1)"),
+            unique_keys_expire: format!("SELECT {s}.unique_keys_expire(make_interval(secs => $1), $2)"),
+            queue_counts: format!(
+                "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
+                 dead_lettered FROM {s}.queue_counts($1)"
+            ),
         }
     }
 }
@@ -199,6 +214,30 @@ pub struct JobState {
     pub detail: Option<String>,
 }
 
+/// What an insert did with one job: `duplicate` is true when a unique job's key was already held
+/// and `job_id` is the holder's id (nothing was inserted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inserted {
+    pub job_id: i64,
+    pub duplicate: bool,
+}
+
+/// Exact per-queue counts (see `Storage::queue_counts`). Terminal counts cover the history the
+/// queue ring still holds (failed and cancelled jobs at least `keep_failed`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    pub queue: String,
+    pub paused: bool,
+    pub available: i64,
+    pub scheduled: i64,
+    pub retryable: i64,
+    pub running: i64,
+    pub completed: i64,
+    pub failed: i64,
+    pub cancelled: i64,
+    pub dead_lettered: i64,
+}
+
 /// Whether a write on behalf of an attempt took effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -259,6 +298,34 @@ impl Storage {
         Ok(())
     }
 
+    /// `ensure_queue` for an insert on `conn`: when the lanes already exist (the common case for a
+    /// process that has not seen the queue yet) this is learnt on `conn` itself, so a producer
+    /// holding a transaction never needs a second pool connection, and a pool's worth of concurrent
+    /// transactional producers cannot starve one another. Only a queue's first use anywhere takes a
+    /// pool connection to create its lanes.
+    async fn ensure_queue_from(&self, conn: &mut PgConnection, queue: &str) -> Result<()> {
+        crate::job::validate_name("queue name", queue)?;
+        let known = self
+            .known_queues
+            .lock()
+            .map(|q| q.contains(queue))
+            .unwrap_or(false);
+        if known {
+            return Ok(());
+        }
+        let exists: bool = sqlx::query_scalar(&self.sql.queue_lanes_exist)
+            .bind(queue)
+            .fetch_one(&mut *conn)
+            .await?;
+        if exists {
+            if let Ok(mut known) = self.known_queues.lock() {
+                known.insert(queue.to_string());
+            }
+            return Ok(());
+        }
+        self.ensure_queue(queue).await
+    }
+
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -276,12 +343,26 @@ impl Storage {
     /// Insert many jobs on `conn`; returns their ids in input order. Every job is validated before
     /// any row is written. Within one (queue, priority) lane, input order is claim order.
     pub async fn insert_many(&self, conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<i64>> {
+        Ok(self
+            .insert_many_reporting(conn, jobs)
+            .await?
+            .into_iter()
+            .map(|inserted| inserted.job_id)
+            .collect())
+    }
+
+    /// Like `insert_many`, and says for each job whether it was a unique duplicate.
+    pub async fn insert_many_reporting(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Inserted>> {
         let texts = jobs
             .iter()
             .map(NewJob::validate)
             .collect::<Result<Vec<_>>>()?;
         for job in jobs {
-            self.ensure_queue(&job.queue).await?;
+            self.ensure_queue_from(conn, &job.queue).await?;
         }
         // All or nothing: a transaction of its own on a plain connection, a savepoint inside the
         // caller's transaction. Without it a COPY group's segment reservation could commit alone
@@ -297,12 +378,22 @@ impl Storage {
         conn: &mut PgConnection,
         jobs: &[NewJob],
         texts: &[String],
-    ) -> Result<Vec<i64>> {
+    ) -> Result<Vec<Inserted>> {
         let now = Utc::now();
-        let mut ids = vec![0_i64; jobs.len()];
+        let mut ids: Vec<Inserted> = (0..jobs.len())
+            .map(|_| Inserted {
+                job_id: 0,
+                duplicate: false,
+            })
+            .collect();
         // group by lane (immediate) or by (queue, priority) for the backlog, keeping input order
         let mut groups: Vec<((String, i16, bool), Vec<usize>)> = Vec::new();
+        let mut unique: Vec<(String, usize)> = Vec::new();
         for (index, job) in jobs.iter().enumerate() {
+            if let Some(options) = &job.unique {
+                unique.push((job.unique_key(options, now)?, index));
+                continue;
+            }
             let key = (job.queue.clone(), job.priority, job.is_future(now));
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, members)) => members.push(index),
@@ -348,8 +439,35 @@ impl Storage {
                     .await?
             };
             for (&index, id) in members.iter().zip(group_ids) {
-                ids[index] = id;
+                ids[index].job_id = id;
             }
+        }
+        // Unique jobs one statement each, in key order so two inserters of overlapping key sets
+        // take the per-key locks in the same order and cannot deadlock.
+        unique.sort();
+        for (key, index) in unique {
+            let job = &jobs[index];
+            let states: Vec<&str> = job
+                .unique
+                .iter()
+                .flat_map(|u| u.states.iter().map(|state| state.as_str()))
+                .collect();
+            let (job_id, inserted): (i64, bool) = sqlx::query_as(&self.sql.insert_unique)
+                .bind(&key)
+                .bind(&states)
+                .bind(&job.queue)
+                .bind(job.priority)
+                .bind(&job.kind)
+                .bind(&job.args)
+                .bind(job.max_attempts)
+                .bind(job.run_at)
+                .bind(job.timeout_ms())
+                .fetch_one(&mut *conn)
+                .await?;
+            ids[index] = Inserted {
+                job_id,
+                duplicate: !inserted,
+            };
         }
         Ok(ids)
     }
@@ -516,6 +634,61 @@ impl Storage {
             "already_finished" => CancelOutcome::AlreadyFinished,
             _ => CancelOutcome::NotFound,
         })
+    }
+
+    /// Cancel the job holding `job`'s unique key (built exactly as a unique insert of `job` now
+    /// would build it). `NotFound` when no job holds the key.
+    pub async fn cancel_unique(&self, job: &NewJob, reason: &str) -> Result<CancelOutcome> {
+        let Some(options) = &job.unique else {
+            return Err(crate::Error::Config(
+                "cancel by unique key needs a job with unique options".into(),
+            ));
+        };
+        job.validate()?;
+        let key = job.unique_key(options, Utc::now())?;
+        let holder: Option<i64> = sqlx::query_scalar(&self.sql.unique_job)
+            .bind(&key)
+            .fetch_one(&self.pool)
+            .await?;
+        match holder {
+            Some(job_id) => self.cancel_job(job_id, reason).await,
+            None => Ok(CancelOutcome::NotFound),
+        }
+    }
+
+    /// Forget up to `limit` unique keys older than `older` whose job is no longer pending.
+    pub async fn unique_keys_expire(&self, older: Duration, limit: i32) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.unique_keys_expire)
+            .bind(older.as_secs_f64())
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Exact counts per queue (one queue, or all), without scanning `ready_entries`: available
+    /// jobs come from the segment map above each lane's claim cursor, running ones from the
+    /// in-flight anti-join over the active claim slots.
+    pub async fn queue_counts(&self, queue: Option<&str>) -> Result<Vec<QueueCounts>> {
+        let rows = sqlx::query(&self.sql.queue_counts)
+            .bind(queue)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(QueueCounts {
+                    queue: row.try_get("queue")?,
+                    paused: row.try_get("paused")?,
+                    available: row.try_get("available")?,
+                    scheduled: row.try_get("scheduled")?,
+                    retryable: row.try_get("retryable")?,
+                    running: row.try_get("running")?,
+                    completed: row.try_get("completed")?,
+                    failed: row.try_get("failed")?,
+                    cancelled: row.try_get("cancelled")?,
+                    dead_lettered: row.try_get("dead_lettered")?,
+                })
+            })
+            .collect()
     }
 
     /// Pause (no claims; enqueue still works) or resume a queue. Returns whether anything changed.

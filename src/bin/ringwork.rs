@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ringwork::demo::{self, DemoOptions};
-use ringwork::{schema, MaintenanceConfig, RingSizes, SchemaName, Storage};
+use ringwork::{schema, MaintenanceConfig, NewJob, RingSizes, SchemaName, Storage, Unique};
 use sqlx::postgres::PgPoolOptions;
 
 #[derive(Parser)]
@@ -83,6 +83,37 @@ enum Command {
     /// Cancel a job by id (available, scheduled or running).
     Cancel {
         job_id: i64,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
+    /// Cancel the job holding a unique key: the same kind, args and options the producer used.
+    CancelUnique {
+        #[arg(long)]
+        kind: String,
+        /// The job's arguments as JSON (compared canonically: key order does not matter).
+        #[arg(long)]
+        args: String,
+        /// The job's queue; with --by-queue it is part of the key.
+        #[arg(long, default_value = "default")]
+        queue: String,
+        #[arg(long)]
+        by_queue: bool,
+        /// The unique period in seconds, if the producer used one (the current bucket is cancelled).
+        #[arg(long)]
+        period: Option<u64>,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
+    /// Exact per-queue counts: available, scheduled, retryable, running, completed, failed,
+    /// cancelled, dead-lettered.
+    Counts {
+        /// One queue (default: all).
+        #[arg(long)]
+        queue: Option<String>,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, default_value = "ringwork")]
@@ -259,6 +290,68 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 "job {job_id}: {:?}",
                 storage.cancel_job(job_id, "cancelled by operator").await?
             );
+        }
+        Command::CancelUnique {
+            kind,
+            args,
+            queue,
+            by_queue,
+            period,
+            database_url,
+            schema,
+        } => {
+            let args: serde_json::Value = serde_json::from_str(&args)
+                .map_err(|e| ringwork::Error::Config(format!("--args is not JSON: {e}")))?;
+            let mut unique = Unique::default();
+            if by_queue {
+                unique = unique.by_queue();
+            }
+            if let Some(secs) = period {
+                unique = unique.by_period(Duration::from_secs(secs));
+            }
+            let job = NewJob::from_parts(&kind, args)?
+                .queue(&queue)
+                .unique(unique);
+            let storage = open_storage(&database_url, &schema).await?;
+            println!(
+                "{:?}",
+                storage.cancel_unique(&job, "cancelled by operator").await?
+            );
+        }
+        Command::Counts {
+            queue,
+            database_url,
+            schema,
+        } => {
+            let storage = open_storage(&database_url, &schema).await?;
+            println!(
+                "{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>6}",
+                "queue",
+                "paused",
+                "available",
+                "scheduled",
+                "retryable",
+                "running",
+                "completed",
+                "failed",
+                "cancelled",
+                "dlq"
+            );
+            for c in storage.queue_counts(queue.as_deref()).await? {
+                println!(
+                    "{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>6}",
+                    c.queue,
+                    if c.paused { "yes" } else { "no" },
+                    c.available,
+                    c.scheduled,
+                    c.retryable,
+                    c.running,
+                    c.completed,
+                    c.failed,
+                    c.cancelled,
+                    c.dead_lettered
+                );
+            }
         }
         Command::Dlq {
             action,

@@ -196,3 +196,21 @@ CREATE VIEW __S__.terminal_jobs AS
     LEFT JOIN LATERAL (SELECT r.* FROM __S__.ready_entries r
                        WHERE r.ready_slot = b.ready_slot AND r.job_id = c.job_id AND r.run_lease = c.run_lease - 1
                        LIMIT 1) e ON true;
+
+-- One job's recorded history, oldest attempt first: its terminal rows (completed, failed,
+-- cancelled), earlier failed attempts carried in deferred_jobs.last_error, and a dead-letter entry.
+CREATE FUNCTION __S__.job_history(p_job_id bigint)
+RETURNS TABLE (run_lease bigint, state text, error text, at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT h.run_lease, h.state, h.error, h.at FROM (
+        SELECT t.run_lease, t.state, t.error, t.finalized_at AS at
+        FROM __S__.terminal_jobs t WHERE t.job_id = p_job_id
+        UNION ALL
+        SELECT d.run_lease, CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.last_error, d.run_at
+        FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT x.run_lease, 'dead_lettered', x.error, x.failed_at
+        FROM __S__.dlq_entries x WHERE x.job_id = p_job_id
+    ) h
+    ORDER BY h.run_lease, h.at
+$$;

@@ -45,7 +45,7 @@ pub use job::{JobArgs, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
-    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, Inserted, JobState, Outcome,
-    QueueCounts, Storage,
+    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, Inserted,
+    JobRecord, JobState, Outcome, QueueCounts, Storage,
 };
 pub use worker::{JobContext, JobError};

@@ -53,6 +53,7 @@ struct Statements {
     unique_keys_expire: String,
     queue_counts: String,
     queue_lanes_exist: String,
+    job_history: String,
 }
 
 impl Statements {
@@ -112,6 +113,7 @@ impl Statements {
             ),
             prune_queue_slot: format!("SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3))"),
             prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
+            job_history: format!("SELECT run_lease, state, error, at FROM {s}.job_history($1)"),
             queue_lanes_exist: format!("SELECT count(*) = 4 FROM {s}.queue_lanes WHERE queue = $1"),
             insert_unique: format!(
                 "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9)"
@@ -236,6 +238,24 @@ pub struct QueueCounts {
     pub failed: i64,
     pub cancelled: i64,
     pub dead_lettered: i64,
+}
+
+/// One recorded step of a job's history (see `Storage::load_job`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryEntry {
+    pub run_lease: i64,
+    /// `completed`, `failed`, `cancelled`, `scheduled`, `retryable` or `dead_lettered`.
+    pub state: String,
+    pub error: Option<String>,
+    /// When it ended, or (scheduled/retryable) when it is due.
+    pub at: DateTime<Utc>,
+}
+
+/// A job's current state with its recorded history (see `Storage::load_job`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRecord {
+    pub state: JobState,
+    pub history: Vec<HistoryEntry>,
 }
 
 /// Whether a write on behalf of an attempt took effect.
@@ -720,6 +740,29 @@ impl Storage {
                 detail,
             },
         ))
+    }
+
+    /// The job's current state and whatever history the schema still holds for it: terminal rows
+    /// from `terminal_jobs`, its pending retry or schedule, its dead-letter entry.
+    pub async fn load_job(&self, job_id: i64) -> Result<Option<JobRecord>> {
+        let Some(state) = self.job_state(job_id).await? else {
+            return Ok(None);
+        };
+        let rows: Vec<(i64, String, Option<String>, DateTime<Utc>)> =
+            sqlx::query_as(&self.sql.job_history)
+                .bind(job_id)
+                .fetch_all(&self.pool)
+                .await?;
+        let history = rows
+            .into_iter()
+            .map(|(run_lease, state, error, at)| HistoryEntry {
+                run_lease,
+                state,
+                error,
+                at,
+            })
+            .collect();
+        Ok(Some(JobRecord { state, history }))
     }
 
     /// Send this queue's terminal failures to the dead-letter queue (or stop doing so).

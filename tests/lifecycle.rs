@@ -363,3 +363,35 @@ async fn exhausted_jobs_of_a_dead_letter_queue_can_be_listed_retried_once_and_pu
     assert!(storage.dlq_list(None, 10).await.unwrap().is_empty());
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn many_jobs_due_at_once_are_promoted_in_bounded_batches_in_run_at_order() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // 250 jobs inserted in one call with run_at descending: job i is due (250 - i) ms after base.
+    let base = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
+    let jobs: Vec<_> = (0..250)
+        .map(|i| job(i).run_at(base + chrono::Duration::milliseconds(250 - i)))
+        .collect();
+    let ids = enqueue(&db, jobs).await;
+    assert_eq!(storage.promote_due(100).await.unwrap(), 0, "none due yet");
+    tokio::time::sleep(Duration::from_millis(1900)).await;
+    let batches = [
+        storage.promote_due(100).await.unwrap(),
+        storage.promote_due(100).await.unwrap(),
+        storage.promote_due(100).await.unwrap(),
+        storage.promote_due(100).await.unwrap(),
+    ];
+    assert_eq!(batches, [100, 100, 50, 0], "bounded batches");
+    let mut order = Vec::new();
+    loop {
+        let claimed = storage.claim("default", 64, None).await.unwrap();
+        if claimed.is_empty() {
+            break;
+        }
+        order.extend(claimed.iter().map(|j| j.job_id));
+    }
+    let expected: Vec<i64> = ids.iter().rev().copied().collect();
+    assert_eq!(order, expected, "claimed in run_at order across promotion batches");
+    db.cleanup().await;
+}

@@ -349,6 +349,23 @@ async fn counts_are_exact_in_every_state_and_stay_exact_across_prune() {
     .await
     .unwrap();
     assert_eq!(error.as_deref(), Some("boom"));
+    let record = storage.load_job(a[2].job_id).await.unwrap().unwrap();
+    assert_eq!(record.state.state, "failed");
+    assert_eq!(
+        record
+            .history
+            .iter()
+            .map(|h| (h.state.as_str(), h.error.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![("failed", Some("boom"))]
+    );
+    let record = storage.load_job(a[3].job_id).await.unwrap().unwrap();
+    assert_eq!(record.state.state, "retryable");
+    assert_eq!(record.history[0].state, "retryable");
+    assert_eq!(record.history[0].error.as_deref(), Some("again"));
+    let record = storage.load_job(a[0].job_id).await.unwrap().unwrap();
+    assert_eq!(record.history.len(), 1);
+    assert_eq!(record.history[0].state, "completed");
 
     // Rotate and prune everything prunable: the first queue slot (all 100 completed) goes, with
     // its completion history; every pending count is unchanged, failed history is carried forward.

@@ -400,8 +400,19 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             schema,
         } => {
             let storage = open_storage(&database_url, &schema).await?;
-            match storage.job_state(job_id).await? {
-                Some(state) => println!("{state:?}"),
+            match storage.load_job(job_id).await? {
+                Some(record) => {
+                    println!("{:?}", record.state);
+                    for step in record.history {
+                        println!(
+                            "  run_lease {:>3}  {:<13} {}  {}",
+                            step.run_lease,
+                            step.state,
+                            step.at.to_rfc3339(),
+                            step.error.unwrap_or_default()
+                        );
+                    }
+                }
                 None => {
                     println!("job {job_id}: not found (never existed, or its history aged out)")
                 }

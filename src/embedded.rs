@@ -117,6 +117,29 @@ impl EmbeddedPostgres {
         Ok(url)
     }
 
+    /// Restart the server (fast shutdown: sessions are cut, as in a failover or a crash-restart of
+    /// the database). `pg_ctl restart` reuses the options the server was started with.
+    pub fn restart(&self) -> Result<()> {
+        let data = self.dir.path().join("data");
+        let log = self.dir.path().join("postgres.log");
+        // -l: without a log file the new server would inherit (and hold open) our output pipe
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-l",
+                path_str(&log)?,
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "restart",
+            ],
+        )
+    }
+
     /// Connection URL of the throwaway cluster.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)

@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod client;
 pub mod demo;
 pub mod embedded;

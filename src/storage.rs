@@ -54,6 +54,7 @@ struct Statements {
     queue_counts: String,
     queue_lanes_exist: String,
     job_history: String,
+    available_count: String,
 }
 
 impl Statements {
@@ -113,6 +114,9 @@ impl Statements {
             ),
             prune_queue_slot: format!("SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3))"),
             prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
+            available_count: format!(
+                "SELECT coalesce(sum({s}.lane_available(lane_id)), 0)::int8 FROM {s}.queue_lanes WHERE queue = $1"
+            ),
             job_history: format!("SELECT run_lease, state, error, at FROM {s}.job_history($1)"),
             queue_lanes_exist: format!("SELECT count(*) = 4 FROM {s}.queue_lanes WHERE queue = $1"),
             insert_unique: format!(
@@ -681,6 +685,15 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.unique_keys_expire)
             .bind(older.as_secs_f64())
             .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Available (claimable, uncancelled) jobs of one queue; the `available` of `queue_counts`
+    /// alone, for producers that keep a target depth.
+    pub async fn available_count(&self, queue: &str) -> Result<i64> {
+        Ok(sqlx::query_scalar(&self.sql.available_count)
+            .bind(queue)
             .fetch_one(&self.pool)
             .await?)
     }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ringwork::bench;
 use ringwork::demo::{self, DemoOptions};
 use ringwork::{schema, MaintenanceConfig, NewJob, RingSizes, SchemaName, Storage, Unique};
 use sqlx::postgres::PgPoolOptions;
@@ -136,6 +137,84 @@ enum Command {
         #[arg(long, default_value = "ringwork")]
         schema: String,
     },
+    /// Run benchmark scenarios (see docs/bench/README.md): R worker processes x W workers, one
+    /// producer, metrics sampled from the database; JSON and Markdown results under --out.
+    Bench {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        /// Comma-separated RxW profiles.
+        #[arg(long, default_value = "1x32,4x8")]
+        profiles: String,
+        /// Comma-separated: saturation, fixed-rate, idle-in-tx, active-readers, crash-under-load,
+        /// pg-restart, soak.
+        #[arg(long, default_value = "saturation")]
+        scenarios: String,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 30)]
+        phase_secs: u64,
+        /// Length of the soak phase, seconds.
+        #[arg(long, default_value_t = 600)]
+        soak_secs: u64,
+        /// Work per job: sleep this many ms (0 = no-op).
+        #[arg(long, default_value_t = 1)]
+        job_ms: u64,
+        /// Producer rate for fixed-rate, jobs/s.
+        #[arg(long, default_value_t = 200)]
+        rate: u64,
+        /// Ready jobs the producer keeps for every other scenario.
+        #[arg(long, default_value_t = 5_000)]
+        depth: u64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 2)]
+        sample_secs: u64,
+        /// REPEATABLE READ scanner sessions in the active-readers scenario.
+        #[arg(long, default_value_t = 2)]
+        readers: usize,
+        /// Also run awa 0.6.9 through this adapter binary (bench/awa-adapter), same profiles.
+        #[arg(long)]
+        awa_adapter: Option<std::path::PathBuf>,
+        /// The schema the awa adapter installs into.
+        #[arg(long, default_value = "awa")]
+        awa_schema: String,
+        /// Skip ringwork (only with --awa-adapter).
+        #[arg(long)]
+        no_ringwork: bool,
+        /// Shell command restarting the DATABASE_URL server (pg-restart scenario).
+        #[arg(long)]
+        pg_restart_cmd: Option<String>,
+        #[arg(long, default_value = "target/bench")]
+        out: std::path::PathBuf,
+        /// File name (without extension) of the JSON and Markdown results.
+        #[arg(long, default_value = "bench")]
+        label: String,
+    },
+    /// A benchmark worker process (line protocol of `ringwork bench`).
+    #[command(hide = true)]
+    BenchWorker {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork_bench")]
+        schema: String,
+        #[arg(long, default_value_t = 32)]
+        workers: usize,
+        #[arg(long, default_value_t = 0)]
+        job_ms: u64,
+    },
+    /// A benchmark producer process (line protocol of `ringwork bench`).
+    #[command(hide = true)]
+    BenchProduce {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork_bench")]
+        schema: String,
+        /// rate or depth
+        #[arg(long)]
+        mode: String,
+        #[arg(long)]
+        rate: Option<u64>,
+        #[arg(long)]
+        depth: Option<u64>,
+    },
     /// Run a worker process for the `sleep` job kind until interrupted (used by the crash tests and
     /// the benchmarks). Prints "ready" once started and "completed N" every second.
     #[command(hide = true)]
@@ -235,6 +314,92 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 hold_horizon,
             })
             .await?;
+        }
+        Command::Bench {
+            database_url,
+            profiles,
+            scenarios,
+            phase_secs,
+            soak_secs,
+            job_ms,
+            rate,
+            depth,
+            sample_secs,
+            readers,
+            awa_adapter,
+            awa_schema,
+            no_ringwork,
+            pg_restart_cmd,
+            out,
+            label,
+        } => {
+            let mut systems = Vec::new();
+            if !no_ringwork {
+                systems.push(bench::System::Ringwork);
+            }
+            if let Some(adapter) = awa_adapter {
+                systems.push(bench::System::Awa {
+                    adapter,
+                    schema: SchemaName::new(&awa_schema)?.to_string(),
+                });
+            }
+            if systems.is_empty() {
+                return Err(ringwork::Error::Config(
+                    "nothing to run: --no-ringwork without --awa-adapter".into(),
+                ));
+            }
+            if phase_secs < 4 || sample_secs == 0 || rate == 0 || depth == 0 {
+                return Err(ringwork::Error::Config(
+                    "--phase-secs must be >= 4; --sample-secs, --rate and --depth > 0".into(),
+                ));
+            }
+            let config = bench::BenchConfig {
+                database_url,
+                systems,
+                profiles: bench::parse_profiles(&profiles)?,
+                scenarios: scenarios
+                    .split(',')
+                    .map(|s| bench::Scenario::parse(s.trim()))
+                    .collect::<ringwork::Result<_>>()?,
+                phase: Duration::from_secs(phase_secs),
+                soak: Duration::from_secs(soak_secs),
+                job_ms,
+                rate,
+                depth,
+                sample_every: Duration::from_secs(sample_secs),
+                readers,
+                pg_restart_cmd,
+                out_dir: out,
+                label,
+            };
+            let results = bench::run(config.clone()).await?;
+            println!("{}", bench::markdown(&config, &results));
+        }
+        Command::BenchWorker {
+            database_url,
+            schema,
+            workers,
+            job_ms,
+        } => {
+            bench::worker_process(&database_url, &schema, workers, job_ms).await?;
+        }
+        Command::BenchProduce {
+            database_url,
+            schema,
+            mode,
+            rate,
+            depth,
+        } => {
+            let (rate, depth) = match (mode.as_str(), rate, depth) {
+                ("rate", Some(r), _) if r > 0 => (Some(r), None),
+                ("depth", _, Some(d)) if d > 0 => (None, Some(d)),
+                _ => {
+                    return Err(ringwork::Error::Config(
+                        "--mode rate --rate R, or --mode depth --depth N (both > 0)".into(),
+                    ))
+                }
+            };
+            bench::producer_process(&database_url, &schema, rate, depth).await?;
         }
         Command::Work {
             database_url,

@@ -392,6 +392,9 @@ async fn many_jobs_due_at_once_are_promoted_in_bounded_batches_in_run_at_order()
         order.extend(claimed.iter().map(|j| j.job_id));
     }
     let expected: Vec<i64> = ids.iter().rev().copied().collect();
-    assert_eq!(order, expected, "claimed in run_at order across promotion batches");
+    assert_eq!(
+        order, expected,
+        "claimed in run_at order across promotion batches"
+    );
     db.cleanup().await;
 }

@@ -698,25 +698,34 @@ END
 $$;
 
 -- The queue-ring proof must also count row-local claims still open on the slot.
+-- Claim slots whose proof already shows every claim closed cannot hold an open claim on any ready
+-- slot, so only the (few) blocked claim slots are expanded; the blocked set is computed once per
+-- call, not once per claim member (as a SQL function's WHERE clause would do).
 CREATE OR REPLACE FUNCTION __S__.open_claims_on_ready_slot(p_ready_slot int) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT (SELECT count(*)
-            FROM __S__.claim_ring_slots cs
-            CROSS JOIN LATERAL (
-                SELECT b.batch_id, b.claim_slot, b.ready_slots, b.receipt_ranges
-                FROM __S__.lease_claim_batches b
-                WHERE b.claim_slot = cs.slot AND p_ready_slot = ANY (b.ready_slots)
-            ) b
-            CROSS JOIN LATERAL generate_subscripts(b.ready_slots, 1) AS i
-            WHERE __S__.claim_slot_blocker(cs.slot) IS NOT NULL
-              AND b.ready_slots[i] = p_ready_slot
-              AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
-              AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
-                              WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1)))
-         + (SELECT count(*) FROM __S__.lease_claims l
-            WHERE l.ready_slot = p_ready_slot
-              AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
-                              WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id))
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_blocked int[];
+    v_compact bigint := 0;
+    v_row bigint;
+BEGIN
+    SELECT coalesce(array_agg(cs.slot), '{}') INTO v_blocked
+    FROM __S__.claim_ring_slots cs WHERE __S__.claim_slot_blocker(cs.slot) IS NOT NULL;
+    IF cardinality(v_blocked) > 0 THEN
+        SELECT count(*) INTO v_compact
+        FROM __S__.lease_claim_batches b
+        CROSS JOIN LATERAL generate_subscripts(b.ready_slots, 1) AS i
+        WHERE b.claim_slot = ANY (v_blocked) AND p_ready_slot = ANY (b.ready_slots)
+          AND b.ready_slots[i] = p_ready_slot
+          AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                          WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1));
+    END IF;
+    SELECT count(*) INTO v_row FROM __S__.lease_claims l
+    WHERE l.ready_slot = p_ready_slot
+      AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                      WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id);
+    RETURN v_compact + v_row;
+END
 $$;
 
 DROP FUNCTION __S__.open_compact_claim(int, bigint, bigint, bigint);

@@ -40,6 +40,7 @@ DECLARE
     v_attempts int[] := '{}';
     v_max_attempts int[] := '{}';
     v_receipts int8multirange := '{}';
+    v_locked_any boolean := false;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -76,8 +77,18 @@ BEGIN
                  l.priority
     LOOP
         EXIT WHEN v_n >= p_max;
-        PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
+        -- The first lane tried is worth waiting for: its holder is another claim (or a cancel), a
+        -- transaction of a few milliseconds, and skipping would return nothing and send this worker
+        -- to sleep while the queue is full (with several worker processes on one lane, most claims
+        -- would come back empty). Waiting is deadlock-free because this claim holds no lane lock
+        -- yet. Every later lane is tried with SKIP LOCKED: while holding a lane, never wait for one.
+        IF v_locked_any THEN
+            PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+        ELSE
+            PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE;
+            v_locked_any := true;
+        END IF;
 
         v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
         v_cursor := __S__.lane_cursor(v_lane.lane_id);

@@ -145,17 +145,26 @@ $$;
 -- the ring and keep_failed give it).
 -- ---------------------------------------------------------------------------------------------
 CREATE FUNCTION __S__.lane_available(p_lane_id int) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    WITH c AS (SELECT __S__.lane_cursor(p_lane_id) AS pos)
-    SELECT coalesce((SELECT sum(CASE WHEN s.segment_no = (c.pos >> 20)
-                                     THEN greatest(s.job_count - ((c.pos & 1048575) + 1), 0)
-                                     ELSE s.job_count END)
-                     FROM __S__.ready_segments s
-                     WHERE s.lane_id = p_lane_id AND s.segment_no >= (c.pos >> 20)), 0)::bigint
-         - (SELECT count(*) FROM __S__.ready_tombstones t
-            JOIN __S__.ready_entries e ON e.job_id = t.job_id AND e.run_lease = t.run_lease
-            WHERE e.lane_id = p_lane_id AND e.lane_pos > c.pos)
-    FROM c
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pos bigint := __S__.lane_cursor(p_lane_id);
+    v_total bigint;
+    v_spent bigint;
+BEGIN
+    SELECT coalesce(sum(CASE WHEN s.segment_no = (v_pos >> 20)
+                             THEN greatest(s.job_count - ((v_pos & 1048575) + 1), 0)
+                             ELSE s.job_count END), 0)
+    INTO v_total
+    FROM __S__.ready_segments s
+    WHERE s.lane_id = p_lane_id AND s.segment_no >= (v_pos >> 20);
+    -- driven by the tombstones (few), each checked against its ready row by index
+    SELECT count(*) INTO v_spent
+    FROM __S__.ready_tombstones t
+    WHERE EXISTS (SELECT 1 FROM __S__.ready_entries e
+                  WHERE e.ready_slot = t.ready_slot AND e.job_id = t.job_id AND e.run_lease = t.run_lease
+                    AND e.lane_id = p_lane_id AND e.lane_pos > v_pos);
+    RETURN v_total - v_spent;
+END
 $$;
 
 CREATE FUNCTION __S__.queue_counts(p_queue text DEFAULT NULL)

@@ -463,7 +463,8 @@ impl Processes {
         match (&self.system, storage) {
             (System::Ringwork, Some(storage)) => storage.available_count(BENCH_QUEUE).await,
             _ => {
-                let mut args = vec!["depth".to_string()];
+                // the adapter's cheap probe: an exact count costs awa seconds per call
+                let mut args = vec!["depth".to_string(), "--fast".to_string()];
                 args.extend(self.common());
                 let output = Command::new(self.program()?)
                     .args(&args)

@@ -40,10 +40,13 @@ pub const BENCH_QUEUE: &str = "default";
 pub const BENCH_SCHEMA: &str = "ringwork_bench";
 
 /// The benchmark job: `enq_us` is the producer's wall clock at insert (microseconds since the
-/// epoch), from which the worker measures pickup latency. The worker's `--job-ms` is the work.
+/// epoch), from which the worker measures pickup latency; `n` is the producer's sequence number of
+/// the job (0, 1, 2, … over committed inserts), which the worker reports when the handler is done
+/// so the runner can account for every job. The worker's `--job-ms` is the work.
 #[derive(Serialize, Deserialize)]
 pub struct BenchJob {
     pub enq_us: i64,
+    pub n: u64,
 }
 
 impl JobArgs for BenchJob {
@@ -279,9 +282,12 @@ pub struct RunResult {
     pub enqueued: u64,
     pub completed: u64,
     pub pending_after_drain: i64,
-    /// enqueued − completed − pending after the drain, when positive (must be 0).
+    /// Jobs the producer committed whose handler never reported finishing, less those still
+    /// pending after the drain (must be 0). Counted by producer sequence number, so a SIGKILLed
+    /// process's unreported completion counts (its handled line is written before the completion
+    /// can commit) and a crash re-run is not double counted.
     pub lost: i64,
-    /// Completions beyond the enqueued count (at-least-once re-runs after a crash), when positive.
+    /// Handler runs beyond one per job: at-least-once re-runs after a crash or a lost completion.
     pub extra_completions: i64,
 }
 
@@ -294,6 +300,11 @@ struct Counters {
     completed: AtomicU64,
     enqueued: AtomicU64,
     pickup_ms: Mutex<Vec<f64>>,
+    /// Producer sequence numbers whose handler finished, in any process (a re-run after a crash
+    /// reports its job again; the set keeps it once).
+    handled: Mutex<std::collections::HashSet<u64>>,
+    /// Every handled line, re-runs included.
+    handled_lines: AtomicU64,
 }
 
 #[derive(Deserialize)]
@@ -304,6 +315,8 @@ struct ChildLine {
     enqueued: Option<u64>,
     #[serde(default)]
     pickup_ms: Vec<f64>,
+    #[serde(default)]
+    handled: Option<u64>,
 }
 
 fn spawn_child(program: &PathBuf, args: &[String], counters: Arc<Counters>) -> Result<Child> {
@@ -330,6 +343,12 @@ fn spawn_child(program: &PathBuf, args: &[String], counters: Arc<Counters>) -> R
             }
             if let Some(n) = parsed.enqueued {
                 counters.enqueued.fetch_add(n, Ordering::Relaxed);
+            }
+            if let Some(n) = parsed.handled {
+                counters.handled_lines.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut handled) = counters.handled.lock() {
+                    handled.insert(n);
+                }
             }
             if !parsed.pickup_ms.is_empty() {
                 if let Ok(mut samples) = counters.pickup_ms.lock() {
@@ -825,7 +844,17 @@ async fn run_one(
     tokio::time::sleep(Duration::from_millis(200)).await;
     let enqueued = processes.counters.enqueued.load(Ordering::Relaxed);
     let completed = processes.counters.completed.load(Ordering::Relaxed);
-    let balance = enqueued as i64 - completed as i64 - pending.max(0);
+    let (missing, handled_distinct) = processes
+        .counters
+        .handled
+        .lock()
+        .map(|h| {
+            (
+                (0..enqueued).filter(|n| !h.contains(n)).count() as i64,
+                h.len() as i64,
+            )
+        })
+        .unwrap_or((enqueued as i64, 0));
     admin.close().await;
     Ok(RunResult {
         system: system.name().to_string(),
@@ -836,8 +865,10 @@ async fn run_one(
         enqueued,
         completed,
         pending_after_drain: pending,
-        lost: balance.max(0),
-        extra_completions: (-balance).max(0),
+        lost: (missing - pending.max(0)).max(0),
+        extra_completions: (processes.counters.handled_lines.load(Ordering::Relaxed) as i64
+            - handled_distinct)
+            .max(0),
     })
 }
 
@@ -1200,6 +1231,10 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
                 if job_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(job_ms)).await;
                 }
+                // Written before the handler returns, hence before its completion can commit: a
+                // SIGKILL can lose a completion (the job is rescued and re-run) but never the
+                // line of a committed one.
+                println!("{{\"handled\":{}}}", job.n);
                 Ok::<(), JobError>(())
             }
         })
@@ -1278,11 +1313,16 @@ pub async fn producer_process(
                 continue;
             }
             let enq_us = now_us();
+            // `sent` advances only when an insert commits, so sequence numbers of a failed batch
+            // are reused and the committed ones are exactly 0..enqueued
             let jobs: Vec<NewJob> = (0..want)
-                .filter_map(|_| {
-                    NewJob::new(&BenchJob { enq_us })
-                        .ok()
-                        .map(|j| j.queue(BENCH_QUEUE))
+                .filter_map(|i| {
+                    NewJob::new(&BenchJob {
+                        enq_us,
+                        n: sent + i,
+                    })
+                    .ok()
+                    .map(|j| j.queue(BENCH_QUEUE))
                 })
                 .collect();
             let mut conn = match pool.acquire().await {

@@ -97,11 +97,17 @@ enum Command {
     },
 }
 
-/// Job arguments: the producer's wall clock at insert, epoch microseconds.
+/// Job arguments: the producer's wall clock at insert (epoch microseconds) and the producer's
+/// sequence number of the job, which the handler reports so the runner can account for every job.
 #[derive(Serialize, Deserialize)]
 struct BenchNoop {
     enq_us: i64,
+    #[serde(default)]
+    n: u64,
 }
+
+/// Sequence number of the next job this producer inserts; advanced only by committed inserts.
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl JobArgs for BenchNoop {
     fn kind() -> &'static str {
@@ -303,6 +309,10 @@ async fn work(url: &str, queue: &str, settings: WorkSettings) -> Result<()> {
                 // Counted when the handler returns; awa commits the completion in batches
                 // flushed every 1 ms by its completion batcher.
                 stats.completed.fetch_add(1, Ordering::Relaxed);
+                // The handled line is written before the handler returns, hence before the
+                // completion can commit: a SIGKILL can lose a completion (the job is re-run) but
+                // never the line of a committed one.
+                println!("{{\"handled\":{}}}", args.n);
                 Ok(JobResult::Completed)
             }
         })
@@ -334,10 +344,11 @@ async fn work(url: &str, queue: &str, settings: WorkSettings) -> Result<()> {
 
 fn job_params(n: u64, queue: &str) -> Vec<InsertParams> {
     let enq_us = now_us();
+    let first = NEXT_SEQ.load(Ordering::Relaxed);
     (0..n)
-        .map(|_| InsertParams {
+        .map(|i| InsertParams {
             kind: KIND.to_string(),
-            args: serde_json::json!({ "enq_us": enq_us }),
+            args: serde_json::json!({ "enq_us": enq_us, "n": first + i }),
             opts: InsertOpts {
                 queue: queue.to_string(),
                 ..InsertOpts::default()
@@ -355,7 +366,10 @@ async fn insert_jobs(store: &QueueStorage, pool: &PgPool, queue: &str, n: u64) -
         store.enqueue_params_batch(pool, &params).await
     };
     match result {
-        Ok(count) => count as u64,
+        Ok(count) => {
+            NEXT_SEQ.fetch_add(count as u64, Ordering::Relaxed);
+            count as u64
+        }
         Err(err) => {
             eprintln!("insert of {n} jobs failed: {err}");
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -45,6 +45,12 @@ BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
     END IF;
+    -- A claim's commit need not wait for its WAL flush: the lane lock is held until commit, so the
+    -- flush wait would serialise every claimer of the lane behind the disk. A claim lost in a
+    -- server crash only makes its jobs claimable again (at-least-once: they may run twice); it
+    -- cannot lose a job, because WAL is flushed in order: any later durable record (a completion,
+    -- or the next claimer's cursor setval past these rows) makes this commit durable first.
+    PERFORM set_config('synchronous_commit', 'off', true);
     SELECT s.slot INTO v_claim_slot FROM __S__.claim_ring_slots s WHERE s.state = 'current';
     v_batch := nextval('__S__.claim_batch_ids');
 

@@ -117,8 +117,9 @@ impl EmbeddedPostgres {
         Ok(url)
     }
 
-    /// Restart the server (fast shutdown: sessions are cut, as in a failover or a crash-restart of
-    /// the database). `pg_ctl restart` reuses the options the server was started with.
+    /// Crash-restart the server: immediate shutdown (no checkpoint, sessions cut, asynchronously
+    /// committed transactions not yet flushed are lost), then crash recovery on start, as after a
+    /// power cut. `pg_ctl restart` reuses the options the server was started with.
     pub fn restart(&self) -> Result<()> {
         let data = self.dir.path().join("data");
         let log = self.dir.path().join("postgres.log");
@@ -131,7 +132,7 @@ impl EmbeddedPostgres {
                 "-l",
                 path_str(&log)?,
                 "-m",
-                "fast",
+                "immediate",
                 "-w",
                 "-t",
                 "60",

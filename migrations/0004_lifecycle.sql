@@ -41,6 +41,7 @@ DECLARE
     v_max_attempts int[] := '{}';
     v_receipts int8multirange := '{}';
     v_locked_any boolean := false;
+    v_lock_timeout text;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -88,12 +89,22 @@ BEGIN
         -- to sleep while the queue is full (with several worker processes on one lane, most claims
         -- would come back empty). Waiting is deadlock-free because this claim holds no lane lock
         -- yet. Every later lane is tried with SKIP LOCKED: while holding a lane, never wait for one.
+        -- The wait is bounded (200 ms): a lane held longer (a cancel_job inside someone's open
+        -- transaction) is skipped as before rather than stalling every claimer of the queue.
         IF v_locked_any THEN
             PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND;
         ELSE
-            PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE;
-            v_locked_any := true;
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '200ms', true);
+            BEGIN
+                PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE;
+                v_locked_any := true;
+            EXCEPTION WHEN lock_not_available THEN
+                v_locked_any := false;
+            END;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+            CONTINUE WHEN NOT v_locked_any;
         END IF;
 
         v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);

@@ -67,18 +67,21 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Forget keys older than p_older whose job is no longer pending (or whose history is gone), at most
--- p_limit per call. A pending job's key is kept however old it is.
+-- p_limit per call. A pending job's key is kept however old it is. The outer conditions repeat the
+-- key's age and holder: if insert_unique re-takes the key while this DELETE waits for its row, the
+-- row is re-checked against them (not against the subquery) and survives.
 CREATE FUNCTION __S__.unique_keys_expire(p_older interval, p_limit int) RETURNS int
 LANGUAGE sql AS $$
-    WITH gone AS (
-        DELETE FROM __S__.unique_keys k
-        WHERE k.unique_key IN (
-            SELECT c.unique_key FROM __S__.unique_keys c
-            WHERE c.created_at < now() - p_older
-              AND coalesce((SELECT s.state FROM __S__.job_state(c.job_id) s), 'gone')
-                  NOT IN ('available', 'running', 'scheduled', 'retryable')
-            ORDER BY c.created_at
-            LIMIT p_limit)
+    WITH candidates AS MATERIALIZED (
+        SELECT c.unique_key, c.job_id FROM __S__.unique_keys c
+        WHERE c.created_at < now() - p_older
+          AND coalesce((SELECT s.state FROM __S__.job_state(c.job_id) s), 'gone')
+              NOT IN ('available', 'running', 'scheduled', 'retryable')
+        ORDER BY c.created_at
+        LIMIT p_limit
+    ), gone AS (
+        DELETE FROM __S__.unique_keys k USING candidates x
+        WHERE k.unique_key = x.unique_key AND k.job_id = x.job_id AND k.created_at < now() - p_older
         RETURNING 1)
     SELECT count(*)::int FROM gone
 $$;

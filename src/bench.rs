@@ -305,6 +305,8 @@ struct Counters {
     handled: Mutex<std::collections::HashSet<u64>>,
     /// Every handled line, re-runs included.
     handled_lines: AtomicU64,
+    /// Sequence-number ranges of committed producer batches.
+    committed: Mutex<Vec<(u64, u64)>>,
 }
 
 #[derive(Deserialize)]
@@ -317,6 +319,9 @@ struct ChildLine {
     pickup_ms: Vec<f64>,
     #[serde(default)]
     handled: Option<u64>,
+    /// A committed producer batch: sequence numbers [from, to).
+    #[serde(default)]
+    committed: Option<(u64, u64)>,
 }
 
 fn spawn_child(program: &PathBuf, args: &[String], counters: Arc<Counters>) -> Result<Child> {
@@ -343,6 +348,11 @@ fn spawn_child(program: &PathBuf, args: &[String], counters: Arc<Counters>) -> R
             }
             if let Some(n) = parsed.enqueued {
                 counters.enqueued.fetch_add(n, Ordering::Relaxed);
+            }
+            if let Some(range) = parsed.committed {
+                if let Ok(mut committed) = counters.committed.lock() {
+                    committed.push(range);
+                }
             }
             if let Some(n) = parsed.handled {
                 counters.handled_lines.fetch_add(1, Ordering::Relaxed);
@@ -844,15 +854,23 @@ async fn run_one(
     tokio::time::sleep(Duration::from_millis(200)).await;
     let enqueued = processes.counters.enqueued.load(Ordering::Relaxed);
     let completed = processes.counters.completed.load(Ordering::Relaxed);
+    let committed = processes
+        .counters
+        .committed
+        .lock()
+        .map(|c| c.clone())
+        .unwrap_or_default();
     let (missing, handled_distinct) = processes
         .counters
         .handled
         .lock()
         .map(|h| {
-            (
-                (0..enqueued).filter(|n| !h.contains(n)).count() as i64,
-                h.len() as i64,
-            )
+            let missing = committed
+                .iter()
+                .flat_map(|&(from, to)| from..to)
+                .filter(|n| !h.contains(n))
+                .count() as i64;
+            (missing, h.len() as i64)
         })
         .unwrap_or((enqueued as i64, 0));
     admin.close().await;
@@ -1292,7 +1310,11 @@ pub async fn producer_process(
     // finished and counted, never abandoned between commit and count.
     let produce = tokio::spawn(async move {
         let started = Instant::now();
+        // committed jobs (for the rate schedule) and the next unused sequence number: every
+        // attempt takes fresh numbers, so a batch whose commit reply was lost (it may have
+        // committed) never shares numbers with its retry
         let mut sent: u64 = 0;
+        let mut next_n: u64 = 0;
         while !stopping.load(Ordering::Relaxed) {
             let want = match (rate, depth) {
                 (Some(rate), _) => {
@@ -1313,13 +1335,13 @@ pub async fn producer_process(
                 continue;
             }
             let enq_us = now_us();
-            // `sent` advances only when an insert commits, so sequence numbers of a failed batch
-            // are reused and the committed ones are exactly 0..enqueued
+            let first = next_n;
+            next_n += want;
             let jobs: Vec<NewJob> = (0..want)
                 .filter_map(|i| {
                     NewJob::new(&BenchJob {
                         enq_us,
-                        n: sent + i,
+                        n: first + i,
                     })
                     .ok()
                     .map(|j| j.queue(BENCH_QUEUE))
@@ -1336,9 +1358,14 @@ pub async fn producer_process(
                 Ok(ids) => {
                     sent += ids.len() as u64;
                     counter.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    // the runner accounts for exactly these numbers
+                    println!(
+                        "{}",
+                        serde_json::json!({ "committed": [first, first + ids.len() as u64] })
+                    );
                 }
                 // a lost connection (pg-restart): the batch was not committed, or its commit is
-                // unknown; count only what is known committed and try again
+                // unknown; count only what is known committed and try again with new numbers
                 Err(e) => {
                     eprintln!("producer: insert failed: {e}");
                     tokio::time::sleep(Duration::from_millis(200)).await;

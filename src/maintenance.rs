@@ -20,7 +20,10 @@ pub struct MaintenanceConfig {
     pub enabled: bool,
     /// Time between maintenance ticks.
     pub tick: Duration,
-    /// Minimum age of a ring's current slot before it rotates.
+    /// Minimum age of a ring's current slot before it rotates (default 5 s). Each rotation and
+    /// each prune rewrites a slot control row (`queue_ring_slots`, `claim_ring_slots`), so a short
+    /// interval leaves more dead control tuples for autovacuum; a long one keeps more history in
+    /// each slot and reclaims it later.
     pub rotate_interval: Duration,
     /// How long prune waits for its ACCESS EXCLUSIVE locks before skipping a slot this tick.
     pub prune_lock_timeout: Duration,
@@ -46,7 +49,7 @@ impl Default for MaintenanceConfig {
         Self {
             enabled: true,
             tick: Duration::from_millis(500),
-            rotate_interval: Duration::from_secs(1),
+            rotate_interval: Duration::from_secs(5),
             prune_lock_timeout: Duration::from_millis(25),
             promote_batch: 1000,
             keep_failed: Duration::from_secs(72 * 3600),

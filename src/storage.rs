@@ -365,7 +365,8 @@ impl Storage {
     }
 
     /// Insert many jobs on `conn`; returns their ids in input order. Every job is validated before
-    /// any row is written. Within one (queue, priority) lane, input order is claim order.
+    /// any row is written. Within one (queue, priority) lane, input order is claim order, except that
+    /// unique jobs are inserted after the others (in key order).
     pub async fn insert_many(&self, conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<i64>> {
         Ok(self
             .insert_many_reporting(conn, jobs)
@@ -466,8 +467,10 @@ impl Storage {
                 ids[index].job_id = id;
             }
         }
-        // Unique jobs one statement each, in key order so two inserters of overlapping key sets
-        // take the per-key locks in the same order and cannot deadlock.
+        // Unique jobs one statement each, after the others, in key order: two single calls with
+        // overlapping key sets take the per-key locks in the same order. (Several calls in one
+        // transaction, or two keys whose lock hashes collide, can still order them differently;
+        // PostgreSQL then reports a deadlock and one transaction fails, nothing is half-written.)
         unique.sort();
         for (key, index) in unique {
             let job = &jobs[index];

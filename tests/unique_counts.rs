@@ -408,3 +408,45 @@ async fn counts_are_exact_in_every_state_and_stay_exact_across_prune() {
     assert_eq!((c.available, c.running), (0, 1 + expected.available));
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn old_unique_keys_of_finished_jobs_expire_and_pending_ones_stay() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let done = insert(&db, &[unique_job(json!({"k": "done"}))]).await[0];
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    let attempts: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&attempts).await.unwrap();
+    let pending = insert(&db, &[unique_job(json!({"k": "pending"}))]).await[0];
+    let fresh = insert(&db, &[unique_job(json!({"k": "fresh"}))]).await[0];
+    let keys = || async {
+        db.scalar_i64(&format!("SELECT count(*) FROM {}.unique_keys", db.schema))
+            .await
+    };
+    assert_eq!(keys().await, 3);
+    // age every key but the fresh one's past the retention
+    db.exec(&format!(
+        "UPDATE {}.unique_keys SET created_at = now() - interval '4 days' WHERE job_id <> {}",
+        db.schema, fresh.job_id
+    ))
+    .await;
+    // the fresh holder completes too: finished, but young, so kept
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    let attempts: Vec<_> = claimed
+        .iter()
+        .filter(|j| j.job_id == fresh.job_id)
+        .map(|j| j.attempt_ref())
+        .collect();
+    storage.complete_batch(&attempts).await.unwrap();
+    let expired = storage
+        .unique_keys_expire(Duration::from_secs(72 * 3600), 100)
+        .await
+        .unwrap();
+    assert_eq!(expired, 1, "only the old key of the finished job goes");
+    assert_eq!(keys().await, 2);
+    // the pending job (claimed = running) still holds its key
+    let again = insert(&db, &[unique_job(json!({"k": "pending"}))]).await[0];
+    assert!(again.duplicate && again.job_id == pending.job_id);
+    assert_ne!(done.job_id, pending.job_id);
+    db.cleanup().await;
+}

@@ -106,7 +106,7 @@ struct BenchNoop {
     n: u64,
 }
 
-/// Sequence number of the next job this producer inserts; advanced only by committed inserts.
+/// Sequence number of the next job this producer inserts (advanced by every attempt).
 static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl JobArgs for BenchNoop {
@@ -342,9 +342,8 @@ async fn work(url: &str, queue: &str, settings: WorkSettings) -> Result<()> {
 
 // ── produce ─────────────────────────────────────────────────────────────────
 
-fn job_params(n: u64, queue: &str) -> Vec<InsertParams> {
+fn job_params(first: u64, n: u64, queue: &str) -> Vec<InsertParams> {
     let enq_us = now_us();
-    let first = NEXT_SEQ.load(Ordering::Relaxed);
     (0..n)
         .map(|i| InsertParams {
             kind: KIND.to_string(),
@@ -359,7 +358,10 @@ fn job_params(n: u64, queue: &str) -> Vec<InsertParams> {
 
 /// Insert `n` jobs through awa's queue-storage bulk enqueue; returns how many were inserted.
 async fn insert_jobs(store: &QueueStorage, pool: &PgPool, queue: &str, n: u64) -> u64 {
-    let params = job_params(n, queue);
+    // fresh numbers on every attempt: a batch whose commit reply was lost (it may have committed)
+    // never shares numbers with its retry
+    let first = NEXT_SEQ.fetch_add(n, Ordering::Relaxed);
+    let params = job_params(first, n, queue);
     let result = if params.len() > COPY_THRESHOLD {
         store.enqueue_params_copy(pool, &params).await
     } else {
@@ -367,7 +369,7 @@ async fn insert_jobs(store: &QueueStorage, pool: &PgPool, queue: &str, n: u64) -
     };
     match result {
         Ok(count) => {
-            NEXT_SEQ.fetch_add(count as u64, Ordering::Relaxed);
+            emit(&serde_json::json!({ "committed": [first, first + count as u64] }));
             count as u64
         }
         Err(err) => {

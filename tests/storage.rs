@@ -499,3 +499,61 @@ async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() 
     );
     db.cleanup().await;
 }
+
+/// Rotation and prune rewrite slot control rows; they must stay HOT updates (no index on a column
+/// that changes, room on the page) so that page pruning reclaims the old versions without vacuum.
+#[tokio::test]
+async fn slot_control_rows_are_rewritten_by_hot_updates_only() {
+    let db = TestDb::new().await;
+    for table in ["queue_ring_slots", "claim_ring_slots"] {
+        let extra_indexes = db
+            .scalar_i64(&format!(
+                "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = '{}' AND c.relname = '{table}' AND NOT i.indisprimary",
+                db.schema
+            ))
+            .await;
+        assert_eq!(
+            extra_indexes, 0,
+            "{table}: an index besides the primary key blocks HOT"
+        );
+    }
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    // (without prune the rings run out of free slots after a few rotations; enough for the check)
+    for n in 0..30 {
+        storage
+            .insert(
+                &mut conn,
+                &NewJob::from_parts("noop", serde_json::json!({ "n": n })).unwrap(),
+            )
+            .await
+            .unwrap();
+        for claimed in storage.claim("default", 1, None).await.unwrap() {
+            storage
+                .complete_batch(&[claimed.attempt_ref()])
+                .await
+                .unwrap();
+        }
+        storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+        storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+    }
+    drop(conn);
+    // backends flush their table statistics within a second of a transaction, or after 10 s idle
+    let hot_only = support::eventually(Duration::from_secs(20), || async {
+        let (upd, hot): (i64, i64) = sqlx::query_as(
+            "SELECT coalesce(sum(n_tup_upd), 0)::int8, coalesce(sum(n_tup_hot_upd), 0)::int8
+             FROM pg_stat_user_tables WHERE schemaname = $1
+               AND relname IN ('queue_ring_slots', 'claim_ring_slots')",
+        )
+        .bind(db.schema.as_str())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        upd >= 20 && hot == upd
+    })
+    .await;
+    assert!(hot_only, "every slot-row rewrite was a HOT update");
+    db.cleanup().await;
+}

@@ -459,6 +459,22 @@ impl Processes {
         Ok(())
     }
 
+    /// One `depth` line of the adapter: the exact counts, or (`fast`) only a cheap `available`.
+    async fn adapter_counts(&self, fast: bool) -> Result<serde_json::Value> {
+        let mut args = vec!["depth".to_string()];
+        if fast {
+            args.push("--fast".to_string());
+        }
+        args.extend(self.common());
+        let output = Command::new(self.program()?)
+            .args(&args)
+            .output()
+            .await
+            .map_err(|e| Error::Config(format!("adapter depth: {e}")))?;
+        serde_json::from_slice(&output.stdout)
+            .map_err(|e| Error::Config(format!("adapter depth output: {e}")))
+    }
+
     /// Pending jobs (available + scheduled + retryable + running).
     async fn pending(&self, storage: Option<&Storage>) -> Result<i64> {
         match (&self.system, storage) {
@@ -470,15 +486,7 @@ impl Processes {
                     .sum())
             }
             _ => {
-                let mut args = vec!["depth".to_string()];
-                args.extend(self.common());
-                let output = Command::new(self.program()?)
-                    .args(&args)
-                    .output()
-                    .await
-                    .map_err(|e| Error::Config(format!("adapter depth: {e}")))?;
-                let v: serde_json::Value = serde_json::from_slice(&output.stdout)
-                    .map_err(|e| Error::Config(format!("adapter depth output: {e}")))?;
+                let v = self.adapter_counts(false).await?;
                 Ok(["available", "scheduled", "retryable", "running"]
                     .iter()
                     .map(|k| v.get(k).and_then(|x| x.as_i64()).unwrap_or(0))
@@ -487,21 +495,13 @@ impl Processes {
         }
     }
 
-    /// Available jobs only (queue depth).
+    /// Available jobs only (queue depth). For awa, the adapter's cheap probe: its exact count
+    /// costs seconds per call at tens of thousands of stored jobs.
     async fn depth(&self, storage: Option<&Storage>) -> Result<i64> {
         match (&self.system, storage) {
             (System::Ringwork, Some(storage)) => storage.available_count(BENCH_QUEUE).await,
             _ => {
-                // the adapter's cheap probe: an exact count costs awa seconds per call
-                let mut args = vec!["depth".to_string(), "--fast".to_string()];
-                args.extend(self.common());
-                let output = Command::new(self.program()?)
-                    .args(&args)
-                    .output()
-                    .await
-                    .map_err(|e| Error::Config(format!("adapter depth: {e}")))?;
-                let v: serde_json::Value = serde_json::from_slice(&output.stdout)
-                    .map_err(|e| Error::Config(format!("adapter depth output: {e}")))?;
+                let v = self.adapter_counts(true).await?;
                 Ok(v.get("available").and_then(|x| x.as_i64()).unwrap_or(0))
             }
         }
@@ -1203,6 +1203,20 @@ fn now_us() -> i64 {
     Utc::now().timestamp_micros()
 }
 
+/// Print `report_line` once a second until SIGINT or SIGTERM.
+async fn report_until_signal(report_line: &dyn Fn()) -> Result<()> {
+    let report = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            report_line();
+        }
+    };
+    tokio::select! {
+        _ = report => Ok(()),
+        result = wait_for_signal() => result,
+    }
+}
+
 async fn wait_for_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Error::Config(format!("cannot install SIGTERM handler: {e}")))?;
@@ -1273,16 +1287,7 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
             serde_json::json!({"completed": delta, "pickup_ms": samples})
         );
     };
-    let report = async {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            report_line();
-        }
-    };
-    tokio::select! {
-        _ = report => {}
-        result = wait_for_signal() => result?,
-    }
+    report_until_signal(&report_line).await?;
     running.shutdown(Duration::from_secs(30)).await;
     // completions flushed during shutdown
     report_line();
@@ -1379,16 +1384,7 @@ pub async fn producer_process(
         let delta = now - reported.swap(now, Ordering::Relaxed);
         println!("{}", serde_json::json!({ "enqueued": delta }));
     };
-    let report = async {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            report_line();
-        }
-    };
-    tokio::select! {
-        _ = report => {}
-        result = wait_for_signal() => result?,
-    }
+    report_until_signal(&report_line).await?;
     stop.store(true, Ordering::Relaxed);
     let _ = produce.await;
     // the last partial second

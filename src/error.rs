@@ -36,6 +36,10 @@ pub enum Error {
         binary: i32,
     },
 
+    /// The database schema is not the one this binary's migrations describe.
+    #[error("schema {schema:?} cannot be used: {reason}")]
+    SchemaMismatch { schema: String, reason: String },
+
     /// The throwaway PostgreSQL cluster could not be started.
     #[error("embedded PostgreSQL: {0}")]
     Embedded(String),

@@ -1,34 +1,48 @@
 //! Schema names, versioned migrations and the churn class of every table.
 //!
-//! Migrations are SQL files embedded in the binary. They are applied under a session advisory lock
-//! so that any number of processes may start at once; each version is applied exactly once and
-//! recorded in `<schema>.schema_migrations`. A database whose recorded version is newer than the
-//! binary is refused before anything runs against it.
+//! The schema is two things kept apart:
+//! - **tables, indexes and views** in frozen, forward-only migrations (`migrations/`), each applied
+//!   once, recorded in `<schema>.schema_migrations` with its SHA-256, and verified on every start;
+//! - **functions** in one file per plane (`sql/functions/`), installed with `CREATE OR REPLACE` and
+//!   reloaded whenever their combined hash differs from the one recorded in
+//!   `<schema>.schema_functions`.
+//!
+//! Both happen in one transaction under a transaction-level advisory lock, so any number of
+//! processes may start at once. A database whose recorded version is newer than the binary, or
+//! whose recorded checksum differs from the binary's migration, is refused before anything runs.
 
 use sqlx::{PgConnection, PgPool};
 
 use crate::error::{Error, Result};
 
-/// The migrations this binary knows, in order. Version = position + 1.
-const MIGRATIONS: &[(&str, &str)] = &[
-    ("rings", include_str!("../migrations/0001_rings.sql")),
-    ("engine", include_str!("../migrations/0002_engine.sql")),
+/// The frozen migrations this binary knows, in order. Version = position + 1. A released file is
+/// never edited: its SHA-256 is recorded when it is applied, and `migrate` refuses a database whose
+/// recorded checksum differs (two databases at one version must hold the same schema).
+const MIGRATIONS: &[(&str, &str)] =
+    &[("baseline", include_str!("../migrations/0001_baseline.sql"))];
+
+/// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
+/// checked against the functions it calls, so callees come first). `dropped` runs first and drops
+/// by name what an earlier install had and this one no longer defines.
+const FUNCTION_FILES: &[(&str, &str)] = &[
+    ("dropped", include_str!("../sql/functions/dropped.sql")),
+    ("locks", include_str!("../sql/functions/locks.sql")),
     (
-        "receipt_plane",
-        include_str!("../migrations/0003_receipt_plane.sql"),
+        "queue_ring",
+        include_str!("../sql/functions/queue_ring.sql"),
     ),
     (
-        "lifecycle",
-        include_str!("../migrations/0004_lifecycle.sql"),
+        "claim_ring",
+        include_str!("../sql/functions/claim_ring.sql"),
     ),
+    ("rescue", include_str!("../sql/functions/rescue.sql")),
     (
-        "dead_letter",
-        include_str!("../migrations/0005_dead_letter.sql"),
+        "ring_maintenance",
+        include_str!("../sql/functions/ring_maintenance.sql"),
     ),
-    (
-        "unique_and_counts",
-        include_str!("../migrations/0006_unique_and_counts.sql"),
-    ),
+    ("read", include_str!("../sql/functions/read.sql")),
+    ("backlog", include_str!("../sql/functions/backlog.sql")),
+    ("control", include_str!("../sql/functions/control.sql")),
 ];
 
 /// Highest schema version this binary can run against.
@@ -157,7 +171,9 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("queues", ChurnClass::Warm),
     ("queue_lanes", ChurnClass::Warm),
     ("attempt_state", ChurnClass::Warm),
+    // bookkeeping: one row per migration applied and per function reload
     ("schema_migrations", ChurnClass::Warm),
+    ("schema_functions", ChurnClass::Warm),
     ("deferred_jobs", ChurnClass::Backlog),
     ("dlq_entries", ChurnClass::Backlog),
     // written only by unique inserts (INSERT, or UPDATE when a released key is re-taken) and
@@ -183,7 +199,7 @@ fn render(sql: &str, schema: &SchemaName, rings: RingSizes) -> String {
         .replace("__CLAIM_SLOTS__", &rings.claim_slots.to_string())
 }
 
-/// Key of the session advisory lock that serialises migrators of one schema.
+/// Key of the transaction advisory lock that serialises migrators of one schema.
 fn migration_lock_key(schema: &SchemaName) -> i64 {
     // FNV-1a: stable across processes and releases (std's hasher is not).
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -192,6 +208,35 @@ fn migration_lock_key(schema: &SchemaName) -> i64 {
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash as i64
+}
+
+fn sha256_hex(parts: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+        // a separator, so that moving text from one file to the next changes the hash
+        hasher.update([0u8]);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The checksum recorded for migration `version` (1-based).
+fn migration_checksum(sql: &str) -> String {
+    sha256_hex(&[sql])
+}
+
+/// The combined hash of every function file (names and texts, in install order).
+pub fn functions_checksum() -> String {
+    let parts: Vec<&str> = FUNCTION_FILES
+        .iter()
+        .flat_map(|(name, sql)| [*name, *sql])
+        .collect();
+    sha256_hex(&parts)
 }
 
 /// The schema version recorded in the database, or `None` when the schema is not installed.
@@ -228,8 +273,23 @@ pub fn check_not_newer(schema: &SchemaName, database: Option<i32>) -> Result<()>
     }
 }
 
-/// Apply every migration the database does not have yet. Safe to call from many processes at once;
-/// returns the versions this call applied.
+/// What one `migrate` call did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// Migration versions this call applied (empty when the schema was up to date).
+    pub applied: Vec<i32>,
+    /// The combined hash of the function files the schema now runs.
+    pub functions_checksum: String,
+    /// Whether this call (re)installed the functions: on a fresh schema, or because the binary's
+    /// function files differ from the ones the schema ran.
+    pub functions_reloaded: bool,
+}
+
+/// Bring a schema to this binary's version: apply the migrations it does not have yet, verify the
+/// checksums of the ones it has, and (re)install the functions when their hash changed. Safe to
+/// call from many processes at once: everything runs in one transaction under a transaction-level
+/// advisory lock, so a cancelled call (its future dropped) leaves nothing behind and holds nothing
+/// once its connection rolls back.
 ///
 /// Returns a boxed `Send` future: callers spawn it, and rustc cannot otherwise prove `Send` for a
 /// future that reborrows a connection across awaits (rust-lang/rust#102211).
@@ -237,56 +297,134 @@ pub fn migrate<'a>(
     pool: &'a PgPool,
     schema: &'a SchemaName,
     rings: RingSizes,
-) -> futures::future::BoxFuture<'a, Result<Vec<i32>>> {
+) -> futures::future::BoxFuture<'a, Result<MigrateReport>> {
     Box::pin(migrate_inner(pool, schema, rings))
 }
 
-async fn migrate_inner(pool: &PgPool, schema: &SchemaName, rings: RingSizes) -> Result<Vec<i32>> {
+async fn migrate_inner(
+    pool: &PgPool,
+    schema: &SchemaName,
+    rings: RingSizes,
+) -> Result<MigrateReport> {
     rings.validate()?;
-    let mut conn = pool.acquire().await?;
-    let key = migration_lock_key(schema);
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(key)
-        .execute(&mut *conn)
+    let mut tx = pool.begin().await?;
+    // A transaction-level lock: released by commit, rollback, or the connection's end. A session
+    // lock would stay with a pooled connection whose migrate future was dropped mid-way.
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(migration_lock_key(schema))
+        .execute(&mut *tx)
         .await?;
-    let outcome = migrate_locked(&mut conn, schema, rings).await;
-    // Release even when migrating failed; a failed unlock on a broken connection is harmless
-    // because the session lock dies with the session.
-    let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(key)
-        .execute(&mut *conn)
-        .await;
-    outcome
+    let report = migrate_locked(&mut tx, schema, rings).await?;
+    tx.commit().await?;
+    Ok(report)
 }
 
 async fn migrate_locked(
     conn: &mut PgConnection,
     schema: &SchemaName,
     rings: RingSizes,
-) -> Result<Vec<i32>> {
-    let current = installed_version(conn, schema).await?;
-    check_not_newer(schema, current)?;
-    let current = current.unwrap_or(0);
+) -> Result<MigrateReport> {
+    sqlx::Executor::execute(
+        &mut *conn,
+        format!(
+            "CREATE SCHEMA IF NOT EXISTS {schema};
+             CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+                 version    int PRIMARY KEY,
+                 name       text NOT NULL,
+                 checksum   text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now());
+             CREATE TABLE IF NOT EXISTS {schema}.schema_functions (
+                 install_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 checksum     text NOT NULL,
+                 installed_at timestamptz NOT NULL DEFAULT now());"
+        )
+        .as_str(),
+    )
+    .await?;
+    let has_checksums: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns
+                        WHERE table_schema = $1 AND table_name = 'schema_migrations' AND column_name = 'checksum')",
+    )
+    .bind(schema.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    if !has_checksums {
+        return Err(Error::SchemaMismatch {
+            schema: schema.to_string(),
+            reason: "it was created by a development build from before the baseline migration \
+                     (schema_migrations has no checksum column); drop the schema and migrate again"
+                .to_string(),
+        });
+    }
+    let recorded: Vec<(i32, String, String)> = sqlx::query_as(&format!(
+        "SELECT version, name, checksum FROM {schema}.schema_migrations ORDER BY version"
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    check_not_newer(schema, recorded.last().map(|(version, _, _)| *version))?;
+    for (version, name, checksum) in &recorded {
+        let Some((known_name, sql)) = usize::try_from(*version - 1)
+            .ok()
+            .and_then(|index| MIGRATIONS.get(index))
+        else {
+            return Err(Error::SchemaMismatch {
+                schema: schema.to_string(),
+                reason: format!("schema_migrations records an unknown version {version} ({name})"),
+            });
+        };
+        let expected = migration_checksum(sql);
+        if *checksum != expected {
+            return Err(Error::SchemaMismatch {
+                schema: schema.to_string(),
+                reason: format!(
+                    "migration {version} ({name}) was recorded with checksum {checksum}, but this \
+                     binary's migration {version} ({known_name}) has checksum {expected}: the database \
+                     was migrated by a binary with a different schema at the same version"
+                ),
+            });
+        }
+    }
     let mut applied = Vec::new();
     for (index, (name, sql)) in MIGRATIONS.iter().enumerate() {
         let version = index as i32 + 1;
-        if version <= current {
+        if recorded.iter().any(|(v, _, _)| *v == version) {
             continue;
         }
-        // One simple-query message: PostgreSQL runs it as a single implicit transaction, so a
-        // version is either fully applied and recorded or not at all.
-        let script = format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema};
-             CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
-                 version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
-             {}
-             ;INSERT INTO {schema}.schema_migrations (version, name) VALUES ({version}, '{name}');",
-            render(sql, schema, rings)
-        );
-        sqlx::Executor::execute(&mut *conn, script.as_str()).await?;
+        sqlx::Executor::execute(&mut *conn, render(sql, schema, rings).as_str()).await?;
+        sqlx::query(&format!(
+            "INSERT INTO {schema}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
+        ))
+        .bind(version)
+        .bind(*name)
+        .bind(migration_checksum(sql))
+        .execute(&mut *conn)
+        .await?;
         applied.push(version);
     }
-    Ok(applied)
+
+    let functions_checksum = functions_checksum();
+    let installed: Option<String> = sqlx::query_scalar(&format!(
+        "SELECT checksum FROM {schema}.schema_functions ORDER BY install_id DESC LIMIT 1"
+    ))
+    .fetch_optional(&mut *conn)
+    .await?;
+    let functions_reloaded = installed.as_deref() != Some(functions_checksum.as_str());
+    if functions_reloaded {
+        for (_, sql) in FUNCTION_FILES {
+            sqlx::Executor::execute(&mut *conn, render(sql, schema, rings).as_str()).await?;
+        }
+        sqlx::query(&format!(
+            "INSERT INTO {schema}.schema_functions (checksum) VALUES ($1)"
+        ))
+        .bind(&functions_checksum)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(MigrateReport {
+        applied,
+        functions_checksum,
+        functions_reloaded,
+    })
 }
 
 #[cfg(test)]
@@ -308,6 +446,42 @@ mod tests {
             &"x".repeat(41),
         ] {
             assert!(SchemaName::new(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    /// Every function is defined in exactly one plane file, once; no migration defines one.
+    #[test]
+    fn every_function_has_exactly_one_home() {
+        let mut seen = std::collections::HashMap::new();
+        for (file, sql) in FUNCTION_FILES {
+            for (at, _) in sql.match_indices("CREATE OR REPLACE FUNCTION __S__.") {
+                let name: String = sql[at + "CREATE OR REPLACE FUNCTION __S__.".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if let Some(other) = seen.insert(name.clone(), *file) {
+                    panic!("{name} is defined in {other} and in {file}");
+                }
+            }
+            assert!(
+                !sql.contains("CREATE FUNCTION"),
+                "{file}: use CREATE OR REPLACE"
+            );
+        }
+        for name in [
+            "claim",
+            "complete_batch",
+            "close_batch",
+            "rescue",
+            "prune_queue_slot",
+        ] {
+            assert!(seen.contains_key(name), "{name} has no home");
+        }
+        for (name, sql) in MIGRATIONS {
+            assert!(
+                !sql.to_uppercase().contains(" FUNCTION "),
+                "migration {name} defines or alters a function"
+            );
         }
     }
 

@@ -289,14 +289,25 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 .max_connections(2)
                 .connect(&database_url)
                 .await?;
-            let applied = schema::migrate(&pool, &schema, RingSizes::default()).await?;
-            if applied.is_empty() {
+            let report = schema::migrate(&pool, &schema, RingSizes::default()).await?;
+            if report.applied.is_empty() {
                 println!(
-                    "schema {schema} is up to date (version {})",
+                    "schema {schema}: tables up to date (version {}, checksums verified)",
                     schema::SCHEMA_VERSION
                 );
             } else {
-                println!("schema {schema}: applied versions {applied:?}");
+                println!("schema {schema}: applied migrations {:?}", report.applied);
+            }
+            if report.functions_reloaded {
+                println!(
+                    "schema {schema}: installed functions {}",
+                    report.functions_checksum
+                );
+            } else {
+                println!(
+                    "schema {schema}: functions up to date ({})",
+                    report.functions_checksum
+                );
             }
         }
         Command::Demo {

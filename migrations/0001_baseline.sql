@@ -1,4 +1,9 @@
--- ringwork schema version 1: the queue ring, the claim ring (seed ADR-023), backlog and control.
+-- ringwork baseline schema: tables, sequences, indexes and views. No functions: every function
+-- lives once in sql/functions/<plane>.sql and is reloaded when their combined hash changes.
+--
+-- FROZEN. This file is checksummed (src/schema.rs records its SHA-256 in schema_migrations and
+-- `migrate` refuses a database whose recorded checksum differs). A schema change is a new,
+-- forward-only migration file; never edit this one.
 --
 -- Placeholders substituted by src/schema.rs before execution (never user input):
 --   __S__            the validated schema identifier
@@ -47,7 +52,15 @@ CREATE TABLE __S__.claim_ring_slots (
     deadline_cursor_job_id   bigint,
     deadline_cursor_run_lease bigint,
     batch_deadline_cursor_at timestamptz,
-    batch_deadline_cursor_batch_id bigint
+    batch_deadline_cursor_batch_id bigint,
+    -- stale cursors: compact batches by (claimed_at, batch_id), row-local claims by
+    -- (claimed_at, job_id, run_lease); the revisit point is the oldest claim a pass stepped over
+    -- because its heartbeat was fresh, and the pass wraps back to it at the end of the slot
+    stale_cursor_batch_id    bigint,
+    stale_revisit_at         timestamptz,
+    stale_revisit_batch_id   bigint,
+    stale_row_cursor_at      timestamptz,
+    stale_row_revisit_at     timestamptz
 ) WITH (fillfactor = 10);
 
 INSERT INTO __S__.queue_ring_state VALUES (1, __QUEUE_SLOTS__);
@@ -64,7 +77,10 @@ INSERT INTO __S__.claim_ring_slots (slot, generation, state)
 -- the claim lock target (FOR UPDATE SKIP LOCKED), never updated.
 CREATE TABLE __S__.queues (
     queue      text PRIMARY KEY,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- operator switches (rare UPDATEs: pause/resume, dead-letter opt-in from QueueConfig)
+    paused     boolean NOT NULL DEFAULT false,
+    dlq_enabled boolean NOT NULL DEFAULT false
 );
 CREATE TABLE __S__.queue_lanes (
     lane_id     int PRIMARY KEY,
@@ -105,7 +121,10 @@ CREATE TABLE __S__.ready_entries (
     run_lease    bigint NOT NULL,
     max_attempts int NOT NULL,
     run_at       timestamptz NOT NULL DEFAULT now(),
-    created_at   timestamptz NOT NULL DEFAULT now()
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    -- per-job timeout: a job whose timeout differs from its claim batch's deadline gets a
+    -- row-local lease_claims row with its own deadline_at
+    timeout_ms   int
 ) PARTITION BY LIST (ready_slot);
 CREATE TABLE __S__.ready_tombstones (
     ready_slot int NOT NULL,
@@ -143,7 +162,10 @@ CREATE TABLE __S__.receipt_completion_batches (
     job_ids         bigint[] NOT NULL,
     run_leases      bigint[] NOT NULL,
     completed_count int NOT NULL,
-    finalized_at    timestamptz NOT NULL DEFAULT now()
+    finalized_at    timestamptz NOT NULL DEFAULT now(),
+    -- a completion batch can span queues, so history rows are written per (ready_slot, queue):
+    -- counting completions is a sum over history rows, not over jobs
+    queue           text
 ) PARTITION BY LIST (ready_slot);
 
 CREATE INDEX ON __S__.ready_segments (lane_id, segment_no);
@@ -229,9 +251,63 @@ CREATE TABLE __S__.deferred_jobs (
     max_attempts int NOT NULL,
     run_at       timestamptz NOT NULL,
     created_at   timestamptz NOT NULL,
-    last_error   text
+    last_error   text,
+    timeout_ms   int
 );
 CREATE INDEX deferred_jobs_due ON __S__.deferred_jobs (run_at, job_id);
+
+-- Indexes for exact per-queue counts and history lookups.
+CREATE INDEX ON __S__.receipt_completion_batches (queue);
+CREATE INDEX ON __S__.done_entries (queue, state);
+CREATE INDEX deferred_jobs_queue ON __S__.deferred_jobs (queue, attempt);
+
+-- Dead-letter queue: operator hold table (backlog/hold class: row vacuum, off the hot path).
+CREATE TABLE __S__.dlq_entries (
+    job_id       bigint PRIMARY KEY,
+    queue        text NOT NULL,
+    kind         text NOT NULL,
+    args         jsonb NOT NULL,
+    priority     smallint NOT NULL,
+    attempt      int NOT NULL,
+    run_lease    bigint NOT NULL,
+    max_attempts int NOT NULL,
+    error        text,
+    created_at   timestamptz NOT NULL,
+    failed_at    timestamptz NOT NULL DEFAULT now(),
+    timeout_ms   int
+);
+CREATE INDEX dlq_entries_queue_failed ON __S__.dlq_entries (queue, failed_at);
+CREATE INDEX dlq_entries_failed ON __S__.dlq_entries (failed_at);
+
+-- Unique jobs. The key table maps a unique key's SHA-256 (kind + canonical args [+ queue]
+-- [+ period bucket], built by the client) to the job that last took it. Backlog class: only unique
+-- inserts write it (one INSERT, or one UPDATE when a released key is taken again) and maintenance
+-- expires old keys in bounded batches.
+CREATE TABLE __S__.unique_keys (
+    unique_key bytea PRIMARY KEY,
+    job_id     bigint NOT NULL,
+    queue      text NOT NULL,
+    kind       text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX unique_keys_job ON __S__.unique_keys (job_id);
+CREATE INDEX unique_keys_created ON __S__.unique_keys (created_at);
+
+-- Terminal history as one relation: explicit terminal rows (failed, cancelled) and compact
+-- successes expanded from their completion batches, with the job's record from its ready row
+-- (same queue-ring slot, so both live and are pruned together).
+CREATE VIEW __S__.terminal_jobs AS
+    SELECT d.job_id, d.run_lease, d.queue, d.kind, d.args, d.priority, d.attempt, d.max_attempts,
+           d.state, d.error, d.created_at, d.finalized_at
+    FROM __S__.done_entries d
+    UNION ALL
+    SELECT c.job_id, c.run_lease, e.queue, e.kind, e.args, e.priority, e.attempt + 1, e.max_attempts,
+           'completed', NULL, e.created_at, b.finalized_at
+    FROM __S__.receipt_completion_batches b
+    CROSS JOIN LATERAL unnest(b.job_ids, b.run_leases) AS c(job_id, run_lease)
+    LEFT JOIN LATERAL (SELECT r.* FROM __S__.ready_entries r
+                       WHERE r.ready_slot = b.ready_slot AND r.job_id = c.job_id AND r.run_lease = c.run_lease - 1
+                       LIMIT 1) e ON true;
 
 -- Children of every ring table, plus the per-child exclusion constraints that make "a receipt is
 -- closed at most once" a database invariant (PostgreSQL 15 cannot declare them on the parent).

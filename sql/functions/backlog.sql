@@ -1,0 +1,150 @@
+-- Backlog and hold tables: scheduled and retryable jobs (deferred_jobs), unique keys, the dead-letter queue.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+CREATE OR REPLACE FUNCTION __S__.schedule_jobs(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
+                                    p_max_attempts int[], p_run_at timestamptz[], p_timeouts_ms int[])
+RETURNS SETOF bigint
+LANGUAGE sql AS $$
+    SELECT __S__.ensure_lane(p_queue, p_priority);
+    INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
+                                     run_at, created_at, timeout_ms)
+    SELECT nextval('__S__.job_ids'), p_queue, k, a, p_priority, 0, 0, m, r, now(), t
+    FROM unnest(p_kinds, p_args, p_max_attempts, p_run_at, p_timeouts_ms) AS u(k, a, m, r, t)
+    RETURNING job_id;
+$$;
+
+-- Promotion without a temp table (creating one per call churns the system catalogs): lock the due
+-- rows of one lane, reserve a segment of that size, then move exactly those rows.
+CREATE OR REPLACE FUNCTION __S__.promote_due(p_limit int) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group record;
+    v_seg record;
+    v_ids bigint[];
+    v_total int := 0;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs WHERE run_at <= now()) THEN
+        RETURN 0;
+    END IF;
+    FOR v_group IN SELECT DISTINCT d.queue, d.priority FROM __S__.deferred_jobs d WHERE d.run_at <= now() LOOP
+        EXIT WHEN v_total >= p_limit;
+        SELECT array_agg(x.job_id ORDER BY x.run_at, x.job_id) INTO v_ids
+        FROM (SELECT d.job_id, d.run_at FROM __S__.deferred_jobs d
+              WHERE d.queue = v_group.queue AND d.priority = v_group.priority AND d.run_at <= now()
+              ORDER BY d.run_at, d.job_id LIMIT p_limit - v_total FOR UPDATE SKIP LOCKED) x;
+        CONTINUE WHEN v_ids IS NULL;
+        SELECT * INTO v_seg FROM __S__.enqueue_segment(v_group.queue, v_group.priority, cardinality(v_ids));
+        WITH due AS (
+            DELETE FROM __S__.deferred_jobs d WHERE d.job_id = ANY (v_ids) RETURNING d.*
+        )
+        INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
+                                         attempt, run_lease, max_attempts, run_at, created_at, timeout_ms)
+        SELECT v_seg.ready_slot, v_seg.lane_id, v_seg.base_pos + array_position(v_ids, p.job_id) - 1,
+               p.job_id, p.queue, p.kind, p.args, p.priority, p.attempt, p.run_lease, p.max_attempts,
+               p.run_at, p.created_at, p.timeout_ms
+        FROM due p;
+        v_total := v_total + cardinality(v_ids);
+    END LOOP;
+    RETURN v_total;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.unique_key_hash(p_key text) RETURNS bytea
+LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(p_key, 'UTF8')) $$;
+
+CREATE OR REPLACE FUNCTION __S__.insert_unique(p_key text, p_states text[], p_queue text, p_priority smallint,
+                                    p_kind text, p_args jsonb, p_max_attempts int, p_run_at timestamptz,
+                                    p_timeout_ms int, OUT o_job_id bigint, OUT o_inserted boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_hash bytea := __S__.unique_key_hash(p_key);
+    v_existing bigint;
+    v_state text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(__S__.lock_ns('unique'), hashtext(p_key));
+    SELECT k.job_id INTO v_existing FROM __S__.unique_keys k WHERE k.unique_key = v_hash;
+    IF FOUND THEN
+        SELECT s.state INTO v_state FROM __S__.job_state(v_existing) s;
+        IF v_state = ANY (p_states) THEN
+            o_job_id := v_existing;
+            o_inserted := false;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_run_at IS NOT NULL AND p_run_at > now() THEN
+        SELECT j INTO o_job_id
+        FROM __S__.schedule_jobs(p_queue, p_priority, ARRAY[p_kind], ARRAY[p_args], ARRAY[p_max_attempts],
+                                 ARRAY[p_run_at], ARRAY[p_timeout_ms]) j;
+    ELSE
+        SELECT j INTO o_job_id
+        FROM __S__.enqueue_jobs(p_queue, p_priority, ARRAY[p_kind], ARRAY[p_args], ARRAY[p_max_attempts],
+                                ARRAY[p_timeout_ms]) j;
+    END IF;
+    INSERT INTO __S__.unique_keys AS k (unique_key, job_id, queue, kind)
+    VALUES (v_hash, o_job_id, p_queue, p_kind)
+    ON CONFLICT (unique_key) DO UPDATE
+        SET job_id = EXCLUDED.job_id, queue = EXCLUDED.queue, kind = EXCLUDED.kind, created_at = now();
+    o_inserted := true;
+END
+$$;
+
+-- The job that last took a key, if any (cancel by unique key).
+CREATE OR REPLACE FUNCTION __S__.unique_job(p_key text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT k.job_id FROM __S__.unique_keys k WHERE k.unique_key = __S__.unique_key_hash(p_key)
+$$;
+
+-- Forget keys older than p_older whose job is no longer pending (or whose history is gone), at most
+-- p_limit per call. A pending job's key is kept however old it is. The outer conditions repeat the
+-- key's age and holder: if insert_unique re-takes the key while this DELETE waits for its row, the
+-- row is re-checked against them (not against the subquery) and survives.
+CREATE OR REPLACE FUNCTION __S__.unique_keys_expire(p_older interval, p_limit int) RETURNS int
+LANGUAGE sql AS $$
+    WITH candidates AS MATERIALIZED (
+        SELECT c.unique_key, c.job_id FROM __S__.unique_keys c
+        WHERE c.created_at < now() - p_older
+          AND coalesce((SELECT s.state FROM __S__.job_state(c.job_id) s), 'gone')
+              NOT IN ('available', 'running', 'scheduled', 'retryable')
+        ORDER BY c.created_at
+        LIMIT p_limit
+    ), gone AS (
+        DELETE FROM __S__.unique_keys k USING candidates x
+        WHERE k.unique_key = x.unique_key AND k.job_id = x.job_id AND k.created_at < now() - p_older
+        RETURNING 1)
+    SELECT count(*)::int FROM gone
+$$;
+
+-- Retry a dead-lettered job: it leaves the DLQ (DELETE ... RETURNING: of two concurrent retries
+-- exactly one gets the row) and is scheduled now with fresh attempts and its run_lease kept, so
+-- the next claim's run_lease is higher than any before it.
+CREATE OR REPLACE FUNCTION __S__.dlq_retry(p_job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v __S__.dlq_entries;
+BEGIN
+    DELETE FROM __S__.dlq_entries WHERE job_id = p_job_id RETURNING * INTO v;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
+                                     run_at, created_at, last_error, timeout_ms)
+    VALUES (v.job_id, v.queue, v.kind, v.args, v.priority, 0, v.run_lease, v.max_attempts, now(),
+            v.created_at, v.error, v.timeout_ms);
+    RETURN true;
+END
+$$;
+
+-- Retention: delete DLQ rows older than p_keep, at most p_limit per call.
+CREATE OR REPLACE FUNCTION __S__.dlq_expire(p_keep interval, p_limit int) RETURNS int
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM __S__.dlq_entries WHERE job_id IN (
+            SELECT job_id FROM __S__.dlq_entries WHERE failed_at < now() - p_keep
+            ORDER BY failed_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*)::int FROM gone
+$$;

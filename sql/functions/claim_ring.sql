@@ -1,0 +1,376 @@
+-- Claim plane (seed ADR-023): claim, open-claim evidence, batched completion and close, heartbeats.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- ---------------------------------------------------------------------------------------------
+-- Open-claim evidence by shape. Compact: a batch item with no covering closure batch. Row-local:
+-- a lease_claims row with no lease_claim_closures row. Both lookups name the claim slot.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.open_claim(p_claim_slot int, p_receipt_id bigint, p_job_id bigint, p_run_lease bigint)
+RETURNS TABLE (shape text, ready_slot int, attempt int, max_attempts int, queue text)
+LANGUAGE sql STABLE AS $$
+    SELECT 'compact', b.ready_slots[o.i], b.attempts[o.i], b.max_attempts[o.i], b.queue
+    FROM __S__.lease_claim_batches b,
+         LATERAL (SELECT (p_receipt_id - b.batch_id * 4096 + 1)::int AS i) o
+    WHERE b.claim_slot = p_claim_slot AND b.batch_id = p_receipt_id / 4096
+      AND b.job_ids[o.i] = p_job_id AND b.run_leases[o.i] = p_run_lease
+      AND b.receipt_ranges @> p_receipt_id
+      AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                      WHERE c.claim_slot = p_claim_slot AND c.receipt_ranges @> p_receipt_id)
+    UNION ALL
+    SELECT 'row', l.ready_slot, l.attempt, l.max_attempts, l.queue
+    FROM __S__.lease_claims l
+    WHERE l.claim_slot = p_claim_slot AND l.receipt_id = p_receipt_id
+      AND l.job_id = p_job_id AND l.run_lease = p_run_lease
+      AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                      WHERE c.claim_slot = p_claim_slot AND c.receipt_id = p_receipt_id)
+$$;
+
+-- In-flight attempts (compact members + row-local claims minus closures) over the claim ring.
+-- All queues: claim and closure counts (closures are unique per receipt, so counts subtract
+-- exactly). One queue: a closure batch can span queues, so count that queue's open items.
+CREATE OR REPLACE FUNCTION __S__.count_in_flight(p_queue text DEFAULT NULL) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_queue IS NULL THEN
+        coalesce((SELECT sum(b.claimed_count) FROM __S__.lease_claim_batches b), 0)
+        + (SELECT count(*) FROM __S__.lease_claims l)
+        - coalesce((SELECT sum(c.closed_count) FROM __S__.lease_claim_closure_batches c), 0)
+        - (SELECT count(*) FROM __S__.lease_claim_closures c)
+    ELSE
+        (SELECT count(*) FROM __S__.lease_claim_batches b, generate_subscripts(b.job_ids, 1) i
+         WHERE b.queue = p_queue AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+           AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                           WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1)))
+        + (SELECT count(*) FROM __S__.lease_claims l
+           WHERE l.queue = p_queue
+             AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                             WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id))
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,
+                            p_aging interval DEFAULT NULL)
+RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
+               attempt int, max_attempts int, priority smallint, created_at timestamptz,
+               deadline_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_claim_slot int;
+    v_batch bigint;
+    v_now timestamptz := now();
+    v_batch_deadline timestamptz := now() + p_deadline;
+    v_own_deadline timestamptz;
+    v_lane record;
+    v_cursor bigint;
+    v_seq_cursor bigint;
+    v_new_cursor bigint;
+    v_last_slot int;
+    v_row record;
+    v_n int := 0;
+    v_job_ids bigint[] := '{}';
+    v_leases bigint[] := '{}';
+    v_ready_slots int[] := '{}';
+    v_lane_ids int[] := '{}';
+    v_attempts int[] := '{}';
+    v_max_attempts int[] := '{}';
+    v_receipts int8multirange := '{}';
+    v_locked_any boolean := false;
+    v_lock_timeout text;
+BEGIN
+    IF p_max < 1 OR p_max > 4096 THEN
+        RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
+    END IF;
+    -- A claim's commit need not wait for its WAL flush: the lane lock is held until commit, so the
+    -- flush wait would serialise every claimer of the lane behind the disk. A claim lost in a
+    -- server crash only makes its jobs claimable again (at-least-once: they may run twice); it
+    -- cannot lose a job, because WAL is flushed in order: any later durable record (a completion,
+    -- or the next claimer's cursor setval past these rows) makes this commit durable first.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    SELECT s.slot INTO v_claim_slot FROM __S__.claim_ring_slots s WHERE s.state = 'current';
+    v_batch := nextval('__S__.claim_batch_ids');
+
+    IF EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused) THEN
+        RETURN;
+    END IF;
+    -- Lanes by effective priority: with aging, a lane's priority improves by one level per
+    -- p_aging its oldest waiting job has been runnable (run_at: enqueue, or promotion of a
+    -- scheduled/retried job), so low priorities never starve.
+    -- The lane cursors are read once, in a materialized CTE: pg_sequence_last_value is volatile,
+    -- and used directly in the head probe it could not bound the index scan (the probe would walk
+    -- every already-claimed row of the lane).
+    FOR v_lane IN
+        WITH lanes AS MATERIALIZED (
+            SELECT l.lane_id, l.segment_seq, l.cursor_seq, l.priority,
+                   coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
+                   pg_sequence_last_value(l.segment_seq) AS last_segment
+            FROM __S__.queue_lanes l
+            WHERE l.queue = p_queue
+        )
+        SELECT l.lane_id, l.segment_seq, l.cursor_seq FROM lanes l
+        LEFT JOIN LATERAL (
+            SELECT e.run_at FROM __S__.ready_entries e
+            WHERE p_aging IS NOT NULL AND e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
+            ORDER BY e.lane_pos LIMIT 1
+        ) head ON true
+        WHERE l.last_segment IS NOT NULL AND l.last_segment >= l.cursor_pos >> 20
+        ORDER BY l.priority - coalesce(floor(extract(epoch FROM v_now - head.run_at)
+                                             / nullif(extract(epoch FROM p_aging), 0)), 0),
+                 l.priority
+    LOOP
+        EXIT WHEN v_n >= p_max;
+        -- The first lane tried is worth waiting for: its holder is another claim (or a cancel), a
+        -- transaction of a few milliseconds, and skipping would return nothing and send this worker
+        -- to sleep while the queue is full (with several worker processes on one lane, most claims
+        -- would come back empty). Waiting is deadlock-free because this claim holds no lane lock
+        -- yet. Every later lane is tried with SKIP LOCKED: while holding a lane, never wait for one.
+        -- The wait is bounded (200 ms): a lane held longer (a cancel_job inside someone's open
+        -- transaction) is skipped as before rather than stalling every claimer of the queue.
+        IF v_locked_any THEN
+            PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+        ELSE
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '200ms', true);
+            BEGIN
+                PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE;
+                v_locked_any := true;
+            EXCEPTION WHEN lock_not_available THEN
+                v_locked_any := false;
+            END;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+            CONTINUE WHEN NOT v_locked_any;
+        END IF;
+
+        v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
+        v_cursor := __S__.lane_cursor(v_lane.lane_id);
+        IF v_cursor > v_seq_cursor THEN
+            PERFORM setval(v_lane.cursor_seq, v_cursor, true);
+        END IF;
+        v_new_cursor := v_cursor;
+
+        FOR v_row IN
+            SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                   e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue,
+                   EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                           WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
+                             AND t.run_lease = e.run_lease) AS spent
+            FROM __S__.ready_entries e
+            WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+            ORDER BY e.lane_pos
+            LIMIT (p_max - v_n) + 64
+        LOOP
+            IF (v_row.lane_pos >> 20) > (v_new_cursor >> 20) + 1 THEN
+                EXIT WHEN NOT __S__.lane_gap_resolved(v_lane.lane_id, v_row.lane_pos >> 20);
+                EXIT WHEN EXISTS (SELECT 1 FROM __S__.ready_segments g
+                                  WHERE g.lane_id = v_lane.lane_id
+                                    AND g.segment_no > (v_new_cursor >> 20)
+                                    AND g.segment_no < (v_row.lane_pos >> 20));
+            END IF;
+            EXIT WHEN NOT v_row.spent AND v_n >= p_max;
+            v_new_cursor := v_row.lane_pos;
+            v_last_slot := v_row.ready_slot;
+            CONTINUE WHEN v_row.spent;
+
+            job_id := v_row.job_id;
+            run_lease := v_row.run_lease + 1;
+            claim_slot := v_claim_slot;
+            receipt_id := v_batch * 4096 + v_n;
+            kind := v_row.kind;
+            args := v_row.args;
+            attempt := v_row.attempt + 1;
+            max_attempts := v_row.max_attempts;
+            priority := v_row.priority;
+            created_at := v_row.created_at;
+            v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
+            IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
+                deadline_at := v_own_deadline;
+                INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
+                                                lane_id, attempt, max_attempts, claimed_at, deadline_at)
+                VALUES (v_claim_slot, v_batch * 4096 + v_n, v_row.job_id, v_row.run_lease + 1, v_row.queue,
+                        v_row.ready_slot, v_lane.lane_id, v_row.attempt + 1, v_row.max_attempts, v_now,
+                        v_own_deadline);
+                -- keep the compact arrays positional (receipt ordinal = array index - 1); the
+                -- multirange, not the arrays, says which ordinals are compact members
+                v_job_ids := v_job_ids || v_row.job_id;
+                v_leases := v_leases || (v_row.run_lease + 1);
+            ELSE
+                deadline_at := v_batch_deadline;
+                v_job_ids := v_job_ids || v_row.job_id;
+                v_leases := v_leases || (v_row.run_lease + 1);
+                v_receipts := v_receipts + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
+            END IF;
+            RETURN NEXT;
+            v_ready_slots := v_ready_slots || v_row.ready_slot;
+            v_lane_ids := v_lane_ids || v_lane.lane_id;
+            v_attempts := v_attempts || (v_row.attempt + 1);
+            v_max_attempts := v_max_attempts || v_row.max_attempts;
+            v_n := v_n + 1;
+        END LOOP;
+
+        IF v_new_cursor > v_cursor THEN
+            INSERT INTO __S__.ready_claim_attempt_batches (ready_slot, lane_id, lane_range, claim_slot, claim_batch_id)
+            VALUES (v_last_slot, v_lane.lane_id, int8range(v_cursor + 1, v_new_cursor + 1), v_claim_slot, v_batch);
+        END IF;
+    END LOOP;
+
+    IF NOT isempty(v_receipts) THEN
+        INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,
+                                               lane_ids, attempts, max_attempts, receipt_ranges,
+                                               claimed_count, claimed_at, deadline_at)
+        VALUES (v_claim_slot, v_batch, p_queue, v_job_ids, v_leases, v_ready_slots, v_lane_ids, v_attempts,
+                v_max_attempts, v_receipts,
+                (SELECT sum(upper(r) - lower(r)) FROM unnest(v_receipts) r), v_now, v_batch_deadline);
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.complete_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                     p_run_leases bigint[])
+RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases)
+               AS i(claim_slot, receipt_id, job_id, run_lease)
+    ), open AS MATERIALIZED (
+        -- DISTINCT: an attempt listed twice must be closed (and counted) once
+        SELECT DISTINCT ON (i.claim_slot, i.receipt_id) i.*, o.shape, o.ready_slot, o.queue
+        FROM input i, LATERAL __S__.open_claim(i.claim_slot, i.receipt_id, i.job_id, i.run_lease) o
+    ), closure AS (
+        INSERT INTO __S__.lease_claim_closure_batches (claim_slot, batch_id, receipt_ranges, closed_count, outcome)
+        SELECT o.claim_slot, nextval('__S__.evidence_batch_ids'), range_agg(int8range(o.receipt_id, o.receipt_id + 1)),
+               count(*), 'completed'
+        FROM open o WHERE o.shape = 'compact' GROUP BY o.claim_slot ORDER BY o.claim_slot
+        RETURNING 1
+    ), row_closure AS (
+        INSERT INTO __S__.lease_claim_closures (claim_slot, receipt_id, job_id, run_lease, outcome)
+        SELECT o.claim_slot, o.receipt_id, o.job_id, o.run_lease, 'completed'
+        FROM open o WHERE o.shape = 'row' ORDER BY o.claim_slot, o.job_id, o.run_lease
+        RETURNING 1
+    ), history AS (
+        INSERT INTO __S__.receipt_completion_batches (ready_slot, batch_id, job_ids, run_leases, completed_count, queue)
+        SELECT o.ready_slot, nextval('__S__.evidence_batch_ids'), array_agg(o.job_id), array_agg(o.run_lease),
+               count(*), o.queue
+        FROM open o GROUP BY o.ready_slot, o.queue
+        RETURNING 1
+    ), heartbeat AS (
+        DELETE FROM __S__.attempt_state a USING open o
+        WHERE a.job_id = o.job_id AND a.run_lease = o.run_lease
+        RETURNING 1
+    )
+    SELECT i.job_id, i.run_lease,
+           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot
+                          AND o.job_id = i.job_id AND o.run_lease = i.run_lease)
+    FROM input i;
+END
+$$;
+
+-- Outcomes now also: 'snoozed' (back to deferred_jobs at p_retry_at without using an attempt), and
+-- terminal failures of a dead-letter queue go to dlq_entries instead of done_entries.
+CREATE OR REPLACE FUNCTION __S__.close_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                  p_run_leases bigint[], p_outcomes text[], p_retry_at timestamptz[],
+                                  p_errors text[])
+RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, p_outcomes, p_retry_at, p_errors)
+               AS i(claim_slot, receipt_id, job_id, run_lease, outcome, retry_at, error)
+    ), open AS MATERIALIZED (
+        -- DISTINCT: an attempt listed twice must be closed (and counted) once
+        SELECT DISTINCT ON (i.claim_slot, i.receipt_id) i.*, o.shape, o.ready_slot, o.attempt, e.queue, e.kind, e.args, e.priority, e.max_attempts,
+               e.created_at, e.timeout_ms,
+               CASE WHEN i.outcome = 'cancelled' THEN 'cancelled'
+                    WHEN i.outcome = 'snoozed' THEN 'snoozed'
+                    WHEN i.outcome <> 'failed' AND i.retry_at IS NOT NULL THEN 'retry'
+                    WHEN q.dlq_enabled THEN 'dlq'
+                    ELSE 'failed' END AS route
+        FROM input i
+        CROSS JOIN LATERAL __S__.open_claim(i.claim_slot, i.receipt_id, i.job_id, i.run_lease) o
+        JOIN __S__.ready_entries e
+          ON e.ready_slot = o.ready_slot AND e.job_id = i.job_id AND e.run_lease = i.run_lease - 1
+        JOIN __S__.queues q ON q.queue = e.queue
+    ), closure AS (
+        INSERT INTO __S__.lease_claim_closure_batches (claim_slot, batch_id, receipt_ranges, closed_count, outcome)
+        SELECT g.claim_slot, nextval('__S__.evidence_batch_ids'), g.ranges, g.n, g.outcome
+        FROM (SELECT o.claim_slot, o.outcome, range_agg(int8range(o.receipt_id, o.receipt_id + 1)) AS ranges,
+                     count(*) AS n, min(o.job_id) AS first_job
+              FROM open o WHERE o.shape = 'compact' GROUP BY o.claim_slot, o.outcome) g
+        ORDER BY g.claim_slot, g.first_job
+        RETURNING 1
+    ), row_closure AS (
+        INSERT INTO __S__.lease_claim_closures (claim_slot, receipt_id, job_id, run_lease, outcome)
+        SELECT o.claim_slot, o.receipt_id, o.job_id, o.run_lease, o.outcome
+        FROM open o WHERE o.shape = 'row' ORDER BY o.claim_slot, o.job_id, o.run_lease
+        RETURNING 1
+    ), retried AS (
+        INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
+                                         run_at, created_at, last_error, timeout_ms)
+        -- a snooze does not use an attempt: the next claim counts this attempt again
+        SELECT o.job_id, o.queue, o.kind, o.args, o.priority,
+               CASE WHEN o.route = 'snoozed' THEN o.attempt - 1 ELSE o.attempt END, o.run_lease, o.max_attempts,
+               o.retry_at, o.created_at, o.error, o.timeout_ms
+        FROM open o WHERE o.route IN ('retry', 'snoozed')
+        RETURNING 1
+    ), dead_lettered AS (
+        INSERT INTO __S__.dlq_entries (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
+                                       error, created_at, timeout_ms)
+        SELECT o.job_id, o.queue, o.kind, o.args, o.priority, o.attempt, o.run_lease, o.max_attempts,
+               o.error, o.created_at, o.timeout_ms
+        FROM open o WHERE o.route = 'dlq'
+        RETURNING 1
+    ), finished AS (
+        INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                        max_attempts, state, error, created_at)
+        SELECT o.ready_slot, o.job_id, o.run_lease, o.queue, o.kind, o.args, o.priority, o.attempt,
+               o.max_attempts, o.route, o.error, o.created_at
+        FROM open o WHERE o.route IN ('failed', 'cancelled')
+        RETURNING 1
+    ), heartbeat AS (
+        DELETE FROM __S__.attempt_state a USING open o
+        WHERE a.job_id = o.job_id AND a.run_lease = o.run_lease
+        RETURNING 1
+    )
+    SELECT i.job_id, i.run_lease,
+           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot
+                          AND o.job_id = i.job_id AND o.run_lease = i.run_lease)
+    FROM input i;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Heartbeats (long jobs only): upsert attempt_state while the attempt is open, under the same
+-- per-attempt lock as completion and rescue, so a heartbeat never recreates a closed attempt's row.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.heartbeat_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                      p_run_leases bigint[], p_progress jsonb[])
+RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, p_progress)
+               AS i(claim_slot, receipt_id, job_id, run_lease, progress)
+    ), open AS MATERIALIZED (
+        SELECT DISTINCT ON (i.job_id, i.run_lease) i.* FROM input i
+        WHERE EXISTS (SELECT 1 FROM __S__.open_claim(i.claim_slot, i.receipt_id, i.job_id, i.run_lease))
+    ), upsert AS (
+        INSERT INTO __S__.attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
+        SELECT o.job_id, o.run_lease, now(), o.progress FROM open o
+        ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE
+            SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
+        RETURNING 1
+    )
+    SELECT i.job_id, i.run_lease,
+           EXISTS (SELECT 1 FROM open o WHERE o.job_id = i.job_id AND o.run_lease = i.run_lease
+                                            AND o.claim_slot = i.claim_slot AND o.receipt_id = i.receipt_id)
+    FROM input i;
+END
+$$;

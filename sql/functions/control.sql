@@ -1,0 +1,103 @@
+-- Operator controls: pause/resume, the dead-letter switch, cancel.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+CREATE OR REPLACE FUNCTION __S__.set_queue_paused(p_queue text, p_paused boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.ensure_lane(p_queue, 2::smallint);
+    UPDATE __S__.queues SET paused = p_paused WHERE queue = p_queue AND paused IS DISTINCT FROM p_paused;
+    RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.set_queue_dead_letter(p_queue text, p_enabled boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.ensure_lane(p_queue, 2::smallint);
+    UPDATE __S__.queues SET dlq_enabled = p_enabled WHERE queue = p_queue AND dlq_enabled IS DISTINCT FROM p_enabled;
+    RETURN FOUND;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Cancel by id. Returns what happened: 'cancelled' (available or scheduled: it will never run),
+-- 'cancelled_running' (its open claim was closed as cancelled; the handler is told through NOTIFY
+-- and any late completion is stale), 'already_finished', or 'not_found'.
+--
+-- An available job is cancelled with a ready_tombstones row (INSERT only). Deciding "available"
+-- versus "claimed" takes the lane head lock FOR UPDATE — the lock every claimer takes — and then
+-- reads the lane cursor in a new statement, so a claim and a cancel of the same job serialize:
+-- the job is either tombstoned before any claim reads it, or cancelled as a running attempt.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.cancel_job(p_job_id bigint, p_reason text DEFAULT 'cancelled') RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_deferred __S__.deferred_jobs;
+    v_ready record;
+    v_current int;
+    v_claim record;
+BEGIN
+    SELECT slot INTO v_current FROM __S__.queue_ring_slots WHERE state = 'current';
+    -- scheduled or waiting for a retry
+    DELETE FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id RETURNING * INTO v_deferred;
+    IF FOUND THEN
+        INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                        max_attempts, state, error, created_at)
+        VALUES (v_current, v_deferred.job_id, v_deferred.run_lease, v_deferred.queue, v_deferred.kind,
+                v_deferred.args, v_deferred.priority, v_deferred.attempt, v_deferred.max_attempts, 'cancelled',
+                p_reason, v_deferred.created_at);
+        RETURN 'cancelled';
+    END IF;
+    IF EXISTS (SELECT 1 FROM __S__.done_entries WHERE job_id = p_job_id) THEN
+        RETURN 'already_finished';
+    END IF;
+    SELECT e.* INTO v_ready FROM __S__.ready_entries e WHERE e.job_id = p_job_id ORDER BY e.run_lease DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_ready.lane_id FOR UPDATE;
+    IF v_ready.lane_pos > __S__.lane_cursor(v_ready.lane_id) THEN
+        IF EXISTS (SELECT 1 FROM __S__.ready_tombstones t WHERE t.job_id = p_job_id AND t.run_lease = v_ready.run_lease) THEN
+            RETURN 'already_finished';
+        END IF;
+        INSERT INTO __S__.ready_tombstones (ready_slot, job_id, run_lease, reason)
+        VALUES (v_ready.ready_slot, p_job_id, v_ready.run_lease, p_reason);
+        INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                        max_attempts, state, error, created_at)
+        VALUES (v_ready.ready_slot, p_job_id, v_ready.run_lease, v_ready.queue, v_ready.kind, v_ready.args,
+                v_ready.priority, v_ready.attempt, v_ready.max_attempts, 'cancelled', p_reason, v_ready.created_at);
+        RETURN 'cancelled';
+    END IF;
+    -- claimed: find the attempt's claim (compact member or row-local) in the claim ring
+    SELECT x.claim_slot, x.receipt_id INTO v_claim FROM (
+        SELECT b.claim_slot, b.batch_id * 4096 + i - 1 AS receipt_id
+        FROM __S__.lease_claim_batches b, generate_subscripts(b.job_ids, 1) i
+        WHERE p_job_id = ANY (b.job_ids) AND b.job_ids[i] = p_job_id AND b.run_leases[i] = v_ready.run_lease + 1
+          AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+        UNION ALL
+        SELECT l.claim_slot, l.receipt_id FROM __S__.lease_claims l
+        WHERE l.job_id = p_job_id AND l.run_lease = v_ready.run_lease + 1
+    ) x LIMIT 1;
+    IF FOUND AND (SELECT c.accepted FROM __S__.close_batch(ARRAY[v_claim.claim_slot], ARRAY[v_claim.receipt_id],
+                       ARRAY[p_job_id], ARRAY[v_ready.run_lease + 1], ARRAY['cancelled'],
+                       ARRAY[NULL::timestamptz], ARRAY[p_reason]) c) THEN
+        PERFORM pg_notify('ringwork___S___cancel', p_job_id || ':' || (v_ready.run_lease + 1));
+        RETURN 'cancelled_running';
+    END IF;
+    -- the attempt closed while we looked; if it closed into a retry, the job waits in
+    -- deferred_jobs now (new statement, fresh snapshot) and is cancelled there
+    DELETE FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id RETURNING * INTO v_deferred;
+    IF FOUND THEN
+        INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                        max_attempts, state, error, created_at)
+        VALUES (v_current, v_deferred.job_id, v_deferred.run_lease, v_deferred.queue, v_deferred.kind,
+                v_deferred.args, v_deferred.priority, v_deferred.attempt, v_deferred.max_attempts, 'cancelled',
+                p_reason, v_deferred.created_at);
+        RETURN 'cancelled';
+    END IF;
+    RETURN 'already_finished';
+END
+$$;

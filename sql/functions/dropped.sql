@@ -1,0 +1,5 @@
+-- Functions that an earlier install may have created and this one no longer defines, dropped by
+-- name and signature before the plane files are installed. Runs on every function reload, so each
+-- statement must be IF EXISTS.
+--
+-- (none yet: the baseline squash started the list afresh)

@@ -1,0 +1,77 @@
+-- Reads: a job's state and history, exact per-queue counts. No writes.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- job_state learns about the DLQ.
+CREATE OR REPLACE FUNCTION __S__.job_state(p_job_id bigint)
+RETURNS TABLE (state text, queue text, kind text, attempt int, run_lease bigint, detail text)
+LANGUAGE sql STABLE AS $$
+    WITH ready AS (
+        SELECT e.* FROM __S__.ready_entries e WHERE e.job_id = p_job_id ORDER BY e.run_lease DESC LIMIT 1
+    )
+    SELECT s.state, s.queue, s.kind, s.attempt, s.run_lease, s.detail FROM (
+        SELECT 'dead_lettered' AS state, d.queue, d.kind, d.attempt, d.run_lease, d.error AS detail, 0 AS rank
+        FROM __S__.dlq_entries d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT d.state, d.queue, d.kind, d.attempt, d.run_lease, d.error, 1
+        FROM __S__.done_entries d WHERE d.job_id = p_job_id
+          AND NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs x WHERE x.job_id = p_job_id AND x.run_lease > d.run_lease)
+        UNION ALL
+        SELECT CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.attempt,
+               d.run_lease, d.last_error, 2
+        FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT 'completed', r.queue, r.kind, r.attempt + 1, r.run_lease + 1, NULL, 3
+        FROM ready r WHERE EXISTS (SELECT 1 FROM __S__.receipt_completion_batches c
+                                   WHERE c.ready_slot = r.ready_slot AND p_job_id = ANY (c.job_ids)
+                                     AND (r.run_lease + 1) = ANY (c.run_leases))
+        UNION ALL
+        SELECT x.state, r.queue, r.kind,
+               CASE WHEN x.state = 'running' THEN r.attempt + 1 ELSE r.attempt END,
+               CASE WHEN x.state = 'running' THEN r.run_lease + 1 ELSE r.run_lease END, NULL, 4
+        FROM ready r,
+             LATERAL (SELECT CASE WHEN r.lane_pos > __S__.lane_cursor(r.lane_id) THEN 'available'
+                                  ELSE 'running' END AS state) x
+    ) s ORDER BY s.rank LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.queue_counts(p_queue text DEFAULT NULL)
+RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
+               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT q.queue, q.paused,
+           (SELECT coalesce(sum(__S__.lane_available(l.lane_id)), 0)::bigint
+            FROM __S__.queue_lanes l WHERE l.queue = q.queue),
+           (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt = 0),
+           (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt > 0),
+           __S__.count_in_flight(q.queue)::bigint,
+           (SELECT coalesce(sum(b.completed_count), 0)::bigint
+            FROM __S__.receipt_completion_batches b WHERE b.queue = q.queue)
+           + (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'completed'),
+           (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'failed'),
+           (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'cancelled'),
+           (SELECT count(*) FROM __S__.dlq_entries d WHERE d.queue = q.queue)
+    FROM __S__.queues q
+    WHERE p_queue IS NULL OR q.queue = p_queue
+    ORDER BY q.queue
+$$;
+
+-- One job's recorded history, oldest attempt first: its terminal rows (completed, failed,
+-- cancelled), earlier failed attempts carried in deferred_jobs.last_error, and a dead-letter entry.
+CREATE OR REPLACE FUNCTION __S__.job_history(p_job_id bigint)
+RETURNS TABLE (run_lease bigint, state text, error text, at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT h.run_lease, h.state, h.error, h.at FROM (
+        SELECT t.run_lease, t.state, t.error, t.finalized_at AS at
+        FROM __S__.terminal_jobs t WHERE t.job_id = p_job_id
+        UNION ALL
+        SELECT d.run_lease, CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.last_error, d.run_at
+        FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT x.run_lease, 'dead_lettered', x.error, x.failed_at
+        FROM __S__.dlq_entries x WHERE x.job_id = p_job_id
+    ) h
+    ORDER BY h.run_lease, h.at
+$$;

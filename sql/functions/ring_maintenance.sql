@@ -1,0 +1,242 @@
+-- Ring maintenance: rotation and two-phase prune of the queue ring and the claim ring.
+--
+-- Plan-time partition pruning: rotate_* and prune_* address one slot by parameter and force custom
+-- plans, so a call locks only the children it names. The hot-path functions (enqueue, claim,
+-- complete, close) keep cached generic plans: they read the lanes across every slot anyway, so a
+-- custom plan would lock the same children and cost ~5 ms of planning per call. Their child locks
+-- are short; prune's lock_timeout bounds how long it can queue.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- ---------------------------------------------------------------------------------------------
+-- Rotation: move the write slot to the oldest free slot. A slot pinned by live data stays sealed
+-- and does not stop rotation (ARCHITECTURE §5); with no free slot, the current slot keeps growing.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.rotate_queue_ring(p_min_age interval) RETURNS boolean
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_cur __S__.queue_ring_slots;
+    v_next int;
+BEGIN
+    PERFORM 1 FROM __S__.queue_ring_state FOR UPDATE;
+    SELECT * INTO v_cur FROM __S__.queue_ring_slots WHERE state = 'current' FOR UPDATE;
+    IF v_cur.state_since > now() - p_min_age THEN
+        RETURN false;
+    END IF;
+    -- an unused current slot gains nothing from rotation
+    IF NOT EXISTS (SELECT 1 FROM __S__.ready_segments WHERE ready_slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM __S__.done_entries WHERE ready_slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM __S__.receipt_completion_batches WHERE ready_slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM __S__.ready_claim_attempt_batches WHERE ready_slot = v_cur.slot) THEN
+        RETURN false;
+    END IF;
+    SELECT slot INTO v_next FROM __S__.queue_ring_slots WHERE state = 'free'
+    ORDER BY generation, slot LIMIT 1 FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE __S__.queue_ring_slots SET state = 'sealed', state_since = now() WHERE slot = v_cur.slot;
+    UPDATE __S__.queue_ring_slots SET state = 'current', state_since = now(),
+           generation = (SELECT max(generation) + 1 FROM __S__.queue_ring_slots)
+    WHERE slot = v_next;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.rotate_claim_ring(p_min_age interval) RETURNS boolean
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_cur __S__.claim_ring_slots;
+    v_next int;
+BEGIN
+    PERFORM 1 FROM __S__.claim_ring_state FOR UPDATE;
+    SELECT * INTO v_cur FROM __S__.claim_ring_slots WHERE state = 'current' FOR UPDATE;
+    IF v_cur.state_since > now() - p_min_age THEN
+        RETURN false;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM __S__.lease_claim_batches WHERE claim_slot = v_cur.slot)
+       AND NOT EXISTS (SELECT 1 FROM __S__.lease_claims WHERE claim_slot = v_cur.slot) THEN
+        RETURN false;
+    END IF;
+    SELECT slot INTO v_next FROM __S__.claim_ring_slots WHERE state = 'free'
+    ORDER BY generation, slot LIMIT 1 FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE __S__.claim_ring_slots SET state = 'sealed', state_since = now() WHERE slot = v_cur.slot;
+    UPDATE __S__.claim_ring_slots SET state = 'current', state_since = now(),
+           generation = (SELECT max(generation) + 1 FROM __S__.claim_ring_slots)
+    WHERE slot = v_next;
+    RETURN true;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Prune proofs. Each returns NULL when the slot is provably dead, else the reason it is not.
+-- ---------------------------------------------------------------------------------------------
+-- Claim slot: every claim has exactly one closure (closures are unique per receipt by constraint,
+-- so equal counts mean every claim is closed).
+CREATE OR REPLACE FUNCTION __S__.claim_slot_blocker(p_slot int) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN
+        coalesce((SELECT sum(claimed_count) FROM __S__.lease_claim_batches WHERE claim_slot = p_slot), 0)
+        + (SELECT count(*) FROM __S__.lease_claims WHERE claim_slot = p_slot)
+        > coalesce((SELECT sum(closed_count) FROM __S__.lease_claim_closure_batches WHERE claim_slot = p_slot), 0)
+        + (SELECT count(*) FROM __S__.lease_claim_closures WHERE claim_slot = p_slot)
+    THEN 'open_claims' END
+$$;
+
+-- The queue-ring proof must also count row-local claims still open on the slot.
+-- Claim slots whose proof already shows every claim closed cannot hold an open claim on any ready
+-- slot, so only the (few) blocked claim slots are expanded; the blocked set is computed once per
+-- call, not once per claim member (as a SQL function's WHERE clause would do).
+CREATE OR REPLACE FUNCTION __S__.open_claims_on_ready_slot(p_ready_slot int) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_blocked int[];
+    v_compact bigint := 0;
+    v_row bigint;
+BEGIN
+    SELECT coalesce(array_agg(cs.slot), '{}') INTO v_blocked
+    FROM __S__.claim_ring_slots cs WHERE __S__.claim_slot_blocker(cs.slot) IS NOT NULL;
+    IF cardinality(v_blocked) > 0 THEN
+        SELECT count(*) INTO v_compact
+        FROM __S__.lease_claim_batches b
+        CROSS JOIN LATERAL generate_subscripts(b.ready_slots, 1) AS i
+        WHERE b.claim_slot = ANY (v_blocked) AND p_ready_slot = ANY (b.ready_slots)
+          AND b.ready_slots[i] = p_ready_slot
+          AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                          WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1));
+    END IF;
+    SELECT count(*) INTO v_row FROM __S__.lease_claims l
+    WHERE l.ready_slot = p_ready_slot
+      AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                      WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id);
+    RETURN v_compact + v_row;
+END
+$$;
+
+-- Queue slot: no ready row at or ahead of its lane cursor (unclaimed work) and no open claim on it.
+CREATE OR REPLACE FUNCTION __S__.queue_slot_blocker(p_slot int) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM __S__.queue_lanes l
+                     WHERE (SELECT max(e.lane_pos) FROM __S__.ready_entries e
+                            WHERE e.ready_slot = p_slot AND e.lane_id = l.lane_id) > __S__.lane_cursor(l.lane_id))
+            THEN 'pending_ready'
+        WHEN __S__.open_claims_on_ready_slot(p_slot) > 0 THEN 'open_claims'
+    END
+$$;
+
+-- Prune order (ADR-023 "Rotation and prune"): ring state FOR UPDATE -> slot row FOR UPDATE ->
+-- proof -> ACCESS EXCLUSIVE on the slot's children with a short lock timeout (skip when busy) ->
+-- re-check not-current and re-prove under the locks -> TRUNCATE all children in one statement.
+-- Failed and cancelled history younger than p_keep_failed is carried forward into the current slot
+-- (INSERT only) before the truncate, so terminal failures outlive their slot.
+CREATE OR REPLACE FUNCTION __S__.prune_queue_slot(p_slot int, p_lock_timeout text DEFAULT '25ms',
+                                       p_keep_failed interval DEFAULT '72 hours') RETURNS text
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_state text;
+    v_blocker text;
+    v_lane record;
+    v_children text;
+BEGIN
+    PERFORM 1 FROM __S__.queue_ring_state FOR UPDATE;
+    SELECT state INTO v_state FROM __S__.queue_ring_slots WHERE slot = p_slot FOR UPDATE;
+    IF v_state IS DISTINCT FROM 'sealed' THEN
+        RETURN 'not_sealed';
+    END IF;
+    v_blocker := __S__.queue_slot_blocker(p_slot);
+    IF v_blocker IS NOT NULL THEN
+        RETURN v_blocker;
+    END IF;
+    SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
+    FROM unnest(ARRAY['ready_entries', 'ready_segments', 'ready_tombstones', 'ready_claim_attempt_batches',
+                      'done_entries', 'receipt_completion_batches']) t;
+    PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    BEGIN
+        EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE';
+        -- the ledger rows in this slot are about to go: persist what they prove into the lane
+        -- cursors first (NOWAIT: a claimer holding the lane is waiting on our lock, never wait on it)
+        FOR v_lane IN SELECT DISTINCT a.lane_id FROM __S__.ready_claim_attempt_batches a WHERE a.ready_slot = p_slot LOOP
+            PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE NOWAIT;
+            PERFORM setval(l.cursor_seq, __S__.lane_cursor(l.lane_id), true)
+            FROM __S__.queue_lanes l
+            WHERE l.lane_id = v_lane.lane_id
+              AND __S__.lane_cursor(l.lane_id) > coalesce(pg_sequence_last_value(l.cursor_seq), 0);
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 'busy';
+    END;
+    PERFORM set_config('lock_timeout', '0', true);
+    SELECT state INTO v_state FROM __S__.queue_ring_slots WHERE slot = p_slot;
+    IF v_state IS DISTINCT FROM 'sealed' THEN
+        RETURN 'not_sealed';
+    END IF;
+    v_blocker := __S__.queue_slot_blocker(p_slot);
+    IF v_blocker IS NOT NULL THEN
+        RETURN v_blocker;
+    END IF;
+    INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                    max_attempts, state, error, created_at, finalized_at)
+    SELECT (SELECT slot FROM __S__.queue_ring_slots WHERE state = 'current'), d.job_id, d.run_lease, d.queue,
+           d.kind, d.args, d.priority, d.attempt, d.max_attempts, d.state, d.error, d.created_at, d.finalized_at
+    FROM __S__.done_entries d
+    WHERE d.ready_slot = p_slot AND d.state <> 'completed' AND d.finalized_at > now() - p_keep_failed;
+    EXECUTE 'TRUNCATE ' || v_children;
+    UPDATE __S__.queue_ring_slots SET state = 'free', state_since = now() WHERE slot = p_slot;
+    RETURN 'pruned';
+END
+$$;
+
+-- Prune of a claim slot: the same order as prune_queue_slot; it resets every rescue cursor of the slot.
+CREATE OR REPLACE FUNCTION __S__.prune_claim_slot(p_slot int, p_lock_timeout text DEFAULT '25ms') RETURNS text
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_state text;
+    v_blocker text;
+    v_children text;
+BEGIN
+    PERFORM 1 FROM __S__.claim_ring_state FOR UPDATE;
+    SELECT state INTO v_state FROM __S__.claim_ring_slots WHERE slot = p_slot FOR UPDATE;
+    IF v_state IS DISTINCT FROM 'sealed' THEN
+        RETURN 'not_sealed';
+    END IF;
+    v_blocker := __S__.claim_slot_blocker(p_slot);
+    IF v_blocker IS NOT NULL THEN
+        RETURN v_blocker;
+    END IF;
+    SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
+    FROM unnest(ARRAY['lease_claims', 'lease_claim_batches', 'lease_claim_closures',
+                      'lease_claim_closure_batches']) t;
+    PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    BEGIN
+        EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE';
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 'busy';
+    END;
+    PERFORM set_config('lock_timeout', '0', true);
+    SELECT state INTO v_state FROM __S__.claim_ring_slots WHERE slot = p_slot;
+    IF v_state IS DISTINCT FROM 'sealed' THEN
+        RETURN 'not_sealed';
+    END IF;
+    v_blocker := __S__.claim_slot_blocker(p_slot);
+    IF v_blocker IS NOT NULL THEN
+        RETURN v_blocker;
+    END IF;
+    UPDATE __S__.claim_ring_slots
+    SET state = 'free', state_since = now(),
+        stale_cursor_claimed_at = NULL, stale_cursor_job_id = NULL, stale_cursor_run_lease = NULL,
+        deadline_cursor_at = NULL, deadline_cursor_job_id = NULL, deadline_cursor_run_lease = NULL,
+        batch_deadline_cursor_at = NULL, batch_deadline_cursor_batch_id = NULL,
+        stale_cursor_batch_id = NULL, stale_revisit_at = NULL, stale_revisit_batch_id = NULL,
+        stale_row_cursor_at = NULL, stale_row_revisit_at = NULL
+    WHERE slot = p_slot;
+    EXECUTE 'TRUNCATE ' || v_children;
+    RETURN 'pruned';
+END
+$$;

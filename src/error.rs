@@ -39,10 +39,6 @@ pub enum Error {
     /// The database schema is not the one this binary's migrations describe.
     #[error("schema {schema:?} cannot be used: {reason}")]
     SchemaMismatch { schema: String, reason: String },
-
-    /// The throwaway PostgreSQL cluster could not be started.
-    #[error("embedded PostgreSQL: {0}")]
-    Embedded(String),
 }
 
 /// Shorthand for `Result<T, ringwork::Error>`.

@@ -29,16 +29,13 @@
 //! # Ok(()) }
 //! ```
 
-pub mod bench;
-pub mod client;
-pub mod demo;
-pub mod embedded;
-pub mod error;
-pub mod job;
+mod client;
+mod error;
+mod job;
 pub mod maintenance;
 pub mod schema;
-pub mod storage;
-pub mod worker;
+mod storage;
+mod worker;
 
 pub use client::{Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient};
 pub use error::{Error, Result};
@@ -47,6 +44,6 @@ pub use maintenance::MaintenanceConfig;
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, Inserted,
-    JobRecord, JobState, Outcome, QueueCounts, Storage,
+    JobRecord, JobState, Outcome, PruneResult, QueueCounts, Storage,
 };
 pub use worker::{JobContext, JobError};

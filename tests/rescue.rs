@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use ringwork::storage::PruneResult;
+use ringwork::PruneResult;
 use ringwork::{NewJob, Outcome};
 use serde_json::json;
 use support::TestDb;

@@ -12,6 +12,11 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
 
+// The CLI's throwaway cluster, compiled here too (it is std-only), so the library's tests can start
+// one without depending on the CLI crate.
+#[path = "../../cli/src/embedded.rs"]
+pub mod embedded;
+
 static SERVER_URL: OnceCell<String> = OnceCell::const_new();
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -31,7 +36,7 @@ async fn server_url() -> String {
             if reachable {
                 return default;
             }
-            let pg = ringwork::embedded::EmbeddedPostgres::start()
+            let pg = embedded::EmbeddedPostgres::start()
                 .expect("no PostgreSQL reachable and none startable");
             pg.stop_when_process_exits(std::process::id())
                 .expect("watchdog")

@@ -1,15 +1,62 @@
-//! A throwaway PostgreSQL cluster for the demo and for machines without a running server: initdb
-//! and pg_ctl from the installed server binaries, in a temporary directory removed on drop.
-//! PostgreSQL refuses to run as root, so as root the cluster is run as the `postgres` system user.
+//! A throwaway PostgreSQL cluster for the demo, the benchmark and machines without a running
+//! server: initdb and pg_ctl from the installed server binaries, in a temporary directory removed
+//! on drop. PostgreSQL refuses to run as root, so as root the cluster is run as the `postgres`
+//! system user.
+//!
+//! Standard library only: the library's test suite compiles this same file (`#[path]`) to start a
+//! cluster when no server answers, without depending on the CLI crate.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::error::{Error, Result};
+/// Why the throwaway cluster could not be started or driven.
+#[derive(Debug)]
+pub struct EmbeddedError(String);
+
+impl std::fmt::Display for EmbeddedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "throwaway PostgreSQL cluster: {}", self.0)
+    }
+}
+
+impl std::error::Error for EmbeddedError {}
+
+type Result<T> = std::result::Result<T, EmbeddedError>;
+
+/// A directory under the system temporary directory, removed on drop.
+struct ClusterDir(PathBuf);
+
+impl ClusterDir {
+    fn create() -> Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path =
+            std::env::temp_dir().join(format!("ringwork-pg-{}-{nanos:09}", std::process::id()));
+        std::fs::create_dir(&path).map_err(|e| {
+            EmbeddedError(format!(
+                "cannot create the directory {}: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Self(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ClusterDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 pub struct EmbeddedPostgres {
-    dir: tempfile::TempDir,
+    dir: ClusterDir,
     bindir: PathBuf,
     port: u16,
     run_as: Option<String>,
@@ -19,10 +66,7 @@ impl EmbeddedPostgres {
     /// initdb + start a cluster on a free localhost port. Blocks until it accepts connections.
     pub fn start() -> Result<Self> {
         let bindir = find_bindir()?;
-        let dir = tempfile::Builder::new()
-            .prefix("ringwork-pg-")
-            .tempdir()
-            .map_err(|e| Error::Embedded(format!("cannot create a temporary directory: {e}")))?;
+        let dir = ClusterDir::create()?;
         let run_as = if is_root() {
             Some("postgres".to_string())
         } else {
@@ -84,6 +128,7 @@ impl EmbeddedPostgres {
 
     /// Leave the cluster running after `self` is dropped, but stop it and remove its directory
     /// once process `pid` exits (for test binaries, whose statics are never dropped).
+    #[allow(dead_code)] // used by the library's test support, which compiles this file too
     pub fn stop_when_process_exits(self, pid: u32) -> Result<String> {
         let url = self.url();
         let dir = self.dir.path().to_path_buf();
@@ -111,8 +156,8 @@ impl EmbeddedPostgres {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .map_err(|e| Error::Embedded(format!("cannot start the cluster watchdog: {e}")))?;
-        // the watchdog owns the directory and the server from now on: skip our Drop (and TempDir's)
+            .map_err(|e| EmbeddedError(format!("cannot start the cluster watchdog: {e}")))?;
+        // the watchdog owns the directory and the server from now on: skip our Drop (and the directory's)
         std::mem::forget(self);
         Ok(url)
     }
@@ -173,11 +218,11 @@ impl Drop for EmbeddedPostgres {
 }
 
 fn check(output: std::io::Result<Output>, what: &str) -> Result<()> {
-    let output = output.map_err(|e| Error::Embedded(format!("{what}: {e}")))?;
+    let output = output.map_err(|e| EmbeddedError(format!("{what}: {e}")))?;
     if output.status.success() {
         Ok(())
     } else {
-        Err(Error::Embedded(format!(
+        Err(EmbeddedError(format!(
             "{what} failed ({}): {}{}",
             output.status,
             String::from_utf8_lossy(&output.stdout),
@@ -188,7 +233,7 @@ fn check(output: std::io::Result<Output>, what: &str) -> Result<()> {
 
 fn path_str(path: &Path) -> Result<&str> {
     path.to_str()
-        .ok_or_else(|| Error::Embedded(format!("path {path:?} is not UTF-8")))
+        .ok_or_else(|| EmbeddedError(format!("path {path:?} is not UTF-8")))
 }
 
 fn is_root() -> bool {
@@ -201,11 +246,11 @@ fn is_root() -> bool {
 
 fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::Embedded(format!("no free port: {e}")))?;
+        .map_err(|e| EmbeddedError(format!("no free port: {e}")))?;
     listener
         .local_addr()
         .map(|a| a.port())
-        .map_err(|e| Error::Embedded(format!("no free port: {e}")))
+        .map_err(|e| EmbeddedError(format!("no free port: {e}")))
 }
 
 /// The server binaries: `pg_config --bindir` when it names a directory with initdb, else the
@@ -228,7 +273,7 @@ fn find_bindir() -> Result<PathBuf> {
         .unwrap_or_default();
     candidates.sort();
     candidates.pop().ok_or_else(|| {
-        Error::Embedded(
+        EmbeddedError(
             "no PostgreSQL server binaries found (initdb); install the postgresql server package \
              or set DATABASE_URL"
                 .into(),

@@ -1,10 +1,14 @@
-//! `ringwork` command line: apply migrations, run the demo, drive maintenance by hand.
+//! `ringwork` command line: apply migrations, run the demo and the benchmark, drive maintenance
+//! and operator actions by hand.
+
+mod bench;
+mod demo;
+mod embedded;
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ringwork::bench;
-use ringwork::demo::{self, DemoOptions};
+use demo::DemoOptions;
 use ringwork::{schema, MaintenanceConfig, NewJob, RingSizes, SchemaName, Storage, Unique};
 use sqlx::postgres::PgPoolOptions;
 

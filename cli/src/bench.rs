@@ -28,11 +28,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::embedded::EmbeddedPostgres;
-use crate::error::{Error, Result};
-use crate::job::{JobArgs, NewJob};
-use crate::schema::{churn_class, SchemaName};
-use crate::storage::Storage;
-use crate::{Client, JobContext, JobError, MaintenanceConfig, QueueConfig};
+use ringwork::schema::churn_class;
+use ringwork::SchemaName;
+use ringwork::Storage;
+use ringwork::{Client, JobContext, JobError, MaintenanceConfig, QueueConfig};
+use ringwork::{Error, Result};
+use ringwork::{JobArgs, NewJob};
 
 /// The queue every benchmark job goes to.
 pub const BENCH_QUEUE: &str = "default";
@@ -686,7 +687,7 @@ struct Server {
 impl Server {
     async fn restart(&self) -> Result<()> {
         if let Some(pg) = &self.embedded {
-            return pg.restart();
+            return pg.restart().map_err(|e| Error::Config(e.to_string()));
         }
         let Some(cmd) = &self.restart_cmd else {
             return Err(Error::Config(
@@ -726,7 +727,7 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
         },
         None => {
             eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster…");
-            let pg = EmbeddedPostgres::start()?;
+            let pg = EmbeddedPostgres::start().map_err(|e| Error::Config(e.to_string()))?;
             Server {
                 url: pg.url(),
                 embedded: Some(pg),

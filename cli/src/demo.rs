@@ -10,9 +10,9 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::embedded::EmbeddedPostgres;
-use crate::error::Result;
-use crate::job::{JobArgs, NewJob};
-use crate::{Client, JobContext, JobError, QueueConfig, SchemaName};
+use ringwork::Result;
+use ringwork::{Client, JobContext, JobError, QueueConfig, SchemaName};
+use ringwork::{JobArgs, NewJob};
 
 pub struct DemoOptions {
     pub database_url: Option<String>,
@@ -48,7 +48,8 @@ pub async fn run(options: DemoOptions) -> Result<()> {
         Some(url) => (None, url),
         None => {
             eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster…");
-            let pg = EmbeddedPostgres::start()?;
+            let pg =
+                EmbeddedPostgres::start().map_err(|e| ringwork::Error::Config(e.to_string()))?;
             let url = pg.url();
             (Some(pg), url)
         }
@@ -109,7 +110,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
                 client.insert_many(&jobs).await?;
                 n += chunk;
             }
-            Ok::<Duration, crate::Error>(started.elapsed())
+            Ok::<Duration, ringwork::Error>(started.elapsed())
         })
     };
 
@@ -133,7 +134,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     bar.finish();
     let enqueue_time = producer
         .await
-        .map_err(|e| crate::Error::Config(format!("producer task: {e}")))??;
+        .map_err(|e| ringwork::Error::Config(format!("producer task: {e}")))??;
     running.shutdown(Duration::from_secs(10)).await;
 
     if let Some(tx) = horizon.take() {
@@ -155,12 +156,12 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     // let one maintenance pass reclaim what it can, then close every connection so the server
     // flushes their statistics before we read them
     let storage = client.storage().clone();
-    let config = crate::MaintenanceConfig {
+    let config = ringwork::MaintenanceConfig {
         rotate_interval: Duration::ZERO,
-        ..crate::MaintenanceConfig::default()
+        ..ringwork::MaintenanceConfig::default()
     };
     for _ in 0..3 {
-        crate::maintenance::tick(&storage, &config).await?;
+        ringwork::maintenance::tick(&storage, &config).await?;
     }
     drop(client);
     drop(storage);
@@ -252,7 +253,7 @@ pub async fn work(
     schema: &str,
     queue: &str,
     workers: usize,
-    maintenance: crate::MaintenanceConfig,
+    maintenance: ringwork::MaintenanceConfig,
 ) -> Result<()> {
     let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
     let client = Client::builder(pool)
@@ -276,7 +277,7 @@ pub async fn work(
     let running = client.start().await?;
     println!("ready");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| crate::Error::Config(format!("cannot install SIGTERM handler: {e}")))?;
+        .map_err(|e| ringwork::Error::Config(format!("cannot install SIGTERM handler: {e}")))?;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {

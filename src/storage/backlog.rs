@@ -1,0 +1,123 @@
+//! Backlog and hold tables: promotion of due `deferred_jobs`, unique-key expiry, the dead-letter
+//! queue (`sql/functions/backlog.sql`). Ordinary row vacuum, off the hot path.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::Storage;
+use crate::error::Result;
+use crate::schema::SchemaName;
+
+/// This plane's statements, rendered once per schema.
+#[derive(Debug)]
+pub(super) struct Statements {
+    promote_due: String,
+    unique_keys_expire: String,
+    dlq_list: String,
+    dlq_retry: String,
+    dlq_purge: String,
+    dlq_expire: String,
+}
+
+impl Statements {
+    pub(super) fn new(s: &SchemaName) -> Self {
+        Self {
+            promote_due: format!("SELECT {s}.promote_due($1)"),
+            unique_keys_expire: format!("SELECT {s}.unique_keys_expire(make_interval(secs => $1), $2)"),
+            dlq_list: format!(
+                "SELECT job_id, queue, kind, args, attempt, run_lease, error, failed_at FROM {s}.dlq_entries
+                 WHERE $1::text IS NULL OR queue = $1 ORDER BY failed_at, job_id LIMIT $2"
+            ),
+            dlq_retry: format!("SELECT {s}.dlq_retry($1)"),
+            dlq_purge: format!(
+                "WITH gone AS (DELETE FROM {s}.dlq_entries WHERE ($1::text IS NULL OR queue = $1)
+                   AND ($2::int8 IS NULL OR job_id = $2) RETURNING 1) SELECT count(*)::int8 FROM gone"
+            ),
+            dlq_expire: format!("SELECT {s}.dlq_expire(make_interval(secs => $1), $2)"),
+        }
+    }
+}
+
+/// A dead-lettered job.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    pub job_id: i64,
+    pub queue: String,
+    pub kind: String,
+    pub args: serde_json::Value,
+    pub attempt: i32,
+    pub run_lease: i64,
+    pub error: Option<String>,
+    pub failed_at: DateTime<Utc>,
+}
+
+impl Storage {
+    /// Move up to `limit` due `deferred_jobs` to ready. Returns how many moved.
+    pub async fn promote_due(&self, limit: i32) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.backlog.promote_due)
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Forget up to `limit` unique keys older than `older` whose job is no longer pending.
+    pub async fn unique_keys_expire(&self, older: Duration, limit: i32) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.backlog.unique_keys_expire)
+            .bind(older.as_secs_f64())
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Dead-lettered jobs, oldest failure first.
+    pub async fn dlq_list(&self, queue: Option<&str>, limit: i64) -> Result<Vec<DeadLetter>> {
+        let rows = sqlx::query(&self.sql.backlog.dlq_list)
+            .bind(queue)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeadLetter {
+                    job_id: r.try_get("job_id")?,
+                    queue: r.try_get("queue")?,
+                    kind: r.try_get("kind")?,
+                    args: r.try_get("args")?,
+                    attempt: r.try_get("attempt")?,
+                    run_lease: r.try_get("run_lease")?,
+                    error: r.try_get("error")?,
+                    failed_at: r.try_get("failed_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Move a dead-lettered job back to run now with fresh attempts. False when it is not in the
+    /// DLQ (already retried, purged, or never there).
+    pub async fn dlq_retry(&self, job_id: i64) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.sql.backlog.dlq_retry)
+            .bind(job_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Delete dead-lettered jobs: one (`job_id`), a queue's, or all. Returns how many.
+    pub async fn dlq_purge(&self, queue: Option<&str>, job_id: Option<i64>) -> Result<i64> {
+        Ok(sqlx::query_scalar(&self.sql.backlog.dlq_purge)
+            .bind(queue)
+            .bind(job_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Retention: delete up to `limit` DLQ rows older than `keep`.
+    pub async fn dlq_expire(&self, keep: Duration, limit: i32) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.backlog.dlq_expire)
+            .bind(keep.as_secs_f64())
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+}

@@ -1,0 +1,86 @@
+//! The storage layer: every statement ringwork runs, by name, against one schema.
+//!
+//! The runtime asks this layer for "insert these jobs", "claim up to N from queue Q", "complete this
+//! batch"; it never builds SQL itself. The work is done by the server-side functions in
+//! `sql/functions/`, so claim and completion are one round trip each. One module per plane, named
+//! like the SQL file whose functions it calls.
+
+mod backlog;
+mod claim_ring;
+mod control;
+mod queue_ring;
+mod read;
+mod rescue;
+mod ring_maintenance;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use sqlx::PgPool;
+
+use crate::schema::SchemaName;
+
+pub use backlog::DeadLetter;
+pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
+pub use control::CancelOutcome;
+pub use queue_ring::Inserted;
+pub use read::{HistoryEntry, JobRecord, JobState, QueueCounts};
+pub use ring_maintenance::PruneResult;
+
+/// Every plane's named statements, rendered once per schema.
+#[derive(Debug)]
+struct Statements {
+    queue_ring: queue_ring::Statements,
+    claim_ring: claim_ring::Statements,
+    rescue: rescue::Statements,
+    ring_maintenance: ring_maintenance::Statements,
+    backlog: backlog::Statements,
+    control: control::Statements,
+    read: read::Statements,
+}
+
+/// Storage handle for one schema. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    pool: PgPool,
+    schema: SchemaName,
+    sql: Arc<Statements>,
+    /// Queues whose lanes are known to exist (committed).
+    known_queues: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Storage {
+    pub fn new(pool: PgPool, schema: SchemaName) -> Self {
+        let sql = Arc::new(Statements {
+            queue_ring: queue_ring::Statements::new(&schema),
+            claim_ring: claim_ring::Statements::new(&schema),
+            rescue: rescue::Statements::new(&schema),
+            ring_maintenance: ring_maintenance::Statements::new(&schema),
+            backlog: backlog::Statements::new(&schema),
+            control: control::Statements::new(&schema),
+            read: read::Statements::new(&schema),
+        });
+        Self {
+            pool,
+            schema,
+            sql,
+            known_queues: Arc::default(),
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn schema(&self) -> &SchemaName {
+        &self.schema
+    }
+}
+
+fn outcome(accepted: bool) -> Outcome {
+    if accepted {
+        Outcome::Applied
+    } else {
+        Outcome::Stale
+    }
+}

@@ -1,0 +1,315 @@
+//! Queue plane: lanes and enqueue into the queue ring (`sql/functions/queue_ring.sql`).
+//!
+//! An enqueue reserves a contiguous lane range and appends `ready_entries` (COPY for large groups)
+//! and one `ready_segments` row per range, in the caller's transaction; future jobs go to
+//! `deferred_jobs`, unique jobs through the unique-key lock.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+
+use super::Storage;
+use crate::error::Result;
+use crate::job::NewJob;
+use crate::schema::SchemaName;
+
+/// Groups at or below this size go through one `enqueue_jobs` call; larger ones through COPY.
+const COPY_THRESHOLD: usize = 64;
+
+/// This plane's statements, rendered once per schema.
+#[derive(Debug)]
+pub(super) struct Statements {
+    enqueue_jobs: String,
+    schedule_jobs: String,
+    reserve_segment: String,
+    copy_ready: String,
+    ensure_lanes: String,
+    queue_lanes_exist: String,
+    insert_unique: String,
+}
+
+impl Statements {
+    pub(super) fn new(s: &SchemaName) -> Self {
+        Self {
+            enqueue_jobs: format!("SELECT * FROM {s}.enqueue_jobs($1, $2, $3, $4, $5, $6)"),
+            schedule_jobs: format!("SELECT * FROM {s}.schedule_jobs($1, $2, $3, $4, $5, $6, $7)"),
+            reserve_segment: format!(
+                "SELECT g.ready_slot, g.lane_id, g.base_pos,
+                        ARRAY(SELECT nextval('{s}.job_ids') FROM generate_series(1, $3)) AS job_ids
+                 FROM {s}.enqueue_segment($1, $2, $3) g"
+            ),
+            copy_ready: format!(
+                "COPY {s}.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority, \
+                 attempt, run_lease, max_attempts, timeout_ms) FROM STDIN (FORMAT csv)"
+            ),
+            ensure_lanes: format!("SELECT count({s}.ensure_lane($1, p::smallint)) FROM generate_series(1, 4) p"),
+            queue_lanes_exist: format!("SELECT count(*) = 4 FROM {s}.queue_lanes WHERE queue = $1"),
+            insert_unique: format!(
+                "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            ),
+        }
+    }
+}
+
+/// What an insert did with one job: `duplicate` is true when a unique job's key was already held
+/// and `job_id` is the holder's id (nothing was inserted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inserted {
+    pub job_id: i64,
+    pub duplicate: bool,
+}
+
+impl Storage {
+    /// Create the queue's four lanes (priorities 1..=4) in a transaction of their own, once per
+    /// process. Creating a lane inside a caller's transaction would hold the lane-creation lock until
+    /// that transaction ends and block every other producer of the queue.
+    pub async fn ensure_queue(&self, queue: &str) -> Result<()> {
+        crate::job::validate_name("queue name", queue)?;
+        if self
+            .known_queues
+            .lock()
+            .map(|q| q.contains(queue))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        sqlx::query(&self.sql.queue_ring.ensure_lanes)
+            .bind(queue)
+            .execute(&self.pool)
+            .await?;
+        if let Ok(mut known) = self.known_queues.lock() {
+            known.insert(queue.to_string());
+        }
+        Ok(())
+    }
+
+    /// `ensure_queue` for an insert on `conn`: when the lanes already exist (the common case for a
+    /// process that has not seen the queue yet) this is learnt on `conn` itself, so a producer
+    /// holding a transaction never needs a second pool connection, and a pool's worth of concurrent
+    /// transactional producers cannot starve one another. Only a queue's first use anywhere takes a
+    /// pool connection to create its lanes.
+    async fn ensure_queue_from(&self, conn: &mut PgConnection, queue: &str) -> Result<()> {
+        crate::job::validate_name("queue name", queue)?;
+        let known = self
+            .known_queues
+            .lock()
+            .map(|q| q.contains(queue))
+            .unwrap_or(false);
+        if known {
+            return Ok(());
+        }
+        let exists: bool = sqlx::query_scalar(&self.sql.queue_ring.queue_lanes_exist)
+            .bind(queue)
+            .fetch_one(&mut *conn)
+            .await?;
+        if exists {
+            if let Ok(mut known) = self.known_queues.lock() {
+                known.insert(queue.to_string());
+            }
+            return Ok(());
+        }
+        self.ensure_queue(queue).await
+    }
+
+    /// Insert one job on `conn` (a pool connection or the caller's transaction).
+    pub async fn insert(&self, conn: &mut PgConnection, job: &NewJob) -> Result<i64> {
+        let ids = self.insert_many(conn, std::slice::from_ref(job)).await?;
+        Ok(ids[0])
+    }
+
+    /// Insert many jobs on `conn`; returns their ids in input order. Every job is validated before
+    /// any row is written. Within one (queue, priority) lane, input order is claim order, except that
+    /// unique jobs are inserted after the others (in key order).
+    pub async fn insert_many(&self, conn: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<i64>> {
+        Ok(self
+            .insert_many_reporting(conn, jobs)
+            .await?
+            .into_iter()
+            .map(|inserted| inserted.job_id)
+            .collect())
+    }
+
+    /// Like `insert_many`, and says for each job whether it was a unique duplicate.
+    pub async fn insert_many_reporting(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Inserted>> {
+        let texts = jobs
+            .iter()
+            .map(NewJob::validate)
+            .collect::<Result<Vec<_>>>()?;
+        for job in jobs {
+            self.ensure_queue_from(conn, &job.queue).await?;
+        }
+        // All or nothing: a transaction of its own on a plain connection, a savepoint inside the
+        // caller's transaction. Without it a COPY group's segment reservation could commit alone
+        // and leave a hole the lane waits on.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let ids = self.insert_groups(&mut tx, jobs, &texts).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    async fn insert_groups(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[NewJob],
+        texts: &[String],
+    ) -> Result<Vec<Inserted>> {
+        let now = Utc::now();
+        let mut ids: Vec<Inserted> = (0..jobs.len())
+            .map(|_| Inserted {
+                job_id: 0,
+                duplicate: false,
+            })
+            .collect();
+        // group by lane (immediate) or by (queue, priority) for the backlog, keeping input order
+        let mut groups: Vec<((String, i16, bool), Vec<usize>)> = Vec::new();
+        let mut unique: Vec<(String, usize)> = Vec::new();
+        for (index, job) in jobs.iter().enumerate() {
+            if let Some(options) = &job.unique {
+                unique.push((job.unique_key(options, now)?, index));
+                continue;
+            }
+            let key = (job.queue.clone(), job.priority, job.is_future(now));
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(index),
+                None => groups.push((key, vec![index])),
+            }
+        }
+        for ((queue, priority, future), members) in groups {
+            let kinds: Vec<&str> = members.iter().map(|&i| jobs[i].kind.as_str()).collect();
+            let max_attempts: Vec<i32> = members.iter().map(|&i| jobs[i].max_attempts).collect();
+            let timeouts: Vec<Option<i32>> =
+                members.iter().map(|&i| jobs[i].timeout_ms()).collect();
+            let group_ids: Vec<i64> = if future {
+                let args: Vec<serde_json::Value> =
+                    members.iter().map(|&i| jobs[i].args.clone()).collect();
+                let run_at: Vec<DateTime<Utc>> = members
+                    .iter()
+                    .map(|&i| jobs[i].run_at.unwrap_or(now))
+                    .collect();
+                sqlx::query_scalar(&self.sql.queue_ring.schedule_jobs)
+                    .bind(&queue)
+                    .bind(priority)
+                    .bind(&kinds)
+                    .bind(&args)
+                    .bind(&max_attempts)
+                    .bind(&run_at)
+                    .bind(&timeouts)
+                    .fetch_all(&mut *conn)
+                    .await?
+            } else if members.len() <= COPY_THRESHOLD {
+                let args: Vec<serde_json::Value> =
+                    members.iter().map(|&i| jobs[i].args.clone()).collect();
+                sqlx::query_scalar(&self.sql.queue_ring.enqueue_jobs)
+                    .bind(&queue)
+                    .bind(priority)
+                    .bind(&kinds)
+                    .bind(&args)
+                    .bind(&max_attempts)
+                    .bind(&timeouts)
+                    .fetch_all(&mut *conn)
+                    .await?
+            } else {
+                self.copy_group(conn, &queue, priority, &members, jobs, texts)
+                    .await?
+            };
+            for (&index, id) in members.iter().zip(group_ids) {
+                ids[index].job_id = id;
+            }
+        }
+        // Unique jobs one statement each, after the others, in key order: two single calls with
+        // overlapping key sets take the per-key locks in the same order. (Several calls in one
+        // transaction, or two keys whose lock hashes collide, can still order them differently;
+        // PostgreSQL then reports a deadlock and one transaction fails, nothing is half-written.)
+        unique.sort();
+        for (key, index) in unique {
+            let job = &jobs[index];
+            let states: Vec<&str> = job
+                .unique
+                .iter()
+                .flat_map(|u| u.states.iter().map(|state| state.as_str()))
+                .collect();
+            let (job_id, inserted): (i64, bool) =
+                sqlx::query_as(&self.sql.queue_ring.insert_unique)
+                    .bind(&key)
+                    .bind(&states)
+                    .bind(&job.queue)
+                    .bind(job.priority)
+                    .bind(&job.kind)
+                    .bind(&job.args)
+                    .bind(job.max_attempts)
+                    .bind(job.run_at)
+                    .bind(job.timeout_ms())
+                    .fetch_one(&mut *conn)
+                    .await?;
+            ids[index] = Inserted {
+                job_id,
+                duplicate: !inserted,
+            };
+        }
+        Ok(ids)
+    }
+
+    async fn copy_group(
+        &self,
+        conn: &mut PgConnection,
+        queue: &str,
+        priority: i16,
+        members: &[usize],
+        jobs: &[NewJob],
+        texts: &[String],
+    ) -> Result<Vec<i64>> {
+        let row = sqlx::query(&self.sql.queue_ring.reserve_segment)
+            .bind(queue)
+            .bind(priority)
+            .bind(members.len() as i32)
+            .fetch_one(&mut *conn)
+            .await?;
+        let slot: i32 = row.try_get("ready_slot")?;
+        let lane: i32 = row.try_get("lane_id")?;
+        let base: i64 = row.try_get("base_pos")?;
+        let ids: Vec<i64> = row.try_get("job_ids")?;
+        let mut csv = String::with_capacity(members.len() * 128);
+        for (ordinal, (&index, id)) in members.iter().zip(&ids).enumerate() {
+            let job = &jobs[index];
+            csv.push_str(&format!(
+                "{slot},{lane},{},{id},{},{},{},{priority},0,0,{},{}\n",
+                base + ordinal as i64,
+                csv_quote(queue),
+                csv_quote(&job.kind),
+                csv_quote(&texts[index]),
+                job.max_attempts,
+                // an unquoted empty CSV field is NULL
+                job.timeout_ms().map(|t| t.to_string()).unwrap_or_default()
+            ));
+        }
+        let mut copy = conn.copy_in_raw(&self.sql.queue_ring.copy_ready).await?;
+        copy.send(csv.into_bytes()).await?;
+        copy.finish().await?;
+        Ok(ids)
+    }
+}
+
+/// Quote one CSV field for COPY (FORMAT csv): wrap in quotes, double inner quotes.
+fn csv_quote(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        if c == '"' {
+            out.push('"');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn csv_quote_doubles_quotes() {
+        assert_eq!(super::csv_quote(r#"{"a":"b,c"}"#), r#""{""a"":""b,c""}""#);
+    }
+}

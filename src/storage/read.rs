@@ -1,0 +1,164 @@
+//! Reads: exact per-queue counts, a job's state and history (`sql/functions/read.sql`).
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::Storage;
+use crate::error::Result;
+use crate::schema::SchemaName;
+
+/// This plane's statements, rendered once per schema.
+#[derive(Debug)]
+pub(super) struct Statements {
+    available_count: String,
+    queue_counts: String,
+    job_state: String,
+    job_history: String,
+}
+
+impl Statements {
+    pub(super) fn new(s: &SchemaName) -> Self {
+        Self {
+            available_count: format!(
+                "SELECT coalesce(sum({s}.lane_available(lane_id)), 0)::int8 FROM {s}.queue_lanes WHERE queue = $1"
+            ),
+            queue_counts: format!(
+                "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
+                 dead_lettered FROM {s}.queue_counts($1)"
+            ),
+
+            job_state: format!(
+                "SELECT state, queue, kind, attempt, run_lease, detail FROM {s}.job_state($1)"
+            ),
+            job_history: format!("SELECT run_lease, state, error, at FROM {s}.job_history($1)"),
+        }
+    }
+}
+
+/// A job's current state (see `Storage::job_state`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobState {
+    pub job_id: i64,
+    pub state: String,
+    pub queue: String,
+    pub kind: String,
+    pub attempt: i32,
+    pub run_lease: i64,
+    /// The recorded error of a failed/cancelled/retryable job.
+    pub detail: Option<String>,
+}
+
+/// Exact per-queue counts (see `Storage::queue_counts`). Terminal counts cover the history the
+/// queue ring still holds (failed and cancelled jobs at least `keep_failed`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    pub queue: String,
+    pub paused: bool,
+    pub available: i64,
+    pub scheduled: i64,
+    pub retryable: i64,
+    pub running: i64,
+    pub completed: i64,
+    pub failed: i64,
+    pub cancelled: i64,
+    pub dead_lettered: i64,
+}
+
+/// One recorded step of a job's history (see `Storage::load_job`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryEntry {
+    pub run_lease: i64,
+    /// `completed`, `failed`, `cancelled`, `scheduled`, `retryable` or `dead_lettered`.
+    pub state: String,
+    pub error: Option<String>,
+    /// When it ended, or (scheduled/retryable) when it is due.
+    pub at: DateTime<Utc>,
+}
+
+/// A job's current state with its recorded history (see `Storage::load_job`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRecord {
+    pub state: JobState,
+    pub history: Vec<HistoryEntry>,
+}
+
+impl Storage {
+    /// Available (claimable, uncancelled) jobs of one queue; the `available` of `queue_counts`
+    /// alone, for producers that keep a target depth.
+    pub async fn available_count(&self, queue: &str) -> Result<i64> {
+        Ok(sqlx::query_scalar(&self.sql.read.available_count)
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Exact counts per queue (one queue, or all), without scanning `ready_entries`: available
+    /// jobs come from the segment map above each lane's claim cursor, running ones from the
+    /// in-flight anti-join over the active claim slots.
+    pub async fn queue_counts(&self, queue: Option<&str>) -> Result<Vec<QueueCounts>> {
+        let rows = sqlx::query(&self.sql.read.queue_counts)
+            .bind(queue)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(QueueCounts {
+                    queue: row.try_get("queue")?,
+                    paused: row.try_get("paused")?,
+                    available: row.try_get("available")?,
+                    scheduled: row.try_get("scheduled")?,
+                    retryable: row.try_get("retryable")?,
+                    running: row.try_get("running")?,
+                    completed: row.try_get("completed")?,
+                    failed: row.try_get("failed")?,
+                    cancelled: row.try_get("cancelled")?,
+                    dead_lettered: row.try_get("dead_lettered")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Where a job is now: `available`, `running`, `scheduled`, `retryable`, `completed`,
+    /// `failed`, `cancelled` or `dead_lettered`; `None` when unknown (or its history has aged out).
+    pub async fn job_state(&self, job_id: i64) -> Result<Option<JobState>> {
+        let row: Option<(String, String, String, i32, i64, Option<String>)> =
+            sqlx::query_as(&self.sql.read.job_state)
+                .bind(job_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(
+            |(state, queue, kind, attempt, run_lease, detail)| JobState {
+                job_id,
+                state,
+                queue,
+                kind,
+                attempt,
+                run_lease,
+                detail,
+            },
+        ))
+    }
+
+    /// The job's current state and whatever history the schema still holds for it: terminal rows
+    /// from `terminal_jobs`, its pending retry or schedule, its dead-letter entry.
+    pub async fn load_job(&self, job_id: i64) -> Result<Option<JobRecord>> {
+        let Some(state) = self.job_state(job_id).await? else {
+            return Ok(None);
+        };
+        let rows: Vec<(i64, String, Option<String>, DateTime<Utc>)> =
+            sqlx::query_as(&self.sql.read.job_history)
+                .bind(job_id)
+                .fetch_all(&self.pool)
+                .await?;
+        let history = rows
+            .into_iter()
+            .map(|(run_lease, state, error, at)| HistoryEntry {
+                run_lease,
+                state,
+                error,
+                at,
+            })
+            .collect();
+        Ok(Some(JobRecord { state, history }))
+    }
+}

@@ -1,0 +1,119 @@
+//! Ring maintenance: rotation and the two-phase prune of both rings
+//! (`sql/functions/ring_maintenance.sql`).
+
+use std::time::Duration;
+
+use super::Storage;
+use crate::error::Result;
+use crate::schema::SchemaName;
+
+/// This plane's statements, rendered once per schema.
+#[derive(Debug)]
+pub(super) struct Statements {
+    rotate_queue_ring: String,
+    rotate_claim_ring: String,
+    sealed_queue_slots: String,
+    sealed_claim_slots: String,
+    prune_queue_slot: String,
+    prune_claim_slot: String,
+}
+
+impl Statements {
+    pub(super) fn new(s: &SchemaName) -> Self {
+        Self {
+            rotate_queue_ring: format!("SELECT {s}.rotate_queue_ring(make_interval(secs => $1))"),
+            rotate_claim_ring: format!("SELECT {s}.rotate_claim_ring(make_interval(secs => $1))"),
+            sealed_queue_slots: format!(
+                "SELECT slot FROM {s}.queue_ring_slots WHERE state = 'sealed' ORDER BY generation"
+            ),
+            sealed_claim_slots: format!(
+                "SELECT slot FROM {s}.claim_ring_slots WHERE state = 'sealed' ORDER BY generation"
+            ),
+            prune_queue_slot: format!(
+                "SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3))"
+            ),
+            prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
+        }
+    }
+}
+
+/// Result of one prune attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PruneResult {
+    Pruned,
+    /// Not pruned; the reason (`open_claims`, `pending_ready`, `busy`, `not_sealed`).
+    Skipped(String),
+}
+
+impl Storage {
+    /// Rotate the queue ring if its current slot is older than `min_age` and in use.
+    pub async fn rotate_queue_ring(&self, min_age: Duration) -> Result<bool> {
+        Ok(
+            sqlx::query_scalar(&self.sql.ring_maintenance.rotate_queue_ring)
+                .bind(min_age.as_secs_f64())
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Rotate the claim ring if its current slot is older than `min_age` and in use.
+    pub async fn rotate_claim_ring(&self, min_age: Duration) -> Result<bool> {
+        Ok(
+            sqlx::query_scalar(&self.sql.ring_maintenance.rotate_claim_ring)
+                .bind(min_age.as_secs_f64())
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    pub async fn sealed_queue_slots(&self) -> Result<Vec<i32>> {
+        Ok(
+            sqlx::query_scalar(&self.sql.ring_maintenance.sealed_queue_slots)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    pub async fn sealed_claim_slots(&self) -> Result<Vec<i32>> {
+        Ok(
+            sqlx::query_scalar(&self.sql.ring_maintenance.sealed_claim_slots)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5). Failed and cancelled history
+    /// younger than `keep_failed` is carried forward into the current slot.
+    pub async fn prune_queue_slot(
+        &self,
+        slot: i32,
+        lock_timeout: Duration,
+        keep_failed: Duration,
+    ) -> Result<PruneResult> {
+        let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_queue_slot)
+            .bind(slot)
+            .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
+            .bind(keep_failed.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(prune_result(result))
+    }
+
+    /// Try to reclaim one sealed claim-ring slot (ADR-023 prune order).
+    pub async fn prune_claim_slot(&self, slot: i32, lock_timeout: Duration) -> Result<PruneResult> {
+        let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_claim_slot)
+            .bind(slot)
+            .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(prune_result(result))
+    }
+}
+
+fn prune_result(text: String) -> PruneResult {
+    if text == "pruned" {
+        PruneResult::Pruned
+    } else {
+        PruneResult::Skipped(text)
+    }
+}

@@ -29,21 +29,20 @@
 //! # Ok(()) }
 //! ```
 
-mod client;
 mod error;
 mod job;
 pub mod maintenance;
+mod runtime;
 pub mod schema;
 mod storage;
-mod worker;
 
-pub use client::{Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient};
 pub use error::{Error, Result};
 pub use job::{JobArgs, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
+pub use runtime::handler::{JobContext, JobError};
+pub use runtime::{Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient};
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, Inserted,
     JobRecord, JobState, Outcome, PruneResult, QueueCounts, Storage,
 };
-pub use worker::{JobContext, JobError};

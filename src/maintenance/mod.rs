@@ -1,0 +1,130 @@
+//! Maintenance: one process per schema, elected by a session advisory lock (`runner`), runs the
+//! services below on every tick, each in a file of its own:
+//! - `rotate`: moves each ring's write slot on once it is old enough and in use;
+//! - `rescue`: closes and re-queues stale and past-deadline claims (the gating step for prune);
+//! - `prune`: truncates sealed slots whose two-phase proof passes, any slot, not only the oldest;
+//! - `retention`: bounded deletes of expired dead-letter entries and unique keys;
+//! - `promote`: moves due scheduled and retryable jobs to the queue ring.
+//!
+//! Nothing maintenance does is unsafe to run twice or concurrently: every step proves what it
+//! needs under its own locks, so a second leader (after a lost connection) costs work, not safety.
+
+mod promote;
+mod prune;
+mod rescue;
+mod retention;
+mod rotate;
+mod runner;
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+
+pub(crate) use runner::run;
+
+#[derive(Clone, Debug)]
+pub struct MaintenanceConfig {
+    /// Run maintenance in this process when elected (default true).
+    pub enabled: bool,
+    /// Time between maintenance ticks.
+    pub tick: Duration,
+    /// Minimum age of a ring's current slot before it rotates (default 5 s). Each rotation and
+    /// each prune rewrites a slot control row (`queue_ring_slots`, `claim_ring_slots`), so a short
+    /// interval leaves more dead control tuples for autovacuum; a long one keeps more history in
+    /// each slot and reclaims it later.
+    pub rotate_interval: Duration,
+    /// How long prune waits for its ACCESS EXCLUSIVE locks before skipping a slot this tick.
+    pub prune_lock_timeout: Duration,
+    /// Most deferred jobs promoted per statement.
+    pub promote_batch: i32,
+    /// Failed and cancelled jobs stay visible at least this long, across slot prunes.
+    pub keep_failed: Duration,
+    /// A claim older than this, with no heartbeat this recent, is presumed abandoned (its worker
+    /// crashed) and is rescued: closed as `rescued` and re-queued. Workers heartbeat running jobs
+    /// every quarter of this, so only a dead or stuck worker's claims go stale.
+    pub stale_after: Duration,
+    /// Most attempts one rescue pass closes (it holds one lock per attempt until it commits).
+    pub rescue_batch: i32,
+    /// Dead-lettered jobs are deleted after this long (in batches of `promote_batch`).
+    pub dlq_retention: Duration,
+    /// Unique keys older than this whose job is no longer pending are forgotten (in batches of
+    /// `promote_batch`); a pending job keeps its key however old.
+    pub unique_key_retention: Duration,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            tick: Duration::from_millis(500),
+            rotate_interval: Duration::from_secs(5),
+            prune_lock_timeout: Duration::from_millis(25),
+            promote_batch: 1000,
+            keep_failed: Duration::from_secs(72 * 3600),
+            stale_after: Duration::from_secs(60),
+            rescue_batch: 200,
+            dlq_retention: Duration::from_secs(30 * 24 * 3600),
+            unique_key_retention: Duration::from_secs(72 * 3600),
+        }
+    }
+}
+
+impl MaintenanceConfig {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.tick.is_zero() {
+            return Err(Error::Config("maintenance tick must be > 0".into()));
+        }
+        if self.prune_lock_timeout.is_zero() || self.prune_lock_timeout > Duration::from_secs(5) {
+            return Err(Error::Config(
+                "prune_lock_timeout must be in (0, 5s]: a long wait queues hot reads behind the prune".into(),
+            ));
+        }
+        if self.stale_after < Duration::from_millis(100) {
+            return Err(Error::Config("stale_after must be at least 100 ms".into()));
+        }
+        if self.dlq_retention < Duration::from_secs(60) {
+            return Err(Error::Config(
+                "dlq_retention must be at least one minute".into(),
+            ));
+        }
+        if self.unique_key_retention < Duration::from_secs(60) {
+            return Err(Error::Config(
+                "unique_key_retention must be at least one minute".into(),
+            ));
+        }
+        if !(1..=100_000).contains(&self.rescue_batch) {
+            return Err(Error::Config("rescue_batch must be 1..=100000".into()));
+        }
+        if !(1..=100_000).contains(&self.promote_batch) {
+            return Err(Error::Config("promote_batch must be 1..=100000".into()));
+        }
+        Ok(())
+    }
+}
+
+/// What one tick did (for tests and logs).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TickReport {
+    pub rotated_queue: bool,
+    pub rotated_claim: bool,
+    pub pruned_queue_slots: Vec<i32>,
+    pub pruned_claim_slots: Vec<i32>,
+    pub promoted: i32,
+    pub rescued: i32,
+    pub dlq_expired: i32,
+    pub unique_keys_expired: i32,
+}
+
+/// One maintenance pass: every service once, in the order that lets each help the next. Public so
+/// tests and operators (`ringwork maintain`) can drive maintenance by hand.
+pub async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickReport> {
+    let mut report = TickReport::default();
+    rotate::run(storage, config, &mut report).await?;
+    // Rescue before prune: an open claim blocks its slot until rescue closes it.
+    rescue::run(storage, config, &mut report).await?;
+    prune::run(storage, config, &mut report).await?;
+    retention::run(storage, config, &mut report).await?;
+    promote::run(storage, config, &mut report).await?;
+    Ok(report)
+}

@@ -1,0 +1,17 @@
+//! Rotation: each ring moves its write slot to a free slot once the current one is older than
+//! `rotate_interval` and holds something. A slot pinned by live data stays sealed and does not stop
+//! rotation; with no free slot the current slot keeps growing.
+
+use super::{MaintenanceConfig, TickReport};
+use crate::error::Result;
+use crate::storage::Storage;
+
+pub(super) async fn run(
+    storage: &Storage,
+    config: &MaintenanceConfig,
+    report: &mut TickReport,
+) -> Result<()> {
+    report.rotated_queue = storage.rotate_queue_ring(config.rotate_interval).await?;
+    report.rotated_claim = storage.rotate_claim_ring(config.rotate_interval).await?;
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! `ClientBuilder`, `Client` and `RunningClient`: building (validation, migration, queue lanes),
+//! inserting, operator calls, starting the runtime's tasks and shutting them down gracefully.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use super::dispatcher::Dispatcher;
+use super::handler::{JobContext, JobError, Registry};
+use super::{completer, heartbeat, notifier};
+use super::{CompletionConfig, Finished, Inner, Metrics, QueueConfig};
+use crate::error::{Error, Result};
+use crate::job::{JobArgs, NewJob};
+use crate::maintenance::{self, MaintenanceConfig};
+use crate::schema::{self, RingSizes, SchemaName};
+use crate::storage::Storage;
+
+pub struct ClientBuilder {
+    pool: PgPool,
+    schema: SchemaName,
+    schema_error: Option<Error>,
+    rings: RingSizes,
+    queues: Vec<(String, QueueConfig)>,
+    registry: Registry,
+    completion: CompletionConfig,
+    maintenance: MaintenanceConfig,
+    migrate: bool,
+}
+
+impl ClientBuilder {
+    /// Schema holding ringwork's tables (default `ringwork`).
+    pub fn schema(mut self, name: &str) -> Self {
+        match SchemaName::new(name) {
+            Ok(s) => self.schema = s,
+            Err(e) => self.schema_error = Some(e),
+        }
+        self
+    }
+
+    pub fn rings(mut self, rings: RingSizes) -> Self {
+        self.rings = rings;
+        self
+    }
+
+    /// Work this queue in this process.
+    pub fn queue(mut self, name: &str, config: QueueConfig) -> Self {
+        self.queues.push((name.to_string(), config));
+        self
+    }
+
+    /// Run `handler` for jobs of kind `A::KIND`.
+    pub fn register<A, F, Fut>(mut self, handler: F) -> Self
+    where
+        A: JobArgs,
+        F: Fn(JobContext, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        self.registry.register::<A, F, Fut>(handler);
+        self
+    }
+
+    pub fn completion(mut self, config: CompletionConfig) -> Self {
+        self.completion = config;
+        self
+    }
+
+    pub fn maintenance(mut self, config: MaintenanceConfig) -> Self {
+        self.maintenance = config;
+        self
+    }
+
+    /// Apply migrations at build (default true). Without it, build still refuses a newer schema.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    pub async fn build(self) -> Result<Client> {
+        if let Some(e) = self.schema_error {
+            return Err(e);
+        }
+        for (queue, config) in &self.queues {
+            config.validate(queue)?;
+        }
+        self.maintenance.validate()?;
+        if self.completion.max_batch == 0 || self.completion.max_batch > 4096 {
+            return Err(Error::Config(
+                "completion max_batch must be 1..=4096".into(),
+            ));
+        }
+        if self.migrate {
+            schema::migrate(&self.pool, &self.schema, self.rings).await?;
+        } else {
+            let mut conn = self.pool.acquire().await?;
+            let version = schema::installed_version(&mut conn, &self.schema).await?;
+            schema::check_not_newer(&self.schema, version)?;
+        }
+        let storage = Storage::new(self.pool, self.schema);
+        for (queue, config) in &self.queues {
+            storage.ensure_queue(queue).await?;
+            // only ever switches it on: a process started without the flag must not turn off
+            // another process's dead-letter queue (operators switch it off explicitly)
+            if config.dead_letter {
+                storage.set_queue_dead_letter(queue, true).await?;
+            }
+        }
+        Ok(Client {
+            inner: Arc::new(Inner {
+                running: Mutex::default(),
+                storage,
+                queues: self.queues,
+                registry: self.registry,
+                completion: self.completion,
+                maintenance: self.maintenance,
+                metrics: Arc::new(Metrics::default()),
+            }),
+        })
+    }
+}
+
+/// A ringwork client: inserts jobs, and runs workers and maintenance once started.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl Client {
+    pub fn builder(pool: PgPool) -> ClientBuilder {
+        ClientBuilder {
+            pool,
+            schema: SchemaName::default(),
+            schema_error: None,
+            rings: RingSizes::default(),
+            queues: Vec::new(),
+            registry: Registry::default(),
+            completion: CompletionConfig::default(),
+            maintenance: MaintenanceConfig::default(),
+            migrate: true,
+        }
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.inner.storage
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.inner.metrics)
+    }
+
+    /// Insert one job in its own transaction.
+    pub async fn insert(&self, job: NewJob) -> Result<i64> {
+        let mut conn = self.inner.storage.pool().acquire().await?;
+        self.inner.storage.insert(&mut conn, &job).await
+    }
+
+    /// Insert one job inside the caller's transaction (`&mut *tx`): it exists only if that commits.
+    pub async fn insert_tx(&self, conn: &mut PgConnection, job: NewJob) -> Result<i64> {
+        self.inner.storage.insert(conn, &job).await
+    }
+
+    /// Insert many jobs (COPY for large lanes) on `conn`, the caller's transaction included.
+    pub async fn insert_many_tx(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[NewJob],
+    ) -> Result<Vec<i64>> {
+        self.inner.storage.insert_many(conn, jobs).await
+    }
+
+    /// Insert many jobs in one transaction of their own.
+    pub async fn insert_many(&self, jobs: &[NewJob]) -> Result<Vec<i64>> {
+        let mut tx = self.inner.storage.pool().begin().await?;
+        let ids = self.inner.storage.insert_many(&mut tx, jobs).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    /// Insert jobs (unique ones deduplicated) and say for each whether it was a duplicate.
+    pub async fn insert_many_reporting(
+        &self,
+        jobs: &[NewJob],
+    ) -> Result<Vec<crate::storage::Inserted>> {
+        let mut tx = self.inner.storage.pool().begin().await?;
+        let inserted = self
+            .inner
+            .storage
+            .insert_many_reporting(&mut tx, jobs)
+            .await?;
+        tx.commit().await?;
+        Ok(inserted)
+    }
+
+    /// Cancel the job holding this unique job's key (see `NewJob::unique`).
+    pub async fn cancel_unique(&self, job: &NewJob) -> Result<crate::storage::CancelOutcome> {
+        self.inner.storage.cancel_unique(job, "cancelled").await
+    }
+
+    /// Exact per-queue counts (all queues when `queue` is `None`).
+    pub async fn queue_counts(
+        &self,
+        queue: Option<&str>,
+    ) -> Result<Vec<crate::storage::QueueCounts>> {
+        self.inner.storage.queue_counts(queue).await
+    }
+
+    /// Cancel a job by id: an available or scheduled job never runs; a running one has its claim
+    /// closed and its handler signalled (`JobContext::cancelled`).
+    pub async fn cancel(&self, job_id: i64) -> Result<crate::storage::CancelOutcome> {
+        self.inner.storage.cancel_job(job_id, "cancelled").await
+    }
+
+    /// Start dispatchers, the completion batcher, the NOTIFY listener and the maintenance loop.
+    pub async fn start(&self) -> Result<RunningClient> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (done_tx, done_rx) = mpsc::unbounded_channel::<Finished>();
+        let mut wakers = HashMap::new();
+        for (queue, _) in &self.inner.queues {
+            wakers.insert(queue.clone(), Arc::new(Notify::new()));
+        }
+        let wakers = Arc::new(wakers);
+        let mut tasks = Vec::new();
+
+        tasks.push(tokio::spawn(notifier::listen(
+            Arc::clone(&self.inner),
+            Arc::clone(&wakers),
+            stop_rx.clone(),
+        )));
+        let batcher = tokio::spawn(completer::completion_batcher(
+            self.inner.storage.clone(),
+            self.inner.completion.clone(),
+            Arc::clone(&self.inner.metrics),
+            done_rx,
+        ));
+        let mut dispatchers = Vec::new();
+        for (queue, config) in &self.inner.queues {
+            let dispatcher = Dispatcher {
+                inner: Arc::clone(&self.inner),
+                queue: queue.clone(),
+                config: config.clone(),
+                slots: Arc::new(Semaphore::new(config.max_workers)),
+                wake: Arc::clone(&wakers[queue]),
+                done: done_tx.clone(),
+            };
+            dispatchers.push((Arc::clone(&dispatcher.slots), config.max_workers));
+            tasks.push(tokio::spawn(dispatcher.run(stop_rx.clone())));
+        }
+        tasks.push(tokio::spawn(heartbeat::heartbeats(
+            Arc::clone(&self.inner),
+            stop_rx.clone(),
+        )));
+        if self.inner.maintenance.enabled {
+            tasks.push(tokio::spawn(maintenance::run(
+                self.inner.storage.clone(),
+                self.inner.maintenance.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        Ok(RunningClient {
+            stop: stop_tx,
+            tasks,
+            dispatchers,
+            done: Some(done_tx),
+            batcher: Some(batcher),
+        })
+    }
+}
+
+/// A started client. `shutdown` stops claiming, drains running handlers and flushes completions.
+pub struct RunningClient {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    dispatchers: Vec<(Arc<Semaphore>, usize)>,
+    done: Option<mpsc::UnboundedSender<Finished>>,
+    batcher: Option<JoinHandle<()>>,
+}
+
+impl RunningClient {
+    /// Graceful shutdown: stop claiming, wait up to `drain` for running handlers, flush completions.
+    /// Handlers still running after `drain` are abandoned; their claims stay open for rescue.
+    pub async fn shutdown(mut self, drain: Duration) {
+        let _ = self.stop.send(true);
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+        let wait_idle = async {
+            for (slots, total) in &self.dispatchers {
+                let _ = slots.acquire_many(*total as u32).await;
+            }
+        };
+        if tokio::time::timeout(drain, wait_idle).await.is_err() {
+            warn!("shutdown: handlers still running after {drain:?}; their claims are left for rescue");
+        }
+        drop(self.done.take());
+        if let Some(batcher) = self.batcher.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), batcher).await;
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! One dispatcher per queue: waits for a free worker slot, claims as many jobs as there are free
+//! slots in one round trip, and hands each to an executor task. An empty claim waits for a NOTIFY
+//! or the poll interval; a claim that found only busy lanes backs off briefly instead.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tracing::warn;
+
+use super::executor::run_job;
+use super::{Finished, Inner, QueueConfig};
+
+pub(super) struct Dispatcher {
+    pub(super) inner: Arc<Inner>,
+    pub(super) queue: String,
+    pub(super) config: QueueConfig,
+    pub(super) slots: Arc<Semaphore>,
+    pub(super) wake: Arc<Notify>,
+    pub(super) done: mpsc::UnboundedSender<Finished>,
+}
+
+impl Dispatcher {
+    pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut failures = 0_u32;
+        let mut busy_rounds = 0_u32;
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let first = tokio::select! {
+                permit = Arc::clone(&self.slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+                _ = stop.changed() => return,
+            };
+            let mut permits = vec![first];
+            while permits.len() < self.config.claim_batch {
+                match Arc::clone(&self.slots).try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let claimed = self
+                .inner
+                .storage
+                .claim_aged(
+                    &self.queue,
+                    permits.len(),
+                    self.config.deadline,
+                    self.config.priority_aging,
+                )
+                .await;
+            match claimed {
+                Ok(jobs) if !jobs.is_empty() => {
+                    failures = 0;
+                    busy_rounds = 0;
+                    self.inner
+                        .metrics
+                        .claimed
+                        .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                    for (job, permit) in jobs.into_iter().zip(permits) {
+                        let inner = Arc::clone(&self.inner);
+                        let done = self.done.clone();
+                        let queue = self.queue.clone();
+                        tokio::spawn(async move {
+                            let finished = run_job(&inner, &queue, job).await;
+                            let _ = done.send(finished);
+                            drop(permit);
+                        });
+                    }
+                }
+                Ok(_) => {
+                    drop(permits);
+                    failures = 0;
+                    // Empty, or every lane with work was locked by another claimer?
+                    let busy = self
+                        .inner
+                        .storage
+                        .queue_has_backlog(&self.queue)
+                        .await
+                        .unwrap_or(false);
+                    // A lane locked by another claimer frees up within milliseconds; a lane held
+                    // behind an open producer transaction may not, so back off towards the poll
+                    // interval while it stays busy.
+                    busy_rounds = if busy {
+                        busy_rounds.saturating_add(1)
+                    } else {
+                        0
+                    };
+                    let wait = if busy {
+                        Duration::from_millis(2 << busy_rounds.min(8))
+                            .min(self.config.poll_interval)
+                    } else {
+                        self.config.poll_interval
+                    };
+                    tokio::select! {
+                        _ = self.wake.notified() => {}
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+                Err(e) => {
+                    drop(permits);
+                    failures = failures.saturating_add(1);
+                    let backoff = Duration::from_millis(50 * 2_u64.pow(failures.min(6)));
+                    warn!(queue = %self.queue, error = %e, "claim failed; retrying in {backoff:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    }
+}

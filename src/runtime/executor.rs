@@ -1,0 +1,118 @@
+//! Runs one claimed job: registers the attempt for heartbeats, runs its handler in a task of its own
+//! (a panic is a failed attempt, not a dead worker) under the attempt's deadline, and turns the
+//! handler's result into the attempt's outcome.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::handler::{retry_backoff, CancelSignal, JobContext, JobError};
+use super::{Finished, Inner};
+use crate::storage::{ClaimedJob, CloseOutcome};
+
+pub(super) async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
+    let attempt = job.attempt_ref();
+    let key = (job.job_id, job.run_lease);
+    let cancel = Arc::new(CancelSignal::default());
+    if let Ok(mut running) = inner.running.lock() {
+        running.insert(
+            key,
+            (attempt, std::time::Instant::now(), Arc::clone(&cancel)),
+        );
+    }
+    let finished = run_handler(inner, queue, job, cancel).await;
+    if let Ok(mut running) = inner.running.lock() {
+        running.remove(&key);
+    }
+    finished
+}
+
+async fn run_handler(
+    inner: &Inner,
+    queue: &str,
+    job: ClaimedJob,
+    cancel: Arc<CancelSignal>,
+) -> Finished {
+    let attempt = job.attempt_ref();
+    if let Ok(mut samples) = inner.metrics.pickup_ms.lock() {
+        if let Some(samples) = samples.as_mut() {
+            let ms = (Utc::now() - job.created_at)
+                .num_microseconds()
+                .unwrap_or(0) as f64
+                / 1000.0;
+            samples.push(ms);
+        }
+    }
+    let result = match inner.registry.get(&job.kind) {
+        None => Err(JobError::Terminal(format!(
+            "unknown job kind {:?}: no handler is registered for it in this process",
+            job.kind
+        ))),
+        Some(handler) => {
+            let ctx = JobContext {
+                job_id: job.job_id,
+                run_lease: job.run_lease,
+                attempt: job.attempt,
+                max_attempts: job.max_attempts,
+                kind: job.kind.clone(),
+                queue: queue.to_string(),
+                created_at: job.created_at,
+                cancel,
+            };
+            // A panicking handler is a failed attempt, not a dead worker; one past its deadline is
+            // stopped (deadline rescue closes the claim if this process cannot).
+            let task = tokio::spawn(handler(ctx, job.args.clone()));
+            let abort = task.abort_handle();
+            let limit = job
+                .deadline_at
+                .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO));
+            let joined = match limit {
+                Some(limit) => match tokio::time::timeout(limit, task).await {
+                    Ok(joined) => joined,
+                    Err(_) => {
+                        abort.abort();
+                        Ok(Err(JobError::Retry(format!(
+                            "deadline exceeded after {limit:?}"
+                        ))))
+                    }
+                },
+                None => task.await,
+            };
+            match joined {
+                Ok(result) => result,
+                Err(e) => Err(JobError::Retry(format!("handler panicked: {e}"))),
+            }
+        }
+    };
+    let result = result.map_err(|error| close_outcome(&job, error));
+    Finished { attempt, result }
+}
+
+fn close_outcome(job: &ClaimedJob, error: JobError) -> CloseOutcome {
+    let exhausted = job.attempt >= job.max_attempts;
+    match error {
+        JobError::Terminal(e) => CloseOutcome::Failed { error: e },
+        JobError::Retry(e) | JobError::RetryAfter(_, e) if exhausted => CloseOutcome::Failed {
+            error: format!(
+                "{e} (attempt {} of {}, exhausted)",
+                job.attempt, job.max_attempts
+            ),
+        },
+        JobError::Retry(e) => CloseOutcome::Retry {
+            at: Utc::now() + chrono_duration(retry_backoff(job.attempt)),
+            error: e,
+        },
+        JobError::Snooze(delay) => CloseOutcome::Snooze {
+            at: Utc::now() + chrono_duration(delay),
+        },
+        JobError::RetryAfter(delay, e) => CloseOutcome::Retry {
+            at: Utc::now() + chrono_duration(delay),
+            error: e,
+        },
+    }
+}
+
+fn chrono_duration(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::hours(1))
+}

@@ -1,0 +1,147 @@
+//! The runtime: a `Client` per process runs one dispatcher per queue, executors for the jobs it
+//! claims, a completion batcher, heartbeats for long attempts, a LISTEN/NOTIFY wake-up (with a
+//! polling fallback) and, when it wins the election, maintenance.
+//!
+//! - `client`: the builder, `Client` (inserts, operator calls) and `RunningClient` (shutdown);
+//! - `dispatcher`: claims batches for one queue, bounded by its worker slots;
+//! - `executor`: runs one claimed job's handler under its deadline, maps the result to an outcome;
+//! - `completer`: batches outcomes into one `complete_batch` and one `close_batch` per flush;
+//! - `heartbeat`: keeps long attempts from stale rescue, and learns when one was closed under it;
+//! - `notifier`: LISTEN for enqueue and cancel notifications;
+//! - `handler`: the handler API (`JobContext`, `JobError`) and the registry of kinds.
+
+mod client;
+mod completer;
+mod dispatcher;
+mod executor;
+pub(crate) mod handler;
+mod heartbeat;
+mod notifier;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::job::validate_name;
+use crate::maintenance::MaintenanceConfig;
+use crate::storage::{AttemptRef, CloseOutcome, Storage};
+use handler::{CancelSignal, Registry};
+
+pub use client::{Client, ClientBuilder, RunningClient};
+
+/// Per-queue runtime settings.
+#[derive(Clone, Debug)]
+pub struct QueueConfig {
+    /// Handlers of this queue running at once in this process.
+    pub max_workers: usize,
+    /// Most jobs taken by one claim call.
+    pub claim_batch: usize,
+    /// How long an idle dispatcher waits for a NOTIFY before claiming anyway.
+    pub poll_interval: Duration,
+    /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and
+    /// deadline rescue closes the attempt if its worker cannot.
+    pub deadline: Option<Duration>,
+    /// Priority aging: a lane's effective priority improves one level per this much waiting by its
+    /// oldest job, so low priorities never starve. `None` (or zero) disables aging.
+    pub priority_aging: Option<Duration>,
+    /// Send this queue's terminal failures to the dead-letter queue (`dlq_entries`) instead of
+    /// failed history, for an operator to inspect, retry or purge. Switched on for the queue when
+    /// the client is built; never switched off by a client (use `Storage::set_queue_dead_letter`).
+    pub dead_letter: bool,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            max_workers: 32,
+            claim_batch: 128,
+            poll_interval: Duration::from_millis(250),
+            deadline: None,
+            priority_aging: Some(Duration::from_secs(60)),
+            dead_letter: false,
+        }
+    }
+}
+
+impl QueueConfig {
+    pub(crate) fn validate(&self, queue: &str) -> Result<()> {
+        validate_name("queue name", queue)?;
+        if !(1..=10_000).contains(&self.max_workers) {
+            return Err(Error::Config(format!(
+                "queue {queue:?}: max_workers must be 1..=10000, got {}",
+                self.max_workers
+            )));
+        }
+        if !(1..=4096).contains(&self.claim_batch) {
+            return Err(Error::Config(format!(
+                "queue {queue:?}: claim_batch must be 1..=4096, got {}",
+                self.claim_batch
+            )));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::Config(format!(
+                "queue {queue:?}: poll_interval must be > 0"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How completions are batched.
+#[derive(Clone, Debug)]
+pub struct CompletionConfig {
+    pub max_batch: usize,
+    pub max_delay: Duration,
+}
+
+impl Default for CompletionConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 512,
+            max_delay: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Counters a caller can read while the client runs.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub claimed: AtomicU64,
+    pub completed: AtomicU64,
+    pub retried: AtomicU64,
+    pub failed: AtomicU64,
+    pub stale: AtomicU64,
+    /// Pickup latency samples (enqueue → handler start), in milliseconds, when enabled.
+    pub pickup_ms: Mutex<Option<Vec<f64>>>,
+}
+
+impl Metrics {
+    /// Start keeping pickup-latency samples.
+    pub fn record_pickup_latency(&self) {
+        if let Ok(mut samples) = self.pickup_ms.lock() {
+            samples.get_or_insert_with(Vec::new);
+        }
+    }
+}
+
+/// Attempts running in this process, for heartbeats: (job_id, run_lease) -> (attempt, started).
+pub(crate) type RunningAttempts =
+    Mutex<HashMap<(i64, i64), (AttemptRef, std::time::Instant, Arc<CancelSignal>)>>;
+
+pub(crate) struct Inner {
+    pub(crate) running: RunningAttempts,
+    pub(crate) storage: Storage,
+    pub(crate) queues: Vec<(String, QueueConfig)>,
+    pub(crate) registry: Registry,
+    pub(crate) completion: CompletionConfig,
+    pub(crate) maintenance: MaintenanceConfig,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// A finished attempt on its way to the completion batcher.
+pub(crate) struct Finished {
+    pub(crate) attempt: AttemptRef,
+    pub(crate) result: std::result::Result<(), CloseOutcome>,
+}

@@ -1,0 +1,79 @@
+//! LISTEN/NOTIFY: enqueue notifications wake the queue's dispatcher; cancel notifications signal a
+//! running attempt's handler.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio::sync::{watch, Notify};
+use tracing::debug;
+
+use super::Inner;
+
+/// `cancel_job` notifies "job_id:run_lease" of a running attempt it closed; tell its handler.
+pub(super) fn signal_cancel(inner: &Inner, payload: &str) {
+    let parsed = payload
+        .split_once(':')
+        .and_then(|(job, lease)| Some((job.parse::<i64>().ok()?, lease.parse::<i64>().ok()?)));
+    if let (Some(key), Ok(running)) = (parsed, inner.running.lock()) {
+        if let Some((_, _, signal)) = running.get(&key) {
+            signal.set();
+        }
+    }
+}
+
+/// LISTEN for enqueue notifications and wake the matching dispatcher. Reconnects on failure; the
+/// dispatchers' poll interval covers the gap (and PgBouncer transaction pooling, where LISTEN
+/// does not work at all).
+pub(super) async fn listen(
+    inner: Arc<Inner>,
+    wakers: Arc<HashMap<String, Arc<Notify>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let storage = &inner.storage;
+    let channel = storage.schema().notify_channel();
+    let cancel_channel = format!("{channel}_cancel");
+    loop {
+        let mut listener = match PgListener::connect_with(storage.pool()).await {
+            Ok(l) => l,
+            Err(e) => {
+                debug!(error = %e, "listener connect failed; polling only for now");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = stop.changed() => return,
+                }
+            }
+        };
+        if let Err(e) = listener
+            .listen_all([channel.as_str(), cancel_channel.as_str()])
+            .await
+        {
+            debug!(error = %e, "LISTEN failed; polling only for now");
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                _ = stop.changed() => return,
+            }
+        }
+        loop {
+            tokio::select! {
+                message = listener.try_recv() => match message {
+                    Ok(Some(n)) if n.channel() == cancel_channel => signal_cancel(&inner, n.payload()),
+                    Ok(Some(n)) => {
+                        if let Some(w) = wakers.get(n.payload()) {
+                            w.notify_one();
+                        }
+                    }
+                    // connection lost: wake everyone (notifications may have been missed), reconnect
+                    Ok(None) | Err(_) => {
+                        for w in wakers.values() {
+                            w.notify_one();
+                        }
+                        break;
+                    }
+                },
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}

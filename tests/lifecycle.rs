@@ -209,7 +209,25 @@ async fn a_running_handler_is_told_it_was_cancelled() {
         })
         .await;
     assert!(started);
-    tokio::time::sleep(Duration::from_millis(100)).await; // the listener is up before the handler starts
+    // The cancel reaches the handler through NOTIFY: wait until the client's listener has issued
+    // its LISTEN on the cancel channel (the heartbeat fallback would take stale_after / 4).
+    let channel = format!("ringwork_{}_cancel", db.schema);
+    let listening = eventually(Duration::from_secs(10), || {
+        let pool = db.pool.clone();
+        let channel = channel.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0)",
+            )
+            .bind(channel)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    })
+    .await;
+    assert!(listening, "the client never listened on {channel}");
     assert_eq!(
         client.cancel(id).await.unwrap(),
         CancelOutcome::CancelledRunning
@@ -285,8 +303,12 @@ async fn a_snooze_runs_the_job_later_without_using_an_attempt() {
         .unwrap();
     assert_eq!(snoozed, vec![Outcome::Applied]);
     assert_eq!(storage.promote_due(10).await.unwrap(), 0, "not due yet");
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(storage.promote_due(10).await.unwrap(), 1);
+    let promoted = eventually(Duration::from_secs(5), || {
+        let storage = storage.clone();
+        async move { storage.promote_due(10).await.unwrap() == 1 }
+    })
+    .await;
+    assert!(promoted, "the snoozed job never became due");
     let second = storage.claim("default", 1, None).await.unwrap().remove(0);
     assert_eq!(second.attempt, 1, "the snooze did not use the only attempt");
     assert_eq!(

@@ -120,8 +120,13 @@ async fn two_clients_in_separate_runtimes_run_every_job_exactly_once() {
         async move { runs.lock().unwrap().len() == 10_000 }
     })
     .await;
-    // let in-flight completions flush, then stop both
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // every attempt's completion has committed (no claim left open), then stop both
+    let flushed = eventually(Duration::from_secs(30), || {
+        let storage = db.storage();
+        async move { storage.count_in_flight(None).await.unwrap() == 0 }
+    })
+    .await;
+    assert!(flushed, "completions never flushed");
     for stop in &stops {
         stop.notify_one();
     }

@@ -203,6 +203,12 @@ pub struct BenchConfig {
     /// Shell command that restarts the server at `database_url` (pg-restart scenario); the
     /// embedded cluster restarts itself.
     pub pg_restart_cmd: Option<String>,
+    /// Autovacuum on the throwaway cluster (default on, as on any production server). Ignored
+    /// for DATABASE_URL, whose own setting is reported.
+    pub autovacuum: bool,
+    /// Run ANALYZE on every table of the system's schema this often during the phases, so plans
+    /// meet fresh statistics (the planner-drift check).
+    pub analyze_every: Option<Duration>,
     pub out_dir: PathBuf,
     pub label: String,
 }
@@ -290,6 +296,8 @@ pub struct RunResult {
     pub lost: i64,
     /// Handler runs beyond one per job: at-least-once re-runs after a crash or a lost completion.
     pub extra_completions: i64,
+    /// The server the run measured: version, autovacuum, and the ANALYZE cadence if any.
+    pub server: String,
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -684,6 +692,50 @@ struct Server {
     restart_cmd: Option<String>,
 }
 
+/// "PostgreSQL 15.x, autovacuum on" for the report: a figure measured with autovacuum off is the
+/// favourable case (no statistics, so no plan drift; no vacuum competing for the disk).
+async fn describe_server(admin: &PgPool, config: &BenchConfig) -> Result<String> {
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(admin)
+        .await?;
+    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(admin)
+        .await?;
+    let mut text = format!("PostgreSQL {version}, autovacuum {autovacuum}");
+    if let Some(every) = config.analyze_every {
+        text.push_str(&format!(", ANALYZE every {} s", every.as_secs()));
+    }
+    Ok(text)
+}
+
+/// ANALYZE every table of `schema` every `every`, until the task is aborted.
+async fn analyze_loop(url: String, schema: String, every: Duration) {
+    let Ok(pool) = PgPoolOptions::new().max_connections(1).connect(&url).await else {
+        eprintln!("\n   cannot connect for ANALYZE; the run goes on without it");
+        return;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')",
+        )
+        .bind(&schema)
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        if !tables.is_empty() {
+            if let Err(e) = sqlx::raw_sql(&format!("ANALYZE {}", tables.join(", ")))
+                .execute(&pool)
+                .await
+            {
+                eprintln!("\n   ANALYZE failed: {e}");
+            }
+        }
+    }
+}
+
 impl Server {
     async fn restart(&self) -> Result<()> {
         if let Some(pg) = &self.embedded {
@@ -727,7 +779,9 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
         },
         None => {
             eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster…");
-            let pg = EmbeddedPostgres::start().map_err(|e| Error::Config(e.to_string()))?;
+            let autovacuum = if config.autovacuum { "on" } else { "off" };
+            let pg = EmbeddedPostgres::start_with(&[("autovacuum", autovacuum)])
+                .map_err(|e| Error::Config(e.to_string()))?;
             Server {
                 url: pg.url(),
                 embedded: Some(pg),
@@ -817,6 +871,10 @@ async fn run_one(
     let fixed_rate = scenario.fixed_rate().then_some(config.rate);
     processes.spawn_producer(fixed_rate, config.depth)?;
 
+    let server_note = describe_server(&admin, config).await?;
+    let analyzer = config
+        .analyze_every
+        .map(|every| tokio::spawn(analyze_loop(server.url.clone(), schema.clone(), every)));
     let started = Instant::now();
     let mut phases = Vec::new();
     let mut previous_median: Option<f64> = None;
@@ -836,6 +894,9 @@ async fn run_one(
         phases.push(result);
     }
 
+    if let Some(analyzer) = analyzer {
+        analyzer.abort();
+    }
     // stop producing, let the queue drain, stop the workers, account for every job
     if let Some(mut producer) = processes.producer.take() {
         stop_child(&mut producer).await;
@@ -885,6 +946,7 @@ async fn run_one(
         completed,
         pending_after_drain: pending,
         lost: (missing - pending.max(0)).max(0),
+        server: server_note,
         extra_completions: (processes.counters.handled_lines.load(Ordering::Relaxed) as i64
             - handled_distinct)
             .max(0),
@@ -1104,6 +1166,18 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
         config.depth,
         config.rate
     );
+    let mut servers: Vec<&str> = results.iter().map(|r| r.server.as_str()).collect();
+    servers.dedup();
+    for server in servers {
+        out.push_str(&format!("Server: {server}.\n"));
+        if server.contains("autovacuum off") {
+            out.push_str(
+                "**Autovacuum is off on this server**: no statistics appear and no vacuum runs, \
+                 the favourable case; production servers run with it on.\n",
+            );
+        }
+    }
+    out.push('\n');
     out.push_str(
         "| system | profile | scenario | phase | completed/s median (peak) | enqueued/s median | depth median | pickup p50 / p95 / p99 ms | WAL B/job | commits/job | ring dead peak | schema dead end (peak) | rotations / prunes | recovery s |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",

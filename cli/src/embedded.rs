@@ -63,8 +63,14 @@ pub struct EmbeddedPostgres {
 }
 
 impl EmbeddedPostgres {
-    /// initdb + start a cluster on a free localhost port. Blocks until it accepts connections.
+    /// initdb + start a cluster on a free localhost port, with PostgreSQL's defaults (autovacuum
+    /// on). Blocks until it accepts connections.
     pub fn start() -> Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// `start`, with extra server settings (`-c name=value`), e.g. `("autovacuum", "off")`.
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<Self> {
         let bindir = find_bindir()?;
         let dir = ClusterDir::create()?;
         let run_as = if is_root() {
@@ -104,10 +110,13 @@ impl EmbeddedPostgres {
             ],
         )?;
         let log = embedded.dir.path().join("postgres.log");
-        let options = format!(
+        let mut options = format!(
             "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
             path_str(embedded.dir.path())?
         );
+        for (name, value) in settings {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
         embedded.run(
             "pg_ctl",
             &[

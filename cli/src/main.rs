@@ -186,6 +186,13 @@ enum Command {
         /// Shell command restarting the DATABASE_URL server (pg-restart scenario).
         #[arg(long)]
         pg_restart_cmd: Option<String>,
+        /// Autovacuum on the throwaway cluster: on (PostgreSQL's default, as in production) or
+        /// off. With DATABASE_URL the server's own setting is used and reported.
+        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+        autovacuum: String,
+        /// Run ANALYZE on the schema's tables every this many seconds during the phases.
+        #[arg(long)]
+        analyze_every: Option<u64>,
         #[arg(long, default_value = "target/bench")]
         out: std::path::PathBuf,
         /// File name (without extension) of the JSON and Markdown results.
@@ -345,6 +352,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             awa_schema,
             no_ringwork,
             pg_restart_cmd,
+            autovacuum,
+            analyze_every,
             out,
             label,
         } => {
@@ -384,6 +393,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 sample_every: Duration::from_secs(sample_secs),
                 readers,
                 pg_restart_cmd,
+                autovacuum: autovacuum == "on",
+                analyze_every: analyze_every.filter(|s| *s > 0).map(Duration::from_secs),
                 out_dir: out,
                 label,
             };

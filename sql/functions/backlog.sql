@@ -19,7 +19,7 @@ $$;
 -- Promotion without a temp table (creating one per call churns the system catalogs): lock the due
 -- rows of one lane, reserve a segment of that size, then move exactly those rows.
 CREATE OR REPLACE FUNCTION __S__.promote_due(p_limit int) RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_group record;
     v_seg record;

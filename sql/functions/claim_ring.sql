@@ -55,7 +55,7 @@ CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline inter
 RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
                attempt int, max_attempts int, priority smallint, created_at timestamptz,
                deadline_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_claim_slot int;
     v_batch bigint;
@@ -229,7 +229,7 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.complete_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
                                      p_run_leases bigint[])
 RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
     RETURN QUERY
@@ -275,7 +275,7 @@ CREATE OR REPLACE FUNCTION __S__.close_batch(p_claim_slots int[], p_receipt_ids 
                                   p_run_leases bigint[], p_outcomes text[], p_retry_at timestamptz[],
                                   p_errors text[])
 RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
     RETURN QUERY
@@ -351,7 +351,7 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.heartbeat_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
                                       p_run_leases bigint[], p_progress jsonb[])
 RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
     RETURN QUERY

@@ -43,7 +43,7 @@ $$;
 -- called per lane by every claim, count and prune proof (planning over 16 partitions cost ~0.6 ms
 -- a call); PL/pgSQL keeps its plans for the session.
 CREATE OR REPLACE FUNCTION __S__.lane_cursor(p_lane_id int) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_seq bigint;
     v_ledger bigint;
@@ -87,7 +87,7 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.enqueue_segment(p_queue text, p_priority smallint, p_count int,
                                       OUT ready_slot int, OUT lane_id int, OUT base_pos bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_lane __S__.queue_lanes;
     v_seg bigint;
@@ -117,7 +117,7 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.enqueue_jobs(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
                                    p_max_attempts int[], p_timeouts_ms int[])
 RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_seg record;
     v_n int := cardinality(p_kinds);
@@ -142,7 +142,7 @@ $$;
 -- the ring and keep_failed give it).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.lane_available(p_lane_id int) RETURNS bigint
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_pos bigint := __S__.lane_cursor(p_lane_id);
     v_total bigint;

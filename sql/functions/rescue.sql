@@ -21,7 +21,7 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.rescue_close(p_slots int[], p_receipts bigint[], p_jobs bigint[], p_leases bigint[],
                                    p_attempts int[], p_max_attempts int[], p_outcome text, p_error text)
 RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_job bigint;
 BEGIN
@@ -46,7 +46,7 @@ $$;
 -- claims, claims it closes, and claims whose heartbeat is fresh (remembering the oldest such as the
 -- revisit point); stops before a stale open claim it could not lock. Returns attempts closed.
 CREATE OR REPLACE FUNCTION __S__.rescue_stale_slot(p_slot int, p_stale_after interval, p_limit int) RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_slot __S__.claim_ring_slots;
     v_cutoff timestamptz := now() - p_stale_after;
@@ -194,7 +194,7 @@ $$;
 -- (deadline_at, job_id, run_lease). Open members past their deadline close as deadline_expired,
 -- heartbeat or not. Returns attempts closed.
 CREATE OR REPLACE FUNCTION __S__.rescue_deadline_slot(p_slot int, p_limit int) RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_slot __S__.claim_ring_slots;
     v_batch record;
@@ -271,7 +271,7 @@ $$;
 -- One maintenance tick of rescue: deadline then stale, over every slot that can hold claims,
 -- closing at most p_limit attempts (so one transaction holds at most that many attempt locks).
 CREATE OR REPLACE FUNCTION __S__.rescue(p_stale_after interval, p_limit int) RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_slot int;
     v_closed int := 0;

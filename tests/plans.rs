@@ -1,0 +1,152 @@
+//! Plans that do not drift with statistics: the hot functions run their statements with generic
+//! plans, and the generic plan of claim's ready-row walk stays the ordered index walk it was
+//! designed for once the ring tables have real statistics.
+
+mod support;
+
+use std::time::Duration;
+
+use ringwork::NewJob;
+use serde_json::json;
+use support::TestDb;
+
+/// The functions on the enqueue / claim / complete / rescue paths. Each pins its plans with
+/// `SET plan_cache_mode = force_generic_plan` (nested calls inherit it).
+const GENERIC_PLAN_FUNCTIONS: &[&str] = &[
+    "claim",
+    "complete_batch",
+    "close_batch",
+    "heartbeat_batch",
+    "enqueue_segment",
+    "enqueue_jobs",
+    "lane_cursor",
+    "lane_available",
+    "promote_due",
+    "rescue",
+    "rescue_close",
+    "rescue_stale_slot",
+    "rescue_deadline_slot",
+];
+
+#[tokio::test]
+async fn hot_functions_pin_generic_plans() {
+    let db = TestDb::new().await;
+    for name in GENERIC_PLAN_FUNCTIONS {
+        let config: Option<Vec<String>> = sqlx::query_scalar(
+            "SELECT proconfig FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = $2",
+        )
+        .bind(db.schema.as_str())
+        .bind(name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            config.unwrap_or_default(),
+            vec!["plan_cache_mode=force_generic_plan".to_string()],
+            "{name}"
+        );
+    }
+    db.cleanup().await;
+}
+
+/// Cut the ready-row walk out of the installed `claim()` and turn its PL/pgSQL variables into
+/// parameters, so the test explains the very statement claim runs.
+fn claim_walk_statement(claim_source: &str) -> String {
+    let start = claim_source
+        .find("FOR v_row IN")
+        .expect("claim() has no ready-row walk")
+        + "FOR v_row IN".len();
+    let end = start
+        + claim_source[start..]
+            .find("\n        LOOP")
+            .expect("the walk ends with LOOP");
+    let walk = &claim_source[start..end];
+    let mut statement = walk.to_string();
+    for (variable, parameter) in [
+        ("v_lane.lane_id", "$1"),
+        ("v_cursor", "$2"),
+        ("(p_max - v_n) + 64", "$3"),
+    ] {
+        assert!(
+            statement.contains(variable),
+            "the walk no longer uses {variable}: update this test with claim()\n{walk}"
+        );
+        statement = statement.replace(variable, parameter);
+    }
+    let unbound = statement
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .find(|word| word.starts_with("v_") || word.starts_with("p_"));
+    assert!(
+        unbound.is_none(),
+        "the walk uses {unbound:?}, a variable this test does not bind:\n{statement}"
+    );
+    statement
+}
+
+#[tokio::test]
+async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // A lane spread over twelve queue slots, 2,000 jobs each, half of each claimed: the shape the
+    // ring has under load, with real row counts for ANALYZE to see.
+    let mut conn = db.pool.acquire().await.unwrap();
+    for round in 0..12 {
+        let jobs: Vec<_> = (0..2000)
+            .map(|i| NewJob::from_parts("k", json!({ "n": round * 2000 + i })).unwrap())
+            .collect();
+        storage.insert_many(&mut conn, &jobs).await.unwrap();
+        storage.claim("default", 1000, None).await.unwrap();
+        assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+        storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+    }
+    sqlx::raw_sql(&format!(
+        "ANALYZE {s}.ready_entries, {s}.ready_tombstones, {s}.ready_segments, \
+         {s}.ready_claim_attempt_batches, {s}.queue_lanes",
+        s = db.schema
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    let source: String = sqlx::query_scalar(
+        "SELECT prosrc FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = 'claim'",
+    )
+    .bind(db.schema.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let walk = claim_walk_statement(&source);
+    let (lane, cursor): (i32, i64) = sqlx::query_as(&format!(
+        "SELECT lane_id, {s}.lane_cursor(lane_id) FROM {s}.queue_lanes WHERE queue = 'default' \
+         AND priority = 2",
+        s = db.schema
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::raw_sql(&format!(
+        "PREPARE walk(int, bigint, int) AS {walk}; SET plan_cache_mode = force_generic_plan"
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, TIMING OFF) EXECUTE walk({lane}, {cursor}, 192)"
+    ))
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    // An ordered merge of the children's (lane_id, lane_pos) index scans that stops after the
+    // batch: no sort of the whole lane, no sequential scan of ready rows.
+    assert!(plan.contains("Merge Append"), "{plan}");
+    assert!(plan.contains("lane_id_lane_pos_idx"), "{plan}");
+    assert!(!plan.contains("Seq Scan on ready_entries"), "{plan}");
+    assert!(!plan.contains("Sort  ("), "{plan}");
+    assert!(
+        plan.contains("actual rows=192"),
+        "the walk returned a batch\n{plan}"
+    );
+    drop(conn);
+    db.cleanup().await;
+}

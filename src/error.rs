@@ -36,6 +36,10 @@ pub enum Error {
         binary: i32,
     },
 
+    /// The database server could not be reached (refused, unreachable, or no answer in time).
+    #[error("cannot reach the database server at {target}: {reason}")]
+    Unreachable { target: String, reason: String },
+
     /// The database schema is not the one this binary's migrations describe.
     #[error("schema {schema:?} cannot be used: {reason}")]
     SchemaMismatch { schema: String, reason: String },

@@ -40,7 +40,9 @@ pub use error::{Error, Result};
 pub use job::{JobArgs, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
 pub use runtime::handler::{JobContext, JobError};
-pub use runtime::{Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient};
+pub use runtime::{
+    check_reachable, Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient,
+};
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, Inserted,

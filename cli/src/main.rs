@@ -258,10 +258,22 @@ enum Command {
     },
 }
 
+/// A small pool on `url` that fails within seconds, naming the cause, when the server is refused,
+/// unreachable or unknown (a pool alone would retry for its whole acquire timeout).
+async fn connect(url: &str, max: u32) -> ringwork::Result<sqlx::PgPool> {
+    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+    let pool = PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options);
+    ringwork::check_reachable(&pool).await?;
+    Ok(pool)
+}
+
 /// A storage handle on an installed schema this binary can run against.
 async fn open_storage(url: &str, schema: &str) -> ringwork::Result<Storage> {
     let schema = SchemaName::new(schema)?;
-    let pool = PgPoolOptions::new().max_connections(2).connect(url).await?;
+    let pool = connect(url, 2).await?;
     let mut conn = pool.acquire().await?;
     let version = schema::installed_version(&mut conn, &schema).await?;
     schema::check_not_newer(&schema, version)?;
@@ -296,10 +308,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             schema: name,
         } => {
             let schema = SchemaName::new(&name)?;
-            let pool = PgPoolOptions::new()
-                .max_connections(2)
-                .connect(&database_url)
-                .await?;
+            let pool = connect(&database_url, 2).await?;
             let report = schema::migrate(&pool, &schema, RingSizes::default()).await?;
             if report.applied.is_empty() {
                 println!(
@@ -615,10 +624,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             stale_after,
         } => {
             let schema = SchemaName::new(&name)?;
-            let pool = PgPoolOptions::new()
-                .max_connections(2)
-                .connect(&database_url)
-                .await?;
+            let pool = connect(&database_url, 2).await?;
             let mut conn = pool.acquire().await?;
             let version = schema::installed_version(&mut conn, &schema).await?;
             schema::check_not_newer(&schema, version)?;

@@ -1,11 +1,31 @@
-//! Leader election and the maintenance loop. Leadership is a session advisory lock held on a
-//! dedicated connection, kept out of the pool while this process leads; if that connection dies the
-//! lock dies with it and another process takes over on its next tick.
+//! Leader election and the maintenance loop.
+//!
+//! Leadership is a session advisory lock held on a dedicated connection, kept out of the pool while
+//! this process leads. The leader touches that connection (`SELECT 1`) before every tick, so its
+//! backend's `state_change` in `pg_stat_activity` moves at least once per tick while it is alive.
+//!
+//! A leader that stops making progress (a stopped process, a paused VM, a host that vanished
+//! without closing its socket) would otherwise keep the lock, and with it rescue, promotion,
+//! rotation and prune, for as long as the server keeps its session. So a process that finds the
+//! lock taken looks at the holder's backend: idle for longer than the takeover bound
+//! (2 × `stale_after`) means it has not ticked for that long, and the process fences it with
+//! `pg_terminate_backend`, which ends the session and releases the lock; then it takes the lock
+//! itself. No row is written for any of this (nothing for a held horizon to turn into dead tuples).
+//!
+//! The fenced leader finds out before its next tick: its `SELECT 1` fails on the terminated
+//! connection and it steps down. A tick it was in the middle of when it froze may finish after it
+//! wakes, overlapping the new leader's: that is safe, because every maintenance step proves what it
+//! needs under its own locks (rotation and prune lock the ring state row, rescue the attempt's
+//! advisory lock, promotion deletes the deferred row it moves) — a second runner costs work, not
+//! correctness.
 
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
-use sqlx::Postgres;
+use sqlx::{PgConnection, Postgres};
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{tick, MaintenanceConfig};
 use crate::storage::Storage;
@@ -19,6 +39,11 @@ fn leader_key(storage: &Storage) -> i64 {
     hash as i64
 }
 
+/// How long a leader's connection may sit idle (no tick) before another process fences it.
+pub(crate) fn takeover_after(config: &MaintenanceConfig) -> Duration {
+    config.stale_after * 2
+}
+
 pub(crate) async fn run(
     storage: Storage,
     config: MaintenanceConfig,
@@ -26,14 +51,27 @@ pub(crate) async fn run(
 ) {
     let key = leader_key(&storage);
     let mut leader: Option<PoolConnection<Postgres>> = None;
+    // non-leaders look at the holder's liveness at most this often (a pg_locks scan)
+    let check_every = (config.stale_after / 4).max(config.tick);
+    let mut last_check: Option<Instant> = None;
     loop {
-        if leader.is_none() {
-            leader = try_lead(&storage, key).await;
-        } else if let Some(conn) = leader.as_mut() {
-            // still ours? (a dead connection means the lock is gone)
-            if sqlx::query("SELECT 1").execute(&mut **conn).await.is_err() {
-                warn!("maintenance leader connection lost; re-electing");
-                leader = None;
+        match leader.as_mut() {
+            None => {
+                let check_holder = last_check.is_none_or(|at| at.elapsed() >= check_every);
+                if check_holder {
+                    last_check = Some(Instant::now());
+                }
+                leader = try_lead(&storage, &config, key, check_holder).await;
+            }
+            Some(conn) => {
+                // Still ours? A dead connection, or one terminated by a process that found this
+                // leader frozen, means the lock is gone: step down before acting.
+                if sqlx::query("SELECT 1").execute(&mut **conn).await.is_err() {
+                    warn!(
+                        "maintenance leader connection lost (or fenced as frozen); stepping down"
+                    );
+                    leader = None;
+                }
             }
         }
         if leader.is_some() {
@@ -54,18 +92,86 @@ pub(crate) async fn run(
     }
 }
 
-async fn try_lead(storage: &Storage, key: i64) -> Option<PoolConnection<Postgres>> {
+/// Boxed (as `schema::migrate` is): rustc cannot otherwise prove `Send` for a future that
+/// reborrows a pooled connection across awaits (rust-lang/rust#102211).
+fn try_lead<'a>(
+    storage: &'a Storage,
+    config: &'a MaintenanceConfig,
+    key: i64,
+    check_holder: bool,
+) -> BoxFuture<'a, Option<PoolConnection<Postgres>>> {
+    Box::pin(try_lead_inner(storage, config, key, check_holder))
+}
+
+async fn try_lead_inner(
+    storage: &Storage,
+    config: &MaintenanceConfig,
+    key: i64,
+    check_holder: bool,
+) -> Option<PoolConnection<Postgres>> {
     let mut conn = storage.pool().acquire().await.ok()?;
+    if take_lock(&mut conn, key).await {
+        return Some(conn);
+    }
+    if !check_holder {
+        return None;
+    }
+    let bound = takeover_after(config);
+    // The holder of this schema's leader lock, if its backend has been idle past the bound. A
+    // bigint advisory key shows in pg_locks as classid = high 32 bits, objid = low 32 bits.
+    let frozen: Option<(i32, f64)> = sqlx::query_as(
+        "SELECT a.pid, extract(epoch FROM now() - a.state_change)::float8
+         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND l.classid::bigint = ($1 >> 32) & 4294967295 AND l.objid::bigint = $1 & 4294967295
+           AND a.state = 'idle' AND a.state_change < now() - make_interval(secs => $2)",
+    )
+    .bind(key)
+    .bind(bound.as_secs_f64())
+    .fetch_optional(&mut *conn)
+    .await
+    .ok()
+    .flatten();
+    let (pid, idle_s) = frozen?;
+    warn!(
+        pid,
+        idle_s, "maintenance leader made no progress past the takeover bound; fencing it"
+    );
+    // waits up to 5 s for the backend to exit (and so release the lock)
+    let fenced: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+        .bind(pid)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or(false);
+    if !fenced {
+        warn!(pid, "could not fence the frozen maintenance leader");
+        return None;
+    }
+    if take_lock(&mut conn, key).await {
+        info!(pid, "took over maintenance from a frozen leader");
+        return Some(conn);
+    }
+    None
+}
+
+/// Try the leader lock on `conn`; on success, make a vanished host's session die in minutes rather
+/// than hours (server-side TCP keepalives on this session: 60 s idle, then 6 probes 10 s apart).
+async fn take_lock(conn: &mut PgConnection, key: i64) -> bool {
     let won: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(key)
         .fetch_one(&mut *conn)
         .await
-        .ok()?;
+        .unwrap_or(false);
     if won {
         debug!("elected maintenance leader");
-        // keep this connection out of the pool for as long as we lead
-        Some(conn)
-    } else {
-        None
+        let _ = sqlx::query(
+            "SELECT set_config('tcp_keepalives_idle', '60', false), \
+                    set_config('tcp_keepalives_interval', '10', false), \
+                    set_config('tcp_keepalives_count', '6', false)",
+        )
+        .execute(&mut *conn)
+        .await;
     }
+    won
 }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::warn;
@@ -14,7 +14,7 @@ use tracing::warn;
 use super::dispatcher::Dispatcher;
 use super::handler::{JobContext, JobError, Registry};
 use super::{completer, heartbeat, notifier};
-use super::{CompletionConfig, Finished, Inner, Metrics, QueueConfig};
+use super::{CompletionConfig, Finished, HandlerRuntime, Inner, Metrics, QueueConfig};
 use crate::error::{Error, Result};
 use crate::job::{JobArgs, NewJob};
 use crate::maintenance::{self, MaintenanceConfig};
@@ -31,9 +31,19 @@ pub struct ClientBuilder {
     completion: CompletionConfig,
     maintenance: MaintenanceConfig,
     migrate: bool,
+    handler_threads: Option<usize>,
 }
 
 impl ClientBuilder {
+    /// Threads of the runtime that runs handlers (default: the machine's available parallelism,
+    /// at least 2). Handlers run apart from the client's own tasks, so a handler that blocks its
+    /// thread cannot stop heartbeats or completion flushes; it still takes a handler thread for as
+    /// long as it blocks, so run blocking work with `tokio::task::spawn_blocking`.
+    pub fn handler_threads(mut self, threads: usize) -> Self {
+        self.handler_threads = Some(threads);
+        self
+    }
+
     /// Schema holding ringwork's tables (default `ringwork`).
     pub fn schema(mut self, name: &str) -> Self {
         match SchemaName::new(name) {
@@ -89,11 +99,23 @@ impl ClientBuilder {
             config.validate(queue)?;
         }
         self.maintenance.validate()?;
+        let handler_threads = self.handler_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .max(2)
+        });
+        if !(1..=1024).contains(&handler_threads) {
+            return Err(Error::Config(format!(
+                "handler_threads must be 1..=1024, got {handler_threads}"
+            )));
+        }
         if self.completion.max_batch == 0 || self.completion.max_batch > 4096 {
             return Err(Error::Config(
                 "completion max_batch must be 1..=4096".into(),
             ));
         }
+        check_reachable(&self.pool).await?;
         if self.migrate {
             schema::migrate(&self.pool, &self.schema, self.rings).await?;
         } else {
@@ -113,6 +135,7 @@ impl ClientBuilder {
         Ok(Client {
             inner: Arc::new(Inner {
                 running: Mutex::default(),
+                handlers: HandlerRuntime::new(handler_threads)?,
                 storage,
                 queues: self.queues,
                 registry: self.registry,
@@ -142,6 +165,7 @@ impl Client {
             completion: CompletionConfig::default(),
             maintenance: MaintenanceConfig::default(),
             migrate: true,
+            handler_threads: None,
         }
     }
 
@@ -254,6 +278,10 @@ impl Client {
             Arc::clone(&self.inner),
             stop_rx.clone(),
         )));
+        tasks.push(tokio::spawn(heartbeat::watch_blocking(
+            Arc::clone(&self.inner),
+            stop_rx.clone(),
+        )));
         if self.inner.maintenance.enabled {
             tasks.push(tokio::spawn(maintenance::run(
                 self.inner.storage.clone(),
@@ -300,5 +328,32 @@ impl RunningClient {
         if let Some(batcher) = self.batcher.take() {
             let _ = tokio::time::timeout(Duration::from_secs(30), batcher).await;
         }
+    }
+}
+
+/// Fail within a few seconds, with the cause, when the server cannot be reached. A pool keeps
+/// retrying a refused or unreachable server until its acquire timeout (30 s by default) and then
+/// reports only that it timed out; one direct connection reports "connection refused", a DNS
+/// failure or a wrong password at once. Costs nothing when the pool already has a connection.
+pub async fn check_reachable(pool: &PgPool) -> Result<()> {
+    if pool.size() > 0 {
+        return Ok(());
+    }
+    let options = pool.connect_options();
+    let target = format!("{}:{}", options.get_host(), options.get_port());
+    match tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(sqlx::Error::Io(e))) => Err(Error::Unreachable {
+            target,
+            reason: e.to_string(),
+        }),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(Error::Unreachable {
+            target,
+            reason: "no answer within 5 s".into(),
+        }),
     }
 }

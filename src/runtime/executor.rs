@@ -1,27 +1,65 @@
 //! Runs one claimed job: registers the attempt for heartbeats, runs its handler in a task of its own
-//! (a panic is a failed attempt, not a dead worker) under the attempt's deadline, and turns the
-//! handler's result into the attempt's outcome.
+//! on the handler runtime (a panic is a failed attempt, not a dead worker; a blocking handler stalls
+//! handlers, not heartbeats and completions) under the attempt's deadline, and turns the handler's
+//! result into the attempt's outcome.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
 use super::handler::{retry_backoff, CancelSignal, JobContext, JobError};
-use super::{Finished, Inner};
+use super::{Finished, Inner, RunningAttempt};
 use crate::storage::{ClaimedJob, CloseOutcome};
 
+/// The zero of `RunningAttempt::poll_started`.
+pub(super) static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+pub(super) fn millis_since_epoch() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// A handler future that records when each of its polls begins, so a poll that never returns (a
+/// handler blocking its thread) is visible from outside while it lasts.
+struct WatchedPolls<F> {
+    future: F,
+    poll_started: Arc<AtomicU64>,
+}
+
+impl<F: Future + Unpin> Future for WatchedPolls<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.poll_started
+            .store(millis_since_epoch() + 1, Ordering::Relaxed);
+        let result = Pin::new(&mut self.future).poll(cx);
+        self.poll_started.store(0, Ordering::Relaxed);
+        result
+    }
+}
+
 pub(super) async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
-    let attempt = job.attempt_ref();
     let key = (job.job_id, job.run_lease);
     let cancel = Arc::new(CancelSignal::default());
+    let poll_started = Arc::new(AtomicU64::new(0));
     if let Ok(mut running) = inner.running.lock() {
         running.insert(
             key,
-            (attempt, std::time::Instant::now(), Arc::clone(&cancel)),
+            RunningAttempt {
+                attempt: job.attempt_ref(),
+                kind: job.kind.clone(),
+                started: Instant::now(),
+                cancel: Arc::clone(&cancel),
+                poll_started: Arc::clone(&poll_started),
+                reported_blocking: false,
+            },
         );
     }
-    let finished = run_handler(inner, queue, job, cancel).await;
+    let finished = run_handler(inner, queue, job, cancel, poll_started).await;
     if let Ok(mut running) = inner.running.lock() {
         running.remove(&key);
     }
@@ -33,6 +71,7 @@ async fn run_handler(
     queue: &str,
     job: ClaimedJob,
     cancel: Arc<CancelSignal>,
+    poll_started: Arc<AtomicU64>,
 ) -> Finished {
     let attempt = job.attempt_ref();
     if let Ok(mut samples) = inner.metrics.pickup_ms.lock() {
@@ -62,7 +101,14 @@ async fn run_handler(
             };
             // A panicking handler is a failed attempt, not a dead worker; one past its deadline is
             // stopped (deadline rescue closes the claim if this process cannot).
-            let task = tokio::spawn(handler(ctx, job.args.clone()));
+            let watched = WatchedPolls {
+                future: handler(ctx, job.args.clone()),
+                poll_started,
+            };
+            let task = match inner.handlers.handle() {
+                Some(handlers) => handlers.spawn(watched),
+                None => tokio::spawn(watched),
+            };
             let abort = task.abort_handle();
             let limit = job
                 .deadline_at

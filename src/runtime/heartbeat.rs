@@ -1,10 +1,14 @@
-//! Heartbeats for long attempts, batched into one statement per tick.
+//! Heartbeats for long attempts, batched into one statement per tick, and the watchdog that reports
+//! handlers blocking their thread.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tracing::warn;
 
+use super::executor::millis_since_epoch;
 use super::notifier::signal_cancel;
 use super::Inner;
 use crate::storage::{AttemptRef, Outcome};
@@ -22,8 +26,8 @@ pub(super) async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool
         let due: Vec<(AttemptRef, Option<serde_json::Value>)> = match inner.running.lock() {
             Ok(running) => running
                 .values()
-                .filter(|(_, started, _)| started.elapsed() >= every)
-                .map(|(attempt, _, _)| (*attempt, None))
+                .filter(|r| r.started.elapsed() >= every)
+                .map(|r| (r.attempt, None))
                 .collect(),
             Err(_) => continue,
         };
@@ -39,6 +43,38 @@ pub(super) async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool
                 }
             }
             Err(e) => warn!(error = %e, "heartbeat failed"),
+        }
+    }
+}
+
+/// Report every handler poll that has held its thread for more than a second, once per poll, with
+/// its job id: blocking code belongs in `tokio::task::spawn_blocking`. Runs beside the heartbeats,
+/// on the client's runtime, which a blocking handler cannot stall.
+pub(super) async fn watch_blocking(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    const BLOCKING_MS: u64 = 1000;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.changed() => return,
+        }
+        let now = millis_since_epoch() + 1;
+        let Ok(mut running) = inner.running.lock() else {
+            continue;
+        };
+        for r in running.values_mut() {
+            let since = r.poll_started.load(Ordering::Relaxed);
+            if since == 0 {
+                r.reported_blocking = false;
+            } else if !r.reported_blocking && now.saturating_sub(since) > BLOCKING_MS {
+                r.reported_blocking = true;
+                inner.metrics.blocked.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    job_id = r.attempt.job_id,
+                    kind = %r.kind,
+                    blocked_ms = now.saturating_sub(since),
+                    "a handler is blocking its thread; run blocking work with tokio::task::spawn_blocking"
+                );
+            }
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::maintenance::MaintenanceConfig;
 use crate::storage::{AttemptRef, CloseOutcome, Storage};
 use handler::{CancelSignal, Registry};
 
-pub use client::{Client, ClientBuilder, RunningClient};
+pub use client::{check_reachable, Client, ClientBuilder, RunningClient};
 
 /// Per-queue runtime settings.
 #[derive(Clone, Debug)]
@@ -113,6 +113,8 @@ pub struct Metrics {
     pub retried: AtomicU64,
     pub failed: AtomicU64,
     pub stale: AtomicU64,
+    /// Handler polls that held their thread for more than a second (each reported in the log).
+    pub blocked: AtomicU64,
     /// Pickup latency samples (enqueue → handler start), in milliseconds, when enabled.
     pub pickup_ms: Mutex<Option<Vec<f64>>>,
 }
@@ -126,12 +128,55 @@ impl Metrics {
     }
 }
 
-/// Attempts running in this process, for heartbeats: (job_id, run_lease) -> (attempt, started).
-pub(crate) type RunningAttempts =
-    Mutex<HashMap<(i64, i64), (AttemptRef, std::time::Instant, Arc<CancelSignal>)>>;
+/// One attempt running in this process.
+pub(crate) struct RunningAttempt {
+    pub(crate) attempt: AttemptRef,
+    pub(crate) kind: String,
+    pub(crate) started: std::time::Instant,
+    pub(crate) cancel: Arc<CancelSignal>,
+    /// When the handler's current poll began (ms since `executor::EPOCH`, + 1), 0 between polls:
+    /// a poll that lasts seconds is a handler blocking its thread.
+    pub(crate) poll_started: Arc<AtomicU64>,
+    /// Whether that blocking poll was already reported.
+    pub(crate) reported_blocking: bool,
+}
+
+/// Attempts running in this process, for heartbeats and the blocking watchdog.
+pub(crate) type RunningAttempts = Mutex<HashMap<(i64, i64), RunningAttempt>>;
+
+/// The runtime handlers run on, apart from the one that runs the client's own tasks (dispatchers,
+/// completion batcher, heartbeats, LISTEN, maintenance): a handler that blocks a thread stalls
+/// other handlers at worst, never the heartbeats and completions that keep its neighbours alive.
+pub(crate) struct HandlerRuntime(Option<tokio::runtime::Runtime>);
+
+impl HandlerRuntime {
+    pub(crate) fn new(threads: usize) -> Result<Self> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("ringwork-handler")
+            .enable_all()
+            .build()
+            .map(|rt| Self(Some(rt)))
+            .map_err(|e| Error::Config(format!("cannot start the handler runtime: {e}")))
+    }
+
+    pub(crate) fn handle(&self) -> Option<&tokio::runtime::Handle> {
+        self.0.as_ref().map(|rt| rt.handle())
+    }
+}
+
+impl Drop for HandlerRuntime {
+    fn drop(&mut self) {
+        // dropping a runtime blocks, which panics inside an async context; this does not
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
 
 pub(crate) struct Inner {
     pub(crate) running: RunningAttempts,
+    pub(crate) handlers: HandlerRuntime,
     pub(crate) storage: Storage,
     pub(crate) queues: Vec<(String, QueueConfig)>,
     pub(crate) registry: Registry,

@@ -17,8 +17,8 @@ pub(super) fn signal_cancel(inner: &Inner, payload: &str) {
         .split_once(':')
         .and_then(|(job, lease)| Some((job.parse::<i64>().ok()?, lease.parse::<i64>().ok()?)));
     if let (Some(key), Ok(running)) = (parsed, inner.running.lock()) {
-        if let Some((_, _, signal)) = running.get(&key) {
-            signal.set();
+        if let Some(r) = running.get(&key) {
+            r.cancel.set();
         }
     }
 }

@@ -708,8 +708,9 @@ async fn describe_server(admin: &PgPool, config: &BenchConfig) -> Result<String>
     Ok(text)
 }
 
-/// ANALYZE every table of `schema` every `every`, until the task is aborted.
-async fn analyze_loop(url: String, schema: String, every: Duration) {
+/// ANALYZE every table of `schema` every `every`, until the task is aborted; adds the time each
+/// round took to `spent_us` (ANALYZE competes with the run for CPU, so the report shows its cost).
+async fn analyze_loop(url: String, schema: String, every: Duration, spent_us: Arc<AtomicU64>) {
     let Ok(pool) = PgPoolOptions::new().max_connections(1).connect(&url).await else {
         eprintln!("\n   cannot connect for ANALYZE; the run goes on without it");
         return;
@@ -726,12 +727,14 @@ async fn analyze_loop(url: String, schema: String, every: Duration) {
         .await
         .unwrap_or_default();
         if !tables.is_empty() {
+            let round = Instant::now();
             if let Err(e) = sqlx::raw_sql(&format!("ANALYZE {}", tables.join(", ")))
                 .execute(&pool)
                 .await
             {
                 eprintln!("\n   ANALYZE failed: {e}");
             }
+            spent_us.fetch_add(round.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
     }
 }
@@ -872,9 +875,15 @@ async fn run_one(
     processes.spawn_producer(fixed_rate, config.depth)?;
 
     let server_note = describe_server(&admin, config).await?;
-    let analyzer = config
-        .analyze_every
-        .map(|every| tokio::spawn(analyze_loop(server.url.clone(), schema.clone(), every)));
+    let analyze_us = Arc::new(AtomicU64::new(0));
+    let analyzer = config.analyze_every.map(|every| {
+        tokio::spawn(analyze_loop(
+            server.url.clone(),
+            schema.clone(),
+            every,
+            Arc::clone(&analyze_us),
+        ))
+    });
     let started = Instant::now();
     let mut phases = Vec::new();
     let mut previous_median: Option<f64> = None;
@@ -894,7 +903,7 @@ async fn run_one(
         phases.push(result);
     }
 
-    if let Some(analyzer) = analyzer {
+    if let Some(analyzer) = &analyzer {
         analyzer.abort();
     }
     // stop producing, let the queue drain, stop the workers, account for every job
@@ -946,7 +955,13 @@ async fn run_one(
         completed,
         pending_after_drain: pending,
         lost: (missing - pending.max(0)).max(0),
-        server: server_note,
+        server: match analyzer {
+            Some(_) => format!(
+                "{server_note} ({:.1} s spent in ANALYZE)",
+                analyze_us.load(Ordering::Relaxed) as f64 / 1e6
+            ),
+            None => server_note,
+        },
         extra_completions: (processes.counters.handled_lines.load(Ordering::Relaxed) as i64
             - handled_distinct)
             .max(0),

@@ -48,8 +48,9 @@ async fn leader(db: &TestDb, prefix: &str) -> Option<String> {
 }
 
 fn signal(child: &Child, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &child.id().to_string()])
+    // the shell's built-in kill: no dependency on a procps binary
+    let status = Command::new("sh")
+        .args(["-c", &format!("kill {sig} {}", child.id())])
         .status()
         .expect("kill");
     assert!(status.success(), "kill {sig} failed");

@@ -48,6 +48,10 @@ pub const BENCH_SCHEMA: &str = "ringwork_bench";
 pub struct BenchJob {
     pub enq_us: i64,
     pub n: u64,
+    /// Enqueued by a transaction the runner held open (open-producer-tx): its wait is the hold,
+    /// not dispatch, so it is left out of the pickup-latency samples.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 impl JobArgs for BenchJob {
@@ -92,6 +96,7 @@ pub enum Scenario {
     CrashUnderLoad,
     PgRestart,
     Soak,
+    OpenProducerTx,
 }
 
 impl Scenario {
@@ -104,10 +109,11 @@ impl Scenario {
             "crash-under-load" => Self::CrashUnderLoad,
             "pg-restart" => Self::PgRestart,
             "soak" => Self::Soak,
+            "open-producer-tx" => Self::OpenProducerTx,
             other => {
                 return Err(Error::Config(format!(
                     "unknown scenario {other:?}: saturation, fixed-rate, idle-in-tx, \
-                     active-readers, crash-under-load, pg-restart, soak"
+                     active-readers, crash-under-load, pg-restart, soak, open-producer-tx"
                 )))
             }
         })
@@ -122,6 +128,7 @@ impl Scenario {
             Self::CrashUnderLoad => "crash-under-load",
             Self::PgRestart => "pg-restart",
             Self::Soak => "soak",
+            Self::OpenProducerTx => "open-producer-tx",
         }
     }
 
@@ -153,6 +160,10 @@ impl Scenario {
                 phase("clean", Disturbance::None),
                 phase("pg-restart", Disturbance::RestartPostgres),
             ],
+            Self::OpenProducerTx => vec![
+                phase("clean", Disturbance::None),
+                phase("open-tx", Disturbance::OpenProducerTxs),
+            ],
             Self::Soak => vec![Phase {
                 name: "soak",
                 duration: config.soak,
@@ -162,7 +173,7 @@ impl Scenario {
     }
 
     fn fixed_rate(self) -> bool {
-        self == Self::FixedRate
+        matches!(self, Self::FixedRate | Self::OpenProducerTx)
     }
 }
 
@@ -177,6 +188,9 @@ enum Disturbance {
     KillWorker,
     /// Restart PostgreSQL a few seconds in.
     RestartPostgres,
+    /// `held_txs` producer transactions, each enqueuing one job into the benchmark queue and
+    /// holding its transaction open `hold` before committing, over and over (ringwork only).
+    OpenProducerTxs,
 }
 
 struct Phase {
@@ -200,6 +214,9 @@ pub struct BenchConfig {
     pub depth: u64,
     pub sample_every: Duration,
     pub readers: usize,
+    /// open-producer-tx: producer transactions held open at once, and how long each stays open.
+    pub held_txs: usize,
+    pub hold: Duration,
     /// Shell command that restarts the server at `database_url` (pg-restart scenario); the
     /// embedded cluster restarts itself.
     pub pg_restart_cmd: Option<String>,
@@ -987,6 +1004,8 @@ async fn run_phase(
     let mut horizon = None;
     let stop_readers = Arc::new(tokio::sync::Notify::new());
     let mut readers = Vec::new();
+    let stop_holders = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut holders = Vec::new();
     match phase.disturbance {
         Disturbance::HoldHorizon => {
             let mut tx = admin.begin().await?;
@@ -1004,6 +1023,30 @@ async fn run_phase(
                 )));
             }
         }
+        Disturbance::OpenProducerTxs => match storage {
+            Some(storage) => {
+                let pool = PgPoolOptions::new()
+                    .max_connections(config.held_txs as u32 + 1)
+                    .connect(&server.url)
+                    .await?;
+                let held = Storage::new(pool, storage.schema().clone());
+                for i in 0..config.held_txs {
+                    // staggered, so transactions open and commit all through the hold
+                    let start_after = config.hold.mul_f64(i as f64 / config.held_txs as f64);
+                    holders.push(tokio::spawn(hold_loop(
+                        held.clone(),
+                        config.hold,
+                        start_after,
+                        Arc::clone(&processes.counters),
+                        Arc::clone(&stop_holders),
+                    )));
+                }
+            }
+            None => eprintln!(
+                "\n   open-producer-tx: held transactions are driven for ringwork only; this phase \
+                 runs without them"
+            ),
+        },
         _ => {}
     }
     let phase_start = Instant::now();
@@ -1090,6 +1133,11 @@ async fn run_phase(
     stop_readers.notify_waiters();
     for reader in readers {
         reader.abort();
+    }
+    // held transactions commit what they hold as soon as they are told to stop
+    stop_holders.store(true, Ordering::Relaxed);
+    for holder in holders {
+        let _ = holder.await;
     }
     let pickups = processes
         .counters
@@ -1289,6 +1337,49 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
 // The ringwork side of the line protocol: worker and producer processes
 // ------------------------------------------------------------------------------------------------
 
+/// Sequence numbers of jobs enqueued by held transactions: far above the producer's.
+static HELD_SEQ: AtomicU64 = AtomicU64::new(1 << 40);
+
+/// One held producer transaction, over and over: BEGIN, enqueue one job, wait `hold` (or until
+/// told to stop), COMMIT. Committed jobs join the runner's accounting like the producer's.
+async fn hold_loop(
+    storage: Storage,
+    hold: Duration,
+    start_after: Duration,
+    counters: Arc<Counters>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    tokio::time::sleep(start_after).await;
+    while !stop.load(Ordering::Relaxed) {
+        let n = HELD_SEQ.fetch_add(1, Ordering::Relaxed);
+        let job = BenchJob {
+            enq_us: now_us(),
+            n,
+            held: true,
+        };
+        let Ok(job) = NewJob::new(&job).map(|j| j.queue(BENCH_QUEUE)) else {
+            return;
+        };
+        let Ok(mut tx) = storage.pool().begin().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if storage.insert(&mut tx, &job).await.is_err() {
+            continue;
+        }
+        let opened = Instant::now();
+        while opened.elapsed() < hold && !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if tx.commit().await.is_ok() {
+            counters.enqueued.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut committed) = counters.committed.lock() {
+                committed.push((n, n + 1));
+            }
+        }
+    }
+}
+
 fn now_us() -> i64 {
     Utc::now().timestamp_micros()
 }
@@ -1347,8 +1438,10 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
             let recorder = Arc::clone(&recorder);
             async move {
                 let ms = (now_us() - job.enq_us) as f64 / 1000.0;
-                if let Ok(mut samples) = recorder.lock() {
-                    samples.push(ms);
+                if !job.held {
+                    if let Ok(mut samples) = recorder.lock() {
+                        samples.push(ms);
+                    }
                 }
                 if job_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(job_ms)).await;
@@ -1437,6 +1530,7 @@ pub async fn producer_process(
                     NewJob::new(&BenchJob {
                         enq_us,
                         n: first + i,
+                        held: false,
                     })
                     .ok()
                     .map(|j| j.queue(BENCH_QUEUE))

@@ -174,6 +174,12 @@ enum Command {
         /// REPEATABLE READ scanner sessions in the active-readers scenario.
         #[arg(long, default_value_t = 2)]
         readers: usize,
+        /// open-producer-tx: producer transactions held open at once.
+        #[arg(long, default_value_t = 64)]
+        held_txs: usize,
+        /// open-producer-tx: seconds each held transaction stays open.
+        #[arg(long, default_value_t = 10)]
+        hold_secs: u64,
         /// Also run awa 0.6.9 through this adapter binary (bench/awa-adapter), same profiles.
         #[arg(long)]
         awa_adapter: Option<std::path::PathBuf>,
@@ -357,6 +363,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             depth,
             sample_secs,
             readers,
+            held_txs,
+            hold_secs,
             awa_adapter,
             awa_schema,
             no_ringwork,
@@ -381,6 +389,11 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                     "nothing to run: --no-ringwork without --awa-adapter".into(),
                 ));
             }
+            if !(1..=150).contains(&held_txs) || hold_secs == 0 {
+                return Err(ringwork::Error::Config(
+                    "--held-txs must be 1..=150 and --hold-secs > 0".into(),
+                ));
+            }
             if phase_secs < 4 || sample_secs == 0 || rate == 0 || depth == 0 {
                 return Err(ringwork::Error::Config(
                     "--phase-secs must be >= 4; --sample-secs, --rate and --depth > 0".into(),
@@ -401,6 +414,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 depth,
                 sample_every: Duration::from_secs(sample_secs),
                 readers,
+                held_txs,
+                hold: Duration::from_secs(hold_secs),
                 pg_restart_cmd,
                 autovacuum: autovacuum == "on",
                 analyze_every: analyze_every.filter(|s| *s > 0).map(Duration::from_secs),

@@ -308,6 +308,11 @@ async fn migrate_inner(
 ) -> Result<MigrateReport> {
     rings.validate()?;
     let mut tx = pool.begin().await?;
+    // READ COMMITTED whatever the role's default: a migrator that waited for the lock must see
+    // what the previous holder committed (a snapshot taken before the wait would not).
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *tx)
+        .await?;
     // A transaction-level lock: released by commit, rollback, or the connection's end. A session
     // lock would stay with a pooled connection whose migrate future was dropped mid-way.
     sqlx::query("SELECT pg_advisory_xact_lock($1)")

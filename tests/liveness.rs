@@ -46,6 +46,7 @@ async fn a_handler_blocking_its_thread_does_not_get_its_neighbours_rescued() {
         })
     });
 
+    let handler_pool = db.pool.clone();
     let client = db
         .client()
         .maintenance(ringwork::MaintenanceConfig {
@@ -61,13 +62,22 @@ async fn a_handler_blocking_its_thread_does_not_get_its_neighbours_rescued() {
                 ..QueueConfig::default()
             },
         )
-        .register(|_ctx: JobContext, work: Work| async move {
-            if work.blocking {
-                std::thread::sleep(Duration::from_millis(work.ms));
-            } else {
-                tokio::time::sleep(Duration::from_millis(work.ms)).await;
+        .register(move |_ctx: JobContext, work: Work| {
+            let pool = handler_pool.clone();
+            async move {
+                // Handlers use the caller's pool (as real handlers do): a connection this opens is
+                // driven by the handler runtime, so the client's own tasks must not depend on it.
+                sqlx::query("SELECT 1")
+                    .execute(&pool)
+                    .await
+                    .map_err(JobError::retry)?;
+                if work.blocking {
+                    std::thread::sleep(Duration::from_millis(work.ms));
+                } else {
+                    tokio::time::sleep(Duration::from_millis(work.ms)).await;
+                }
+                Ok::<(), JobError>(())
             }
-            Ok::<(), JobError>(())
         })
         .build()
         .await

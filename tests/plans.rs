@@ -87,8 +87,9 @@ fn claim_walk_statement(claim_source: &str) -> String {
 async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    // A lane spread over twelve queue slots, 2,000 jobs each, half of each claimed: the shape the
-    // ring has under load, with real row counts for ANALYZE to see.
+    // A lane spread over twelve queue slots of 2,000 jobs each, 12,000 of them claimed (the older
+    // slots drained, the newer ones waiting): the shape the ring has under load, with real row
+    // counts for ANALYZE to see.
     let mut conn = db.pool.acquire().await.unwrap();
     for round in 0..12 {
         let jobs: Vec<_> = (0..2000)
@@ -147,6 +148,11 @@ async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
         plan.contains("actual rows=192"),
         "the walk returned a batch\n{plan}"
     );
+    // leave the pooled connection as it was found
+    sqlx::raw_sql("DEALLOCATE walk; RESET plan_cache_mode")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     drop(conn);
     db.cleanup().await;
 }

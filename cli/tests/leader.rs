@@ -12,45 +12,57 @@ use ringwork::NewJob;
 use serde_json::json;
 use support::{eventually, TestDb};
 
-/// `ringwork work` with a 1-s staleness window (takeover bound 2 s), named in pg_stat_activity.
-fn work_process(db: &TestDb, name: &str) -> Child {
-    let separator = if db.url.contains('?') { '&' } else { '?' };
-    Command::new(env!("CARGO_BIN_EXE_ringwork"))
-        .args([
-            "work",
-            "--database-url",
-            &format!("{}{separator}application_name={name}", db.url),
-            "--schema",
-            db.schema.as_str(),
-            "--workers",
-            "4",
-            "--stale-after",
-            "1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn ringwork work")
+/// A child process that is killed (SIGKILL works on a stopped process too) when the test ends,
+/// passed or failed, so a failed assertion never leaves a frozen leader behind.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-/// The application name of the session holding a session-level advisory lock outside any
-/// transaction among our work processes: the maintenance leader's lock is the only such lock.
-async fn leader(db: &TestDb, prefix: &str) -> Option<String> {
+/// `ringwork work` with a 1-s staleness window (takeover bound 2 s), named in pg_stat_activity.
+fn work_process(db: &TestDb, name: &str) -> Worker {
+    let separator = if db.url.contains('?') { '&' } else { '?' };
+    Worker(
+        Command::new(env!("CARGO_BIN_EXE_ringwork"))
+            .args([
+                "work",
+                "--database-url",
+                &format!("{}{separator}application_name={name}", db.url),
+                "--schema",
+                db.schema.as_str(),
+                "--workers",
+                "4",
+                "--stale-after",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ringwork work"),
+    )
+}
+
+/// The application name of the session holding this schema's maintenance leader lock.
+async fn leader(db: &TestDb) -> Option<String> {
     sqlx::query_scalar(
         "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND a.xact_start IS NULL
-           AND a.application_name LIKE $1 || '%'",
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+           AND l.classid::bigint = ($1 >> 32) & 4294967295 AND l.objid::bigint = $1 & 4294967295",
     )
-    .bind(prefix)
+    .bind(ringwork::maintenance::leader_lock_key(&db.schema))
     .fetch_optional(&db.pool)
     .await
     .unwrap()
 }
 
-fn signal(child: &Child, sig: &str) {
+fn signal(child: &Worker, sig: &str) {
     // the shell's built-in kill: no dependency on a procps binary
     let status = Command::new("sh")
-        .args(["-c", &format!("kill {sig} {}", child.id())])
+        .args(["-c", &format!("kill {sig} {}", child.0.id())])
         .status()
         .expect("kill");
     assert!(status.success(), "kill {sig} failed");
@@ -63,11 +75,11 @@ async fn a_frozen_leader_is_fenced_and_a_killed_one_replaced_within_the_bound() 
     let (name_a, name_b) = (format!("{prefix}_a"), format!("{prefix}_b"));
     let mut a = work_process(&db, &name_a);
     let a_leads = eventually(Duration::from_secs(30), || async {
-        leader(&db, &prefix).await.as_deref() == Some(name_a.as_str())
+        leader(&db).await.as_deref() == Some(name_a.as_str())
     })
     .await;
     assert!(a_leads, "the first process never became leader");
-    let mut b = work_process(&db, &name_b);
+    let b = work_process(&db, &name_b);
     let b_up = eventually(Duration::from_secs(30), || async {
         db.scalar_i64(&format!(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name_b}'"
@@ -108,7 +120,7 @@ async fn a_frozen_leader_is_fenced_and_a_killed_one_replaced_within_the_bound() 
         all_rescued,
         "claims left by a dead worker were not rescued while the leader was frozen"
     );
-    assert_eq!(leader(&db, &prefix).await.as_deref(), Some(name_b.as_str()));
+    assert_eq!(leader(&db).await.as_deref(), Some(name_b.as_str()));
     assert!(
         took < Duration::from_secs(12),
         "rescued only after {took:?}"
@@ -120,22 +132,20 @@ async fn a_frozen_leader_is_fenced_and_a_killed_one_replaced_within_the_bound() 
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
-            leader(&db, &prefix).await.as_deref(),
+            leader(&db).await.as_deref(),
             Some(name_b.as_str()),
             "the woken leader acted as leader again"
         );
     }
-    assert!(a.try_wait().unwrap().is_none(), "the woken process died");
+    assert!(a.0.try_wait().unwrap().is_none(), "the woken process died");
 
     // A leader that vanishes (SIGKILL closes its socket) is replaced at once.
-    b.kill().unwrap();
-    b.wait().unwrap();
+    drop(b); // SIGKILL
     let a_again = eventually(Duration::from_secs(10), || async {
-        leader(&db, &prefix).await.as_deref() == Some(name_a.as_str())
+        leader(&db).await.as_deref() == Some(name_a.as_str())
     })
     .await;
-    a.kill().unwrap();
-    a.wait().unwrap();
+    drop(a);
     assert!(a_again, "no process took over from the killed leader");
     db.cleanup().await;
 }

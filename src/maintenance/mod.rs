@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 
+pub use runner::leader_lock_key;
 pub(crate) use runner::run;
 
 #[derive(Clone, Debug)]
@@ -82,6 +83,13 @@ impl MaintenanceConfig {
         }
         if self.stale_after < Duration::from_millis(100) {
             return Err(Error::Config("stale_after must be at least 100 ms".into()));
+        }
+        if self.tick >= self.stale_after {
+            return Err(Error::Config(
+                "maintenance tick must be shorter than stale_after (rescue and leader takeover \
+                 are measured in stale_after)"
+                    .into(),
+            ));
         }
         if self.dlq_retention < Duration::from_secs(60) {
             return Err(Error::Config(

@@ -23,20 +23,29 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, Postgres};
+use sqlx::{Connection, PgConnection, Postgres};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::{tick, MaintenanceConfig};
+use crate::schema::SchemaName;
 use crate::storage::Storage;
 
-fn leader_key(storage: &Storage) -> i64 {
+/// The session advisory lock key the maintenance leader of `schema` holds. In `pg_locks` it shows
+/// as `locktype = 'advisory'`, `classid` = its high 32 bits, `objid` = its low 32 bits,
+/// `objsubid = 1`: the session holding it is the leader.
+pub fn leader_lock_key(schema: &SchemaName) -> i64 {
+    // FNV-1a: stable across processes and releases (std's hasher is not).
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in format!("ringwork-leader:{}", storage.schema()).bytes() {
+    for byte in format!("ringwork-leader:{schema}").bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash as i64
+}
+
+fn leader_key(storage: &Storage) -> i64 {
+    leader_lock_key(storage.schema())
 }
 
 /// How long a leader's connection may sit idle (no tick) before another process fences it.
@@ -70,13 +79,33 @@ pub(crate) async fn run(
                     warn!(
                         "maintenance leader connection lost (or fenced as frozen); stepping down"
                     );
-                    leader = None;
+                    step_down(leader.take()).await;
                 }
             }
         }
-        if leader.is_some() {
-            if let Err(e) = tick(&storage, &config).await {
-                warn!(error = %e, "maintenance tick failed");
+        if let Some(conn) = leader.as_mut() {
+            // Touch the lock connection while the tick runs (every stale_after / 2), so that a
+            // long tick (a deep promotion backlog, prune lock waits, a slow pool) never looks like
+            // a frozen leader to the other processes; a failed touch means this leader was fenced.
+            let ticking = tick(&storage, &config);
+            tokio::pin!(ticking);
+            let outcome = loop {
+                tokio::select! {
+                    result = &mut ticking => break Some(result),
+                    _ = tokio::time::sleep(config.stale_after / 2) => {
+                        if sqlx::query("SELECT 1").execute(&mut **conn).await.is_err() {
+                            break None;
+                        }
+                    }
+                }
+            };
+            match outcome {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => warn!(error = %e, "maintenance tick failed"),
+                None => {
+                    warn!("maintenance leader fenced during a tick; stepping down");
+                    step_down(leader.take()).await;
+                }
             }
         }
         tokio::select! {
@@ -84,11 +113,15 @@ pub(crate) async fn run(
             _ = stop.changed() => break,
         }
     }
-    if let Some(mut conn) = leader {
-        let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
-            .bind(key)
-            .execute(&mut *conn)
-            .await;
+    step_down(leader).await;
+}
+
+/// Leave leadership by ending the lock's session: the connection is detached from the pool and
+/// closed, never handed back with the session lock still on it (a pooled connection that kept the
+/// lock could lead to a re-entrant second hold and a lock nobody releases).
+async fn step_down(leader: Option<PoolConnection<Postgres>>) {
+    if let Some(conn) = leader {
+        let _ = conn.detach().close().await;
     }
 }
 

@@ -123,6 +123,11 @@ impl ClientBuilder {
             let version = schema::installed_version(&mut conn, &self.schema).await?;
             schema::check_not_newer(&self.schema, version)?;
         }
+        let engine_pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(self.queues.len() as u32 + 4)
+            .acquire_timeout(self.pool.options().get_acquire_timeout())
+            .connect_lazy_with((*self.pool.connect_options()).clone());
+        let engine = Storage::new(engine_pool, self.schema.clone());
         let storage = Storage::new(self.pool, self.schema);
         for (queue, config) in &self.queues {
             storage.ensure_queue(queue).await?;
@@ -137,6 +142,7 @@ impl ClientBuilder {
                 running: Mutex::default(),
                 handlers: HandlerRuntime::new(handler_threads)?,
                 storage,
+                engine,
                 queues: self.queues,
                 registry: self.registry,
                 completion: self.completion,
@@ -256,7 +262,7 @@ impl Client {
             stop_rx.clone(),
         )));
         let batcher = tokio::spawn(completer::completion_batcher(
-            self.inner.storage.clone(),
+            self.inner.engine.clone(),
             self.inner.completion.clone(),
             Arc::clone(&self.inner.metrics),
             done_rx,
@@ -284,7 +290,7 @@ impl Client {
         )));
         if self.inner.maintenance.enabled {
             tasks.push(tokio::spawn(maintenance::run(
-                self.inner.storage.clone(),
+                self.inner.engine.clone(),
                 self.inner.maintenance.clone(),
                 stop_rx.clone(),
             )));
@@ -340,7 +346,10 @@ pub async fn check_reachable(pool: &PgPool) -> Result<()> {
         return Ok(());
     }
     let options = pool.connect_options();
-    let target = format!("{}:{}", options.get_host(), options.get_port());
+    let target = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
     match tokio::time::timeout(Duration::from_secs(5), PgConnection::connect_with(&options)).await {
         Ok(Ok(conn)) => {
             let _ = conn.close().await;
@@ -350,6 +359,13 @@ pub async fn check_reachable(pool: &PgPool) -> Result<()> {
             target,
             reason: e.to_string(),
         }),
+        // The server answered but is starting up or out of connection slots: transient, so
+        // leave it to the pool, which retries until its acquire timeout.
+        Ok(Err(sqlx::Error::Database(e)))
+            if matches!(e.code().as_deref(), Some("57P03") | Some("53300")) =>
+        {
+            Ok(())
+        }
         Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(Error::Unreachable {
             target,

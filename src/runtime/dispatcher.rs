@@ -45,7 +45,7 @@ impl Dispatcher {
             }
             let claimed = self
                 .inner
-                .storage
+                .engine
                 .claim_aged(
                     &self.queue,
                     permits.len(),
@@ -78,7 +78,7 @@ impl Dispatcher {
                     // Empty, or every lane with work was locked by another claimer?
                     let busy = self
                         .inner
-                        .storage
+                        .engine
                         .queue_has_backlog(&self.queue)
                         .await
                         .unwrap_or(false);

@@ -55,7 +55,7 @@ pub(super) async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Fini
                 started: Instant::now(),
                 cancel: Arc::clone(&cancel),
                 poll_started: Arc::clone(&poll_started),
-                reported_blocking: false,
+                reported_poll: 0,
             },
         );
     }

@@ -31,7 +31,7 @@ pub(super) async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool
                 .collect(),
             Err(_) => continue,
         };
-        match inner.storage.heartbeat_batch(&due).await {
+        match inner.engine.heartbeat_batch(&due).await {
             Ok(outcomes) => {
                 for ((attempt, _), outcome) in due.iter().zip(outcomes) {
                     if outcome == Outcome::Stale {
@@ -63,10 +63,8 @@ pub(super) async fn watch_blocking(inner: Arc<Inner>, mut stop: watch::Receiver<
         };
         for r in running.values_mut() {
             let since = r.poll_started.load(Ordering::Relaxed);
-            if since == 0 {
-                r.reported_blocking = false;
-            } else if !r.reported_blocking && now.saturating_sub(since) > BLOCKING_MS {
-                r.reported_blocking = true;
+            if since != 0 && since != r.reported_poll && now.saturating_sub(since) > BLOCKING_MS {
+                r.reported_poll = since;
                 inner.metrics.blocked.fetch_add(1, Ordering::Relaxed);
                 warn!(
                     job_id = r.attempt.job_id,

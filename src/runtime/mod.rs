@@ -137,8 +137,9 @@ pub(crate) struct RunningAttempt {
     /// When the handler's current poll began (ms since `executor::EPOCH`, + 1), 0 between polls:
     /// a poll that lasts seconds is a handler blocking its thread.
     pub(crate) poll_started: Arc<AtomicU64>,
-    /// Whether that blocking poll was already reported.
-    pub(crate) reported_blocking: bool,
+    /// The `poll_started` value of the last poll reported as blocking (0: none), so each blocking
+    /// poll is reported once, however close together they come.
+    pub(crate) reported_poll: u64,
 }
 
 /// Attempts running in this process, for heartbeats and the blocking watchdog.
@@ -177,7 +178,13 @@ impl Drop for HandlerRuntime {
 pub(crate) struct Inner {
     pub(crate) running: RunningAttempts,
     pub(crate) handlers: HandlerRuntime,
+    /// On the caller's pool: inserts and operator calls made through the `Client`.
     pub(crate) storage: Storage,
+    /// On the client's own small pool, opened from the caller's connect options: claims,
+    /// completions, heartbeats, LISTEN and maintenance. Apart from the caller's pool because a
+    /// connection that a handler opens is driven by the handler runtime, which a blocking handler
+    /// can stall; the engine's connections are opened and driven on the client's runtime only.
+    pub(crate) engine: Storage,
     pub(crate) queues: Vec<(String, QueueConfig)>,
     pub(crate) registry: Registry,
     pub(crate) completion: CompletionConfig,

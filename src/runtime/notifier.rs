@@ -31,7 +31,7 @@ pub(super) async fn listen(
     wakers: Arc<HashMap<String, Arc<Notify>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let storage = &inner.storage;
+    let storage = &inner.engine;
     let channel = storage.schema().notify_channel();
     let cancel_channel = format!("{channel}_cancel");
     loop {

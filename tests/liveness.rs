@@ -146,3 +146,66 @@ async fn building_against_a_closed_port_fails_fast_and_names_the_cause() {
         "{error}"
     );
 }
+
+#[derive(Serialize, Deserialize)]
+struct Stubborn {}
+impl JobArgs for Stubborn {
+    const KIND: &'static str = "stubborn";
+}
+
+#[tokio::test]
+async fn a_handler_still_running_after_the_drain_is_told_to_stop() {
+    let db = TestDb::new().await;
+    let (told_tx, told_rx) = tokio::sync::oneshot::channel::<()>();
+    let told_tx = std::sync::Arc::new(std::sync::Mutex::new(Some(told_tx)));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let started_tx = std::sync::Arc::new(std::sync::Mutex::new(Some(started_tx)));
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .queue(
+            "default",
+            QueueConfig {
+                poll_interval: Duration::from_millis(50),
+                ..QueueConfig::default()
+            },
+        )
+        .register(move |ctx: JobContext, _job: Stubborn| {
+            let told_tx = std::sync::Arc::clone(&told_tx);
+            let started_tx = std::sync::Arc::clone(&started_tx);
+            async move {
+                if let Some(tx) = started_tx.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+                // runs for a minute unless told to stop
+                tokio::select! {
+                    _ = ctx.cancelled() => {
+                        if let Some(tx) = told_tx.lock().unwrap().take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                }
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    client
+        .insert(NewJob::new(&Stubborn {}).unwrap())
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), started_rx)
+        .await
+        .expect("the handler never started")
+        .unwrap();
+    running.shutdown(Duration::from_millis(200)).await;
+    let told = tokio::time::timeout(Duration::from_secs(5), told_rx).await;
+    assert!(
+        matches!(told, Ok(Ok(()))),
+        "the handler was not told to stop at the end of the drain"
+    );
+    db.cleanup().await;
+}

@@ -296,6 +296,7 @@ impl Client {
             )));
         }
         Ok(RunningClient {
+            inner: Arc::clone(&self.inner),
             stop: stop_tx,
             tasks,
             dispatchers,
@@ -307,6 +308,7 @@ impl Client {
 
 /// A started client. `shutdown` stops claiming, drains running handlers and flushes completions.
 pub struct RunningClient {
+    inner: Arc<Inner>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     dispatchers: Vec<(Arc<Semaphore>, usize)>,
@@ -316,7 +318,8 @@ pub struct RunningClient {
 
 impl RunningClient {
     /// Graceful shutdown: stop claiming, wait up to `drain` for running handlers, flush completions.
-    /// Handlers still running after `drain` are abandoned; their claims stay open for rescue.
+    /// Handlers still running after `drain` are told to stop (`JobContext::cancelled`) and are not
+    /// waited for; their claims stay open for rescue unless they finish while the completions flush.
     pub async fn shutdown(mut self, drain: Duration) {
         let _ = self.stop.send(true);
         for task in self.tasks.drain(..) {
@@ -328,7 +331,14 @@ impl RunningClient {
             }
         };
         if tokio::time::timeout(drain, wait_idle).await.is_err() {
-            warn!("shutdown: handlers still running after {drain:?}; their claims are left for rescue");
+            warn!("shutdown: handlers still running after {drain:?}; they are told to stop and their claims are left for rescue");
+            // Their heartbeats have stopped: rescue will run them elsewhere, so ask them to stop
+            // here rather than run on beside the new attempt.
+            if let Ok(running) = self.inner.running.lock() {
+                for attempt in running.values() {
+                    attempt.cancel.set();
+                }
+            }
         }
         drop(self.done.take());
         if let Some(batcher) = self.batcher.take() {

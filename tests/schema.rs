@@ -131,7 +131,8 @@ fn mutates_ring_table(body: &str, schema: &str) -> Option<String> {
 
 #[tokio::test]
 async fn no_installed_function_updates_or_deletes_a_ring_table() {
-    // the check itself can fail
+    // The check itself can fail: these strings are the checker's test input (bad function
+    // bodies it must catch), never SQL that runs against a ring table.
     assert!(mutates_ring_table("BEGIN DELETE FROM s.ready_entries_3 WHERE x; END", "s").is_some());
     assert!(mutates_ring_table("update s.lease_claims set", "s").is_some());
     assert!(mutates_ring_table("DELETE FROM ONLY s.done_entries WHERE", "s").is_some());

@@ -18,8 +18,13 @@ use crate::error::{Error, Result};
 /// The frozen migrations this binary knows, in order. Version = position + 1. A released file is
 /// never edited: its SHA-256 is recorded when it is applied, and `migrate` refuses a database whose
 /// recorded checksum differs (two databases at one version must hold the same schema).
-const MIGRATIONS: &[(&str, &str)] =
-    &[("baseline", include_str!("../migrations/0001_baseline.sql"))];
+const MIGRATIONS: &[(&str, &str)] = &[
+    ("baseline", include_str!("../migrations/0001_baseline.sql")),
+    (
+        "lane_shards",
+        include_str!("../migrations/0002_lane_shards.sql"),
+    ),
+];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
 /// checked against the functions it calls, so callees come first). `dropped` runs first and drops

@@ -58,14 +58,14 @@ fn claim_walk_statement(claim_source: &str) -> String {
         + "FOR v_row IN".len();
     let end = start
         + claim_source[start..]
-            .find("\n        LOOP")
+            .find("\n            LOOP")
             .expect("the walk ends with LOOP");
     let walk = &claim_source[start..end];
     let mut statement = walk.to_string();
     for (variable, parameter) in [
         ("v_lane.lane_id", "$1"),
         ("v_cursor", "$2"),
-        ("(p_max - v_n) + 64", "$3"),
+        ("v_limit", "$3"),
     ] {
         assert!(
             statement.contains(variable),
@@ -119,7 +119,7 @@ async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
     let walk = claim_walk_statement(&source);
     let (lane, cursor): (i32, i64) = sqlx::query_as(&format!(
         "SELECT lane_id, {s}.lane_cursor(lane_id) FROM {s}.queue_lanes WHERE queue = 'default' \
-         AND priority = 2",
+         AND priority = 2 ORDER BY pg_sequence_last_value(segment_seq) DESC NULLS LAST LIMIT 1",
         s = db.schema
     ))
     .fetch_one(&mut *conn)

@@ -1,5 +1,5 @@
 //! Storage-level promises: transactional enqueue, lane order, the stale-writer guard, cursor
-//! recovery, the gap protocol and prune's proofs. Each test drives the storage layer directly.
+//! recovery and prune's proofs (lane shards: tests/shards.rs). Each test drives the storage layer directly.
 
 mod support;
 
@@ -207,48 +207,6 @@ async fn lost_cursor_advance_is_recovered_without_duplicate_claim() {
         .await
         .unwrap()
         .is_empty());
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn an_in_flight_enqueue_holds_its_place_and_a_rolled_back_one_is_skipped() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    // A allocates first but commits last; B allocates second and commits first.
-    let mut a = db.pool.begin().await.unwrap();
-    let a_id = storage.insert(&mut a, &job(1)).await.unwrap();
-    let mut b = db.pool.begin().await.unwrap();
-    let b_id = storage.insert(&mut b, &job(2)).await.unwrap();
-    b.commit().await.unwrap();
-    assert!(
-        storage.claim("default", 10, None).await.unwrap().is_empty(),
-        "B must wait behind A's open transaction, or A's job would be stepped over"
-    );
-    a.commit().await.unwrap();
-    let claimed: Vec<i64> = storage
-        .claim("default", 10, None)
-        .await
-        .unwrap()
-        .iter()
-        .map(|j| j.job_id)
-        .collect();
-    assert_eq!(claimed, vec![a_id, b_id]);
-
-    // C allocates and rolls back; D commits after it: the gap is permanent and is stepped over.
-    let mut c = db.pool.begin().await.unwrap();
-    storage.insert(&mut c, &job(3)).await.unwrap();
-    let mut d = db.pool.begin().await.unwrap();
-    let d_id = storage.insert(&mut d, &job(4)).await.unwrap();
-    d.commit().await.unwrap();
-    c.rollback().await.unwrap();
-    let claimed: Vec<i64> = storage
-        .claim("default", 10, None)
-        .await
-        .unwrap()
-        .iter()
-        .map(|j| j.job_id)
-        .collect();
-    assert_eq!(claimed, vec![d_id]);
     db.cleanup().await;
 }
 

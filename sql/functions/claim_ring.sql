@@ -50,6 +50,19 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
+-- Does the queue have a visible, unclaimed position in some shard? Asked by a dispatcher whose claim
+-- came back empty: yes means the work sits in shards other claimers hold (back off briefly).
+-- Drained shards answer from their sequences alone.
+CREATE OR REPLACE FUNCTION __S__.queue_has_backlog(p_queue text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM __S__.queue_lanes l
+        WHERE l.queue = p_queue
+          AND __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq), pg_sequence_last_value(l.cursor_seq))
+          AND EXISTS (SELECT 1 FROM __S__.ready_entries e
+                      WHERE e.lane_id = l.lane_id AND e.lane_pos > __S__.lane_cursor(l.lane_id)))
+$$;
+
 CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,
                             p_aging interval DEFAULT NULL)
 RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
@@ -76,14 +89,19 @@ DECLARE
     v_attempts int[] := '{}';
     v_max_attempts int[] := '{}';
     v_receipts int8multirange := '{}';
-    v_locked_any boolean := false;
-    v_lock_timeout text;
+    v_pass int := 0;
+    v_cut boolean;
+    v_stopped boolean;
+    v_prev_seg bigint;
+    v_walked int;
+    v_limit int;
+    v_seg_slot int;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
     END IF;
-    -- A claim's commit need not wait for its WAL flush: the lane lock is held until commit, so the
-    -- flush wait would serialise every claimer of the lane behind the disk. A claim lost in a
+    -- A claim's commit need not wait for its WAL flush: the shard lock is held until commit, so the
+    -- flush wait would serialise every claimer of the shard behind the disk. A claim lost in a
     -- server crash only makes its jobs claimable again (at-least-once: they may run twice); it
     -- cannot lose a job, because WAL is flushed in order: any later durable record (a completion,
     -- or the next claimer's cursor setval past these rows) makes this commit durable first.
@@ -94,125 +112,148 @@ BEGIN
     IF EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused) THEN
         RETURN;
     END IF;
-    -- Lanes by effective priority: with aging, a lane's priority improves by one level per
-    -- p_aging its oldest waiting job has been runnable (run_at: enqueue, or promotion of a
-    -- scheduled/retried job), so low priorities never starve.
-    -- The lane cursors are read once, in a materialized CTE: pg_sequence_last_value is volatile,
-    -- and used directly in the head probe it could not bound the index scan (the probe would walk
-    -- every already-claimed row of the lane).
-    FOR v_lane IN
-        WITH lanes AS MATERIALIZED (
-            SELECT l.lane_id, l.segment_seq, l.cursor_seq, l.priority,
-                   coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
-                   pg_sequence_last_value(l.segment_seq) AS last_segment
-            FROM __S__.queue_lanes l
-            WHERE l.queue = p_queue
-        )
-        SELECT l.lane_id, l.segment_seq, l.cursor_seq FROM lanes l
-        LEFT JOIN LATERAL (
-            SELECT e.run_at FROM __S__.ready_entries e
-            WHERE p_aging IS NOT NULL AND e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
-            ORDER BY e.lane_pos LIMIT 1
-        ) head ON true
-        WHERE l.last_segment IS NOT NULL AND l.last_segment >= l.cursor_pos >> 20
-        ORDER BY l.priority - coalesce(floor(extract(epoch FROM v_now - head.run_at)
-                                             / nullif(extract(epoch FROM p_aging), 0)), 0),
-                 l.priority
+    -- Shards by effective priority, then priority, then the run_at of their oldest waiting job.
+    -- With aging, a lane's priority improves by one level per p_aging its oldest waiting job has been
+    -- runnable (run_at: enqueue, or promotion of a scheduled/retried job), so low priorities never
+    -- starve. Shards whose sequences say they are drained are skipped without an index probe.
+    -- The cursors are read once, in a materialized CTE: pg_sequence_last_value is volatile, and used
+    -- directly in the head probe it could not bound the index scan (the probe would walk every
+    -- already-claimed row of the shard).
+    --
+    -- Merge across shards at segment granularity: a walk stops at a segment boundary when the next
+    -- segment's jobs are younger than the head of the next shard of the same (effective) priority,
+    -- and a further pass (at most four) continues from the oldest head again.
     LOOP
-        EXIT WHEN v_n >= p_max;
-        -- The first lane tried is worth waiting for: its holder is another claim (or a cancel), a
-        -- transaction of a few milliseconds, and skipping would return nothing and send this worker
-        -- to sleep while the queue is full (with several worker processes on one lane, most claims
-        -- would come back empty). Waiting is deadlock-free because this claim holds no lane lock
-        -- yet. Every later lane is tried with SKIP LOCKED: while holding a lane, never wait for one.
-        -- The wait is bounded (200 ms): a lane held longer (a cancel_job inside someone's open
-        -- transaction) is skipped as before rather than stalling every claimer of the queue.
-        IF v_locked_any THEN
+        v_pass := v_pass + 1;
+        v_cut := false;
+        FOR v_lane IN
+            WITH lanes AS MATERIALIZED (
+                SELECT l.lane_id, l.cursor_seq, l.priority,
+                       coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
+                       pg_sequence_last_value(l.segment_seq) AS last_segment
+                FROM __S__.queue_lanes l
+                WHERE l.queue = p_queue
+            ), heads AS (
+                SELECT l.lane_id, l.cursor_seq, l.priority, head.run_at AS head_at,
+                       l.priority - coalesce(floor(extract(epoch FROM v_now - head.run_at)
+                                                   / nullif(extract(epoch FROM p_aging), 0)), 0) AS effective
+                FROM lanes l
+                CROSS JOIN LATERAL (
+                    SELECT e.run_at FROM __S__.ready_entries e
+                    WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
+                    ORDER BY e.lane_pos LIMIT 1
+                ) head
+                WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
+            )
+            SELECT h.lane_id, h.cursor_seq,
+                   lead(h.head_at) OVER (PARTITION BY h.effective, h.priority ORDER BY h.head_at, h.lane_id) AS next_head
+            FROM heads h
+            ORDER BY h.effective, h.priority, h.head_at, h.lane_id
+        LOOP
+            EXIT WHEN v_n >= p_max;
+            -- Never wait for a shard: another claimer holds it for a few milliseconds, and the
+            -- other shards (or, with every shard busy, the dispatcher's short backoff) serve this
+            -- one. Holding shards while skipping others is deadlock-free because nothing waits.
             PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND;
-        ELSE
-            v_lock_timeout := current_setting('lock_timeout');
-            PERFORM set_config('lock_timeout', '200ms', true);
-            BEGIN
-                PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE;
-                v_locked_any := true;
-            EXCEPTION WHEN lock_not_available THEN
-                v_locked_any := false;
-            END;
-            PERFORM set_config('lock_timeout', v_lock_timeout, true);
-            CONTINUE WHEN NOT v_locked_any;
-        END IF;
 
-        v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
-        v_cursor := __S__.lane_cursor(v_lane.lane_id);
-        IF v_cursor > v_seq_cursor THEN
-            PERFORM setval(v_lane.cursor_seq, v_cursor, true);
-        END IF;
-        v_new_cursor := v_cursor;
-
-        FOR v_row IN
-            SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
-                   e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue,
-                   EXISTS (SELECT 1 FROM __S__.ready_tombstones t
-                           WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
-                             AND t.run_lease = e.run_lease) AS spent
-            FROM __S__.ready_entries e
-            WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
-            ORDER BY e.lane_pos
-            LIMIT (p_max - v_n) + 64
-        LOOP
-            IF (v_row.lane_pos >> 20) > (v_new_cursor >> 20) + 1 THEN
-                EXIT WHEN NOT __S__.lane_gap_resolved(v_lane.lane_id, v_row.lane_pos >> 20);
-                EXIT WHEN EXISTS (SELECT 1 FROM __S__.ready_segments g
-                                  WHERE g.lane_id = v_lane.lane_id
-                                    AND g.segment_no > (v_new_cursor >> 20)
-                                    AND g.segment_no < (v_row.lane_pos >> 20));
+            v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
+            v_cursor := __S__.lane_cursor(v_lane.lane_id);
+            IF v_cursor > v_seq_cursor THEN
+                PERFORM setval(v_lane.cursor_seq, v_cursor, true);
             END IF;
-            EXIT WHEN NOT v_row.spent AND v_n >= p_max;
-            v_new_cursor := v_row.lane_pos;
-            v_last_slot := v_row.ready_slot;
-            CONTINUE WHEN v_row.spent;
+            v_new_cursor := v_cursor;
+            v_last_slot := NULL;
+            v_prev_seg := NULL;
+            v_walked := 0;
+            v_stopped := false;
+            v_limit := (p_max - v_n) + 64;
 
-            job_id := v_row.job_id;
-            run_lease := v_row.run_lease + 1;
-            claim_slot := v_claim_slot;
-            receipt_id := v_batch * 4096 + v_n;
-            kind := v_row.kind;
-            args := v_row.args;
-            attempt := v_row.attempt + 1;
-            max_attempts := v_row.max_attempts;
-            priority := v_row.priority;
-            created_at := v_row.created_at;
-            v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
-            IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
-                deadline_at := v_own_deadline;
-                INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
-                                                lane_id, attempt, max_attempts, claimed_at, deadline_at)
-                VALUES (v_claim_slot, v_batch * 4096 + v_n, v_row.job_id, v_row.run_lease + 1, v_row.queue,
-                        v_row.ready_slot, v_lane.lane_id, v_row.attempt + 1, v_row.max_attempts, v_now,
-                        v_own_deadline);
-                -- keep the compact arrays positional (receipt ordinal = array index - 1); the
-                -- multirange, not the arrays, says which ordinals are compact members
-                v_job_ids := v_job_ids || v_row.job_id;
-                v_leases := v_leases || (v_row.run_lease + 1);
-            ELSE
-                deadline_at := v_batch_deadline;
-                v_job_ids := v_job_ids || v_row.job_id;
-                v_leases := v_leases || (v_row.run_lease + 1);
-                v_receipts := v_receipts + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
+            -- No gap check: a shard is written by one open transaction at a time (enqueue_segment),
+            -- so a segment missing below a visible one was rolled back or lost for good.
+            FOR v_row IN
+                SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                       e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at,
+                       EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                               WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
+                                 AND t.run_lease = e.run_lease) AS spent
+                FROM __S__.ready_entries e
+                WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                ORDER BY e.lane_pos
+                LIMIT v_limit
+            LOOP
+                v_walked := v_walked + 1;
+                -- a new segment (the first row too, unless it continues the cursor's segment)
+                IF (v_row.lane_pos >> 20) <> coalesce(v_prev_seg, v_cursor >> 20)
+                   AND v_row.run_at > v_lane.next_head THEN
+                    v_cut := true;
+                    v_stopped := true;
+                    EXIT;
+                END IF;
+                IF NOT v_row.spent AND v_n >= p_max THEN
+                    v_stopped := true;
+                    EXIT;
+                END IF;
+                v_prev_seg := v_row.lane_pos >> 20;
+                v_new_cursor := v_row.lane_pos;
+                v_last_slot := v_row.ready_slot;
+                CONTINUE WHEN v_row.spent;
+
+                job_id := v_row.job_id;
+                run_lease := v_row.run_lease + 1;
+                claim_slot := v_claim_slot;
+                receipt_id := v_batch * 4096 + v_n;
+                kind := v_row.kind;
+                args := v_row.args;
+                attempt := v_row.attempt + 1;
+                max_attempts := v_row.max_attempts;
+                priority := v_row.priority;
+                created_at := v_row.created_at;
+                v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
+                IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
+                    deadline_at := v_own_deadline;
+                    INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
+                                                    lane_id, attempt, max_attempts, claimed_at, deadline_at)
+                    VALUES (v_claim_slot, v_batch * 4096 + v_n, v_row.job_id, v_row.run_lease + 1, v_row.queue,
+                            v_row.ready_slot, v_lane.lane_id, v_row.attempt + 1, v_row.max_attempts, v_now,
+                            v_own_deadline);
+                    -- keep the compact arrays positional (receipt ordinal = array index - 1); the
+                    -- multirange, not the arrays, says which ordinals are compact members
+                    v_job_ids := v_job_ids || v_row.job_id;
+                    v_leases := v_leases || (v_row.run_lease + 1);
+                ELSE
+                    deadline_at := v_batch_deadline;
+                    v_job_ids := v_job_ids || v_row.job_id;
+                    v_leases := v_leases || (v_row.run_lease + 1);
+                    v_receipts := v_receipts + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
+                END IF;
+                RETURN NEXT;
+                v_ready_slots := v_ready_slots || v_row.ready_slot;
+                v_lane_ids := v_lane_ids || v_lane.lane_id;
+                v_attempts := v_attempts || (v_row.attempt + 1);
+                v_max_attempts := v_max_attempts || v_row.max_attempts;
+                v_n := v_n + 1;
+            END LOOP;
+
+            -- Walked every visible row of the shard: if that ended its last segment, move the cursor
+            -- to the segment's end, so the shard reads as drained from its sequences alone and later
+            -- claims, producers and counts skip it without a probe.
+            IF NOT v_stopped AND v_walked < v_limit AND (v_new_cursor & 1048575) <> 1048575 THEN
+                SELECT g.ready_slot INTO v_seg_slot FROM __S__.ready_segments g
+                WHERE g.lane_id = v_lane.lane_id AND g.segment_no = v_new_cursor >> 20
+                  AND g.job_count = (v_new_cursor & 1048575) + 1;
+                IF FOUND THEN
+                    v_new_cursor := v_new_cursor | 1048575;
+                    v_last_slot := coalesce(v_last_slot, v_seg_slot);
+                END IF;
             END IF;
-            RETURN NEXT;
-            v_ready_slots := v_ready_slots || v_row.ready_slot;
-            v_lane_ids := v_lane_ids || v_lane.lane_id;
-            v_attempts := v_attempts || (v_row.attempt + 1);
-            v_max_attempts := v_max_attempts || v_row.max_attempts;
-            v_n := v_n + 1;
+
+            IF v_new_cursor > v_cursor THEN
+                INSERT INTO __S__.ready_claim_attempt_batches (ready_slot, lane_id, lane_range, claim_slot, claim_batch_id)
+                VALUES (v_last_slot, v_lane.lane_id, int8range(v_cursor + 1, v_new_cursor + 1), v_claim_slot, v_batch);
+            END IF;
         END LOOP;
-
-        IF v_new_cursor > v_cursor THEN
-            INSERT INTO __S__.ready_claim_attempt_batches (ready_slot, lane_id, lane_range, claim_slot, claim_batch_id)
-            VALUES (v_last_slot, v_lane.lane_id, int8range(v_cursor + 1, v_new_cursor + 1), v_claim_slot, v_batch);
-        END IF;
+        EXIT WHEN v_n >= p_max OR NOT v_cut OR v_pass >= 4;
     END LOOP;
 
     IF NOT isempty(v_receipts) THEN

@@ -2,4 +2,5 @@
 -- name and signature before the plane files are installed. Runs on every function reload, so each
 -- statement must be IF EXISTS.
 --
--- (none yet: the baseline squash started the list afresh)
+-- lane shards (migration 0002): claims no longer read pg_locks to step over an in-flight segment
+DROP FUNCTION IF EXISTS __S__.lane_gap_resolved(int, bigint);

@@ -5,33 +5,68 @@
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 
 -- ---------------------------------------------------------------------------------------------
--- Lanes
+-- Lanes and shards. A lane is (queue, priority, shard); every shard is a queue_lanes row with its
+-- own segment and cursor sequences, and everything downstream (claim walk, ledger, counts, cancel,
+-- prune proof) works per lane_id, that is per shard.
 -- ---------------------------------------------------------------------------------------------
+
+-- Shards every (queue, priority) gets with its first use, created outside producers' transactions.
+-- They are what lets claimers in several processes work one queue at once, so there should be at
+-- least as many as worker processes; an idle shard costs two sequence reads per claim.
+CREATE OR REPLACE FUNCTION __S__.lane_base_shards() RETURNS int
+LANGUAGE sql IMMUTABLE AS $$ SELECT 8 $$;
+
+-- At most this many shards per (queue, priority). Beyond it, a producer that finds every shard
+-- held by another open transaction waits for one (the only case where an enqueue waits).
+CREATE OR REPLACE FUNCTION __S__.lane_shard_cap() RETURNS int
+LANGUAGE sql IMMUTABLE AS $$ SELECT 256 $$;
+
+-- One new shard: a lane row and its two sequences. p_shard NULL numbers it by its lane_id, which is
+-- unique and larger than every base shard number of its lane, so concurrent creators never wait on
+-- one another's uncommitted row.
+CREATE OR REPLACE FUNCTION __S__.create_lane_shard(p_queue text, p_priority smallint, p_shard int)
+RETURNS __S__.queue_lanes
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id int := nextval('__S__.lane_ids');
+    v_lane __S__.queue_lanes;
+BEGIN
+    EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 1', '__S__', 'lane_' || v_id || '_segment');
+    EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 0 START 0', '__S__', 'lane_' || v_id || '_cursor');
+    INSERT INTO __S__.queue_lanes (lane_id, queue, priority, shard, segment_seq, cursor_seq)
+    VALUES (v_id, p_queue, p_priority, coalesce(p_shard, v_id),
+            format('%I.%I', '__S__', 'lane_' || v_id || '_segment')::regclass,
+            format('%I.%I', '__S__', 'lane_' || v_id || '_cursor')::regclass)
+    RETURNING * INTO v_lane;
+    RETURN v_lane;
+END
+$$;
+
+-- The lane's base shards, created on first use (and completed for lanes created before shards
+-- existed). Returns shard 0.
 CREATE OR REPLACE FUNCTION __S__.ensure_lane(p_queue text, p_priority smallint) RETURNS __S__.queue_lanes
 LANGUAGE plpgsql AS $$
 DECLARE
     v_lane __S__.queue_lanes;
-    v_id int;
+    v_shard int;
 BEGIN
-    SELECT * INTO v_lane FROM __S__.queue_lanes WHERE queue = p_queue AND priority = p_priority;
-    IF FOUND THEN
+    IF (SELECT count(*) FROM __S__.queue_lanes l
+        WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard < __S__.lane_base_shards())
+       = __S__.lane_base_shards() THEN
+        SELECT * INTO v_lane FROM __S__.queue_lanes l
+        WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = 0;
         RETURN v_lane;
     END IF;
-    -- first use of the lane: serialize creators, then create its two sequences
+    -- first use of the lane: serialize creators, then create its shards
     PERFORM pg_advisory_xact_lock(__S__.lock_ns('lane-create'), 0);
-    SELECT * INTO v_lane FROM __S__.queue_lanes WHERE queue = p_queue AND priority = p_priority;
-    IF FOUND THEN
-        RETURN v_lane;
-    END IF;
     INSERT INTO __S__.queues (queue) VALUES (p_queue) ON CONFLICT DO NOTHING;
-    v_id := nextval('__S__.lane_ids');
-    EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 1', '__S__', 'lane_' || v_id || '_segment');
-    EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 0 START 0', '__S__', 'lane_' || v_id || '_cursor');
-    INSERT INTO __S__.queue_lanes (lane_id, queue, priority, segment_seq, cursor_seq)
-    VALUES (v_id, p_queue, p_priority,
-            format('%I.%I', '__S__', 'lane_' || v_id || '_segment')::regclass,
-            format('%I.%I', '__S__', 'lane_' || v_id || '_cursor')::regclass)
-    RETURNING * INTO v_lane;
+    FOR v_shard IN 0 .. __S__.lane_base_shards() - 1 LOOP
+        IF NOT EXISTS (SELECT 1 FROM __S__.queue_lanes l
+                       WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = v_shard) THEN
+            PERFORM __S__.create_lane_shard(p_queue, p_priority, v_shard);
+        END IF;
+    END LOOP;
+    SELECT * INTO v_lane FROM __S__.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority AND l.shard = 0;
     RETURN v_lane;
 END
 $$;
@@ -55,61 +90,107 @@ BEGIN
 END
 $$;
 
--- Is every segment of the lane below p_segment either committed or gone for good?
-CREATE OR REPLACE FUNCTION __S__.lane_gap_resolved(p_lane_id int, p_segment bigint) RETURNS boolean
-LANGUAGE sql VOLATILE AS $$
-    SELECT NOT EXISTS (
-        SELECT 1
-        FROM pg_locks lane_lock
-        WHERE lane_lock.locktype = 'advisory' AND lane_lock.granted
-          AND lane_lock.objsubid = 2
-          AND lane_lock.classid::bigint = __S__.lock_ns('lane')
-          AND lane_lock.objid::bigint = p_lane_id
-          AND lane_lock.pid <> pg_backend_pid()
-          AND NOT EXISTS (
-              SELECT 1 FROM pg_locks seg_lock
-              WHERE seg_lock.locktype = 'advisory' AND seg_lock.pid = lane_lock.pid
-                AND seg_lock.objsubid = 1
-                AND seg_lock.classid::bigint = __S__.lock_ns('segment:' || p_lane_id)
-                AND seg_lock.objid::bigint >= (p_segment & 4294967295)))
+-- Could the shard hold positions past its cursor, judged from its two sequences alone (two cheap
+-- reads, no index probe)? A claim that walks a segment to its end moves the cursor to the last
+-- ordinal of the segment (1048575), so a drained shard is "no" here. The cursor sequence lags the
+-- ledger by at most the last claim, so "yes" can be stale for one claim; "no" is always right,
+-- because the true cursor is at or past the sequence.
+CREATE OR REPLACE FUNCTION __S__.shard_may_have_work(p_last_segment bigint, p_cursor bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_last_segment IS NOT NULL
+       AND (p_last_segment > coalesce(p_cursor, 0) >> 20
+            OR (p_last_segment = coalesce(p_cursor, 0) >> 20 AND coalesce(p_cursor, 0) & 1048575 <> 1048575))
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- Enqueue. Reserves one segment (a contiguous block of lane positions) in the caller's
--- transaction and records it in the current queue slot. The caller then writes the rows (COPY).
+-- Enqueue. Reserves one segment (a contiguous block of shard positions) in the caller's transaction
+-- and records it in the current queue slot. The caller then writes the rows (COPY or INSERT).
 --
--- Gap protocol: a segment number is taken from a sequence before the caller's transaction commits,
--- so a claimer can see segment 10 committed while 9 is still in flight (or rolled back). The
--- enqueuer holds a shared lane lock from before it allocates, plus an exclusive lock on its first
--- segment of the lane, until its transaction ends. A claimer may step over a missing segment only
--- when no other transaction holds the lane lock with a first segment below the one it found
--- (lane_gap_resolved), and the missing segment is still absent after that check.
+-- Shard ownership: a transaction writes a (queue, priority) only through a shard whose producer
+-- lock (an exclusive transaction-level advisory lock on the shard) it holds, taken with a try-lock
+-- that never waits, and it keeps that shard for the rest of the transaction. So one shard is written
+-- by one open transaction at a time, and because PostgreSQL makes a commit visible before it
+-- releases the committing transaction's locks, the next writer of the shard allocates its segment
+-- numbers only after every earlier writer's rows are visible (or rolled back for good). Hence, in
+-- any snapshot, a shard's visible segments are a prefix of its allocated ones apart from permanent
+-- gaps (rolled back, or skipped by a sequence after a crash): a claimer may step over any gap it
+-- sees, and an open transaction holds back only its own shard. No pg_locks read is ever needed.
+--
+-- Choice of shard: the free shard with the least estimated backlog (from its sequences), ties
+-- broken from a start point fixed per backend, so an idle queue's producer keeps writing one shard
+-- (FIFO) and a backlog spreads over the shards (claimers in several processes work them at once).
+-- All busy: create a shard, inside this transaction (its creator holds it; it is visible to claimers
+-- with the creator's commit, like its jobs). At the cap: wait for a shard.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.enqueue_segment(p_queue text, p_priority smallint, p_count int,
                                       OUT ready_slot int, OUT lane_id int, OUT base_pos bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_lane __S__.queue_lanes;
-    v_seg bigint;
+    v_lanes int[];
+    v_seqs regclass[];
     v_guc text;
+    v_held int;
+    v_lane int;
+    v_seq regclass;
+    v_i int;
+    v_n int;
+    v_seg bigint;
 BEGIN
     IF p_count < 1 OR p_count > 1048575 THEN
         RAISE EXCEPTION 'ringwork: a segment holds 1..1048575 jobs, got %', p_count USING ERRCODE = '22023';
     END IF;
-    v_lane := __S__.ensure_lane(p_queue, p_priority);
-    PERFORM pg_advisory_xact_lock_shared(__S__.lock_ns('lane'), v_lane.lane_id);
-    v_seg := nextval(v_lane.segment_seq);
-    v_guc := 'rw___S__.lane_' || v_lane.lane_id;
-    IF coalesce(current_setting(v_guc, true), '') = '' THEN
-        PERFORM pg_advisory_xact_lock((__S__.lock_ns('segment:' || v_lane.lane_id)::bigint << 32)
-                                      | (v_seg & 4294967295));
-        PERFORM set_config(v_guc, v_seg::text, true);
+    SELECT array_agg(c.lane_id ORDER BY c.backlog, c.turn, c.lane_id),
+           array_agg(c.segment_seq ORDER BY c.backlog, c.turn, c.lane_id)
+    INTO v_lanes, v_seqs
+    FROM (SELECT l.lane_id, l.segment_seq,
+                 greatest(coalesce(pg_sequence_last_value(l.segment_seq), 0)
+                          - (coalesce(pg_sequence_last_value(l.cursor_seq), 0) >> 20), 0) AS backlog,
+                 ((l.shard - pg_backend_pid()) % __S__.lane_base_shards() + __S__.lane_base_shards())
+                     % __S__.lane_base_shards() AS turn
+          FROM __S__.queue_lanes l
+          WHERE l.queue = p_queue AND l.priority = p_priority) c;
+    IF v_lanes IS NULL THEN
+        PERFORM __S__.ensure_lane(p_queue, p_priority);
+        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.segment_seq ORDER BY l.shard)
+        INTO v_lanes, v_seqs
+        FROM __S__.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
     END IF;
+    v_n := cardinality(v_lanes);
+    -- the shard this transaction already writes for this (queue, priority), keyed by its lowest lane id
+    v_guc := 'rw___S__.shard_' || (SELECT min(x) FROM unnest(v_lanes) x);
+    v_held := nullif(current_setting(v_guc, true), '')::int;
+    IF v_held IS NOT NULL AND pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_held) THEN
+        v_lane := v_held;
+        v_seq := v_seqs[array_position(v_lanes, v_held)];
+    END IF;
+    IF v_lane IS NULL THEN
+        FOR v_i IN 1 .. v_n LOOP
+            IF pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_lanes[v_i]) THEN
+                v_lane := v_lanes[v_i];
+                v_seq := v_seqs[v_i];
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    IF v_lane IS NULL AND v_n < __S__.lane_shard_cap() THEN
+        SELECT l.lane_id, l.segment_seq INTO v_lane, v_seq
+        FROM __S__.create_lane_shard(p_queue, p_priority, NULL) l;
+        PERFORM pg_advisory_xact_lock(__S__.lock_ns('shard'), v_lane);
+    END IF;
+    IF v_lane IS NULL THEN
+        v_lane := v_lanes[1];
+        v_seq := v_seqs[1];
+        PERFORM pg_advisory_xact_lock(__S__.lock_ns('shard'), v_lane);
+    END IF;
+    IF v_held IS DISTINCT FROM v_lane THEN
+        PERFORM set_config(v_guc, v_lane::text, true);
+    END IF;
+    v_seg := nextval(v_seq);
     SELECT s.slot INTO ready_slot FROM __S__.queue_ring_slots s WHERE s.state = 'current';
     INSERT INTO __S__.ready_segments (ready_slot, lane_id, segment_no, job_count)
-    VALUES (ready_slot, v_lane.lane_id, v_seg, p_count);
+    VALUES (ready_slot, v_lane, v_seg, p_count);
     PERFORM pg_notify('ringwork___S__', p_queue);
-    lane_id := v_lane.lane_id;
+    lane_id := v_lane;
     base_pos := v_seg << 20;
 END
 $$;
@@ -144,10 +225,16 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.lane_available(p_lane_id int) RETURNS bigint
 LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_pos bigint := __S__.lane_cursor(p_lane_id);
+    v_pos bigint;
     v_total bigint;
     v_spent bigint;
 BEGIN
+    -- a drained shard (most of them, most of the time) answers from its sequences alone
+    IF NOT (SELECT __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq), pg_sequence_last_value(l.cursor_seq))
+            FROM __S__.queue_lanes l WHERE l.lane_id = p_lane_id) THEN
+        RETURN 0;
+    END IF;
+    v_pos := __S__.lane_cursor(p_lane_id);
     SELECT coalesce(sum(CASE WHEN s.segment_no = (v_pos >> 20)
                              THEN greatest(s.job_count - ((v_pos & 1048575) + 1), 0)
                              ELSE s.job_count END), 0)

@@ -75,16 +75,16 @@ impl Dispatcher {
                 Ok(_) => {
                     drop(permits);
                     failures = 0;
-                    // Empty, or every lane with work was locked by another claimer?
+                    // Empty, or every shard with work was locked by another claimer?
                     let busy = self
                         .inner
                         .engine
                         .queue_has_backlog(&self.queue)
                         .await
                         .unwrap_or(false);
-                    // A lane locked by another claimer frees up within milliseconds; a lane held
-                    // behind an open producer transaction may not, so back off towards the poll
-                    // interval while it stays busy.
+                    // A shard locked by another claimer frees up within milliseconds (claims never
+                    // wait for a shard); back off briefly, then towards the poll interval while
+                    // the work stays with other claimers (or sits behind tombstones or a pause).
                     busy_rounds = if busy {
                         busy_rounds.saturating_add(1)
                     } else {

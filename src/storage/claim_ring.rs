@@ -30,11 +30,7 @@ impl Statements {
                  created_at, deadline_at FROM {s}.claim($1, $2, make_interval(secs => $3), \
                  make_interval(secs => $4))"
             ),
-            queue_has_backlog: format!(
-                "SELECT EXISTS (SELECT 1 FROM {s}.queue_lanes l WHERE l.queue = $1
-                   AND (SELECT max(e.lane_pos) FROM {s}.ready_entries e WHERE e.lane_id = l.lane_id)
-                       > {s}.lane_cursor(l.lane_id))"
-            ),
+            queue_has_backlog: format!("SELECT {s}.queue_has_backlog($1)"),
             complete_batch: format!("SELECT job_id, accepted FROM {s}.complete_batch($1, $2, $3, $4)"),
             close_batch: format!("SELECT job_id, accepted FROM {s}.close_batch($1, $2, $3, $4, $5, $6, $7)"),
             heartbeat_batch: format!("SELECT job_id, accepted FROM {s}.heartbeat_batch($1, $2, $3, $4, $5)"),

@@ -42,7 +42,10 @@ impl Statements {
                  attempt, run_lease, max_attempts, timeout_ms) FROM STDIN (FORMAT csv)"
             ),
             ensure_lanes: format!("SELECT count({s}.ensure_lane($1, p::smallint)) FROM generate_series(1, 4) p"),
-            queue_lanes_exist: format!("SELECT count(*) = 4 FROM {s}.queue_lanes WHERE queue = $1"),
+            queue_lanes_exist: format!(
+                "SELECT count(*) = 4 * {s}.lane_base_shards() FROM {s}.queue_lanes
+                 WHERE queue = $1 AND shard < {s}.lane_base_shards()"
+            ),
             insert_unique: format!(
                 "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9)"
             ),

@@ -1,0 +1,386 @@
+//! Lane shards (issue 10): an open producer transaction holds back only its own jobs, claimers take
+//! different shards at once, and counts, cancel and prune stay exact across shards. Every test runs
+//! real transactions against a real server.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use ringwork::NewJob;
+use serde_json::json;
+use support::TestDb;
+
+fn job(n: i64) -> NewJob {
+    NewJob::from_parts("noop", json!({ "n": n })).unwrap()
+}
+
+async fn claim_ids(storage: &ringwork::Storage, max: usize) -> Vec<i64> {
+    storage
+        .claim("default", max, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.job_id)
+        .collect()
+}
+
+async fn available(storage: &ringwork::Storage) -> i64 {
+    storage.queue_counts(Some("default")).await.unwrap()[0].available
+}
+
+#[tokio::test]
+async fn an_open_transaction_holds_back_only_its_own_jobs_and_a_rolled_back_one_is_skipped() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // A allocates first but commits last; B allocates second and commits first.
+    let mut a = db.pool.begin().await.unwrap();
+    let a_id = storage.insert(&mut a, &job(1)).await.unwrap();
+    let mut b = db.pool.begin().await.unwrap();
+    let b_id = storage.insert(&mut b, &job(2)).await.unwrap();
+    b.commit().await.unwrap();
+    assert_eq!(available(&storage).await, 1, "A's job is not counted yet");
+    assert_eq!(
+        claim_ids(&storage, 10).await,
+        vec![b_id],
+        "B is claimed while A is still open"
+    );
+    a.commit().await.unwrap();
+    assert_eq!(claim_ids(&storage, 10).await, vec![a_id], "A after commit");
+
+    // C allocates and rolls back while D commits: D is claimed, C's gap is stepped over for good.
+    let mut c = db.pool.begin().await.unwrap();
+    storage.insert(&mut c, &job(3)).await.unwrap();
+    let mut d = db.pool.begin().await.unwrap();
+    let d_id = storage.insert(&mut d, &job(4)).await.unwrap();
+    d.commit().await.unwrap();
+    assert_eq!(claim_ids(&storage, 10).await, vec![d_id]);
+    c.rollback().await.unwrap();
+    // E writes after C's rollback, possibly into C's shard, behind C's permanent gap
+    let e_ids = storage
+        .insert_many(
+            &mut db.pool.acquire().await.unwrap(),
+            &(5..8).map(job).collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claim_ids(&storage, 10).await, e_ids);
+    assert!(claim_ids(&storage, 10).await.is_empty());
+    assert_eq!(available(&storage).await, 0);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn one_transaction_writes_one_shard_per_lane_even_across_a_rolled_back_savepoint() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut tx = db.pool.begin().await.unwrap();
+    let mut ids = vec![storage.insert(&mut tx, &job(1)).await.unwrap()];
+    {
+        // a savepoint that rolls back: its rows go, the transaction keeps writing one shard
+        let mut sp = sqlx::Connection::begin(&mut *tx).await.unwrap();
+        storage.insert(&mut sp, &job(2)).await.unwrap();
+        sp.rollback().await.unwrap();
+    }
+    ids.extend(
+        storage
+            .insert_many(&mut tx, &(3..200).map(job).collect::<Vec<_>>())
+            .await
+            .unwrap(),
+    );
+    let shards: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(DISTINCT lane_id) FROM {}.ready_entries",
+        db.schema
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(shards, 1, "one open transaction, one shard");
+    tx.commit().await.unwrap();
+    let mut claimed = Vec::new();
+    loop {
+        let batch = claim_ids(&storage, 50).await;
+        if batch.is_empty() {
+            break;
+        }
+        claimed.extend(batch);
+    }
+    assert_eq!(
+        claimed, ids,
+        "FIFO within the shard, the rolled-back job skipped"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn more_open_transactions_than_shards_each_get_a_shard_and_never_block_others() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage.ensure_queue("default").await.unwrap();
+    let base: i64 = db
+        .scalar_i64("SELECT count(*) FROM {s}.queue_lanes WHERE priority = 2")
+        .await;
+    // more open producer transactions than base shards, on connections of their own
+    let held_count = base as usize + 4;
+    let pool = TestDb::connect(&db.url, held_count as u32 + 2).await;
+    let mut held = Vec::new();
+    let mut held_ids = Vec::new();
+    for n in 0..held_count {
+        let mut tx = pool.begin().await.unwrap();
+        held_ids.push(storage.insert(&mut tx, &job(n as i64)).await.unwrap());
+        held.push(tx);
+    }
+    let shards: i64 = db
+        .scalar_i64("SELECT count(*) FROM {s}.queue_lanes WHERE priority = 2")
+        .await;
+    assert_eq!(
+        shards, base,
+        "extra shards are not visible before their creators commit"
+    );
+
+    // producers that commit are never held back, in any number
+    let mut flowing = Vec::new();
+    for round in 0..20 {
+        let mut conn = db.pool.acquire().await.unwrap();
+        flowing.extend(
+            storage
+                .insert_many(
+                    &mut conn,
+                    &(0..5)
+                        .map(|i| job(1000 + round * 5 + i))
+                        .collect::<Vec<_>>(),
+                )
+                .await
+                .unwrap(),
+        );
+        let got = claim_ids(&storage, 100).await;
+        assert_eq!(
+            got.len(),
+            5,
+            "round {round}: the committed jobs are claimed at once"
+        );
+    }
+    assert_eq!(available(&storage).await, 0);
+
+    // half commit, half roll back: exactly the committed ones come through, once
+    let mut committed = HashSet::new();
+    for (n, tx) in held.into_iter().enumerate() {
+        if n % 2 == 0 {
+            tx.commit().await.unwrap();
+            committed.insert(held_ids[n]);
+        } else {
+            tx.rollback().await.unwrap();
+        }
+    }
+    assert_eq!(available(&storage).await, committed.len() as i64);
+    let got: HashSet<i64> = claim_ids(&storage, 100).await.into_iter().collect();
+    assert_eq!(got, committed);
+    assert!(claim_ids(&storage, 100).await.is_empty());
+    assert!(
+        db.scalar_i64("SELECT count(*) FROM {s}.queue_lanes WHERE priority = 2")
+            .await
+            > base,
+        "the committed creators' extra shards exist now"
+    );
+    pool.close().await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_claimer_holding_one_shard_does_not_stop_another_from_claiming_the_rest() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // four producers at once: four shards with work
+    let mut txs = Vec::new();
+    let mut all = HashSet::new();
+    for p in 0..4 {
+        let mut tx = db.pool.begin().await.unwrap();
+        all.extend(
+            storage
+                .insert_many(
+                    &mut tx,
+                    &(0..50).map(|i| job(p * 100 + i)).collect::<Vec<_>>(),
+                )
+                .await
+                .unwrap(),
+        );
+        txs.push(tx);
+    }
+    for tx in txs {
+        tx.commit().await.unwrap();
+    }
+    // claimer 1 stays inside its claim transaction, holding the shard it took
+    let mut first = db.pool.begin().await.unwrap();
+    let held: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {}.claim('default', 50)",
+        db.schema
+    ))
+    .fetch_all(&mut *first)
+    .await
+    .unwrap();
+    assert_eq!(held.len(), 50);
+    // claimer 2 is not blocked and takes other shards' jobs
+    let started = std::time::Instant::now();
+    let second = claim_ids(&storage, 200).await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(second.len(), 150, "the other three shards");
+    assert!(second.iter().all(|id| !held.contains(id)), "no job twice");
+    // claimer 1 rolls back: its jobs are claimable again, exactly once
+    first.rollback().await.unwrap();
+    let again = claim_ids(&storage, 200).await;
+    let mut sorted_again = again.clone();
+    sorted_again.sort();
+    let mut sorted_held = held.clone();
+    sorted_held.sort();
+    assert_eq!(sorted_again, sorted_held);
+    let union: HashSet<i64> = second.iter().chain(&again).copied().collect();
+    assert_eq!(union, all);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn parallel_claimers_over_many_shards_take_every_job_exactly_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // producers writing at once spread over shards
+    let mut expected = HashSet::new();
+    let mut producers = Vec::new();
+    for p in 0..6 {
+        let pool = db.pool.clone();
+        let storage = db.storage();
+        producers.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for round in 0..10 {
+                let mut tx = pool.begin().await.unwrap();
+                ids.extend(
+                    storage
+                        .insert_many(
+                            &mut tx,
+                            &(0..20)
+                                .map(|i| job(p * 10_000 + round * 100 + i))
+                                .collect::<Vec<_>>(),
+                        )
+                        .await
+                        .unwrap(),
+                );
+                tx.commit().await.unwrap();
+            }
+            ids
+        }));
+    }
+    for p in producers {
+        expected.extend(p.await.unwrap());
+    }
+    let shards_used = db
+        .scalar_i64("SELECT count(DISTINCT lane_id) FROM {s}.ready_entries")
+        .await;
+    assert!(shards_used > 1, "concurrent producers spread over shards");
+    let mut claimers = Vec::new();
+    for _ in 0..4 {
+        let storage = db.storage();
+        claimers.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut empty = 0;
+            while empty < 3 {
+                let batch = storage.claim("default", 7, None).await.unwrap();
+                if batch.is_empty() {
+                    empty += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                got.extend(batch.iter().map(|j| j.attempt_ref()));
+            }
+            got
+        }));
+    }
+    let mut seen = HashSet::new();
+    let mut attempts = Vec::new();
+    for c in claimers {
+        for a in c.await.unwrap() {
+            assert!(seen.insert(a.job_id), "job {} claimed twice", a.job_id);
+            attempts.push(a);
+        }
+    }
+    assert_eq!(seen, expected);
+    assert_eq!(
+        storage.count_in_flight(Some("default")).await.unwrap(),
+        expected.len() as i64
+    );
+    // complete them all: the queue's counts are exact across shards
+    for chunk in attempts.chunks(100) {
+        storage.complete_batch(chunk).await.unwrap();
+    }
+    let counts = storage.queue_counts(Some("default")).await.unwrap();
+    assert_eq!(
+        (counts[0].available, counts[0].running, counts[0].completed),
+        (0, 0, expected.len() as i64)
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancel_reaches_an_available_job_in_any_shard_and_prune_frees_every_shard_slot() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut txs = Vec::new();
+    let mut ids = Vec::new();
+    for p in 0..3 {
+        let mut tx = db.pool.begin().await.unwrap();
+        ids.push(
+            storage
+                .insert_many(
+                    &mut tx,
+                    &(0..10).map(|i| job(p * 10 + i)).collect::<Vec<_>>(),
+                )
+                .await
+                .unwrap(),
+        );
+        txs.push(tx);
+    }
+    for tx in txs {
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT lane_id) FROM {s}.ready_entries")
+            .await,
+        3
+    );
+    // one job of each shard cancelled while available
+    for shard_ids in &ids {
+        assert_eq!(
+            storage.cancel_job(shard_ids[3], "test").await.unwrap(),
+            ringwork::CancelOutcome::Cancelled
+        );
+    }
+    assert_eq!(available(&storage).await, 27);
+    // claim and complete everything; the cancelled ones never come back
+    let mut claimed = Vec::new();
+    loop {
+        let batch = storage.claim("default", 8, None).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        claimed.extend(batch);
+    }
+    assert_eq!(claimed.len(), 27);
+    let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&refs).await.unwrap();
+    // the slot that holds all three shards' rows is proven dead and truncated
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+    let sealed = storage.sealed_queue_slots().await.unwrap();
+    assert_eq!(sealed.len(), 1);
+    let pruned = storage
+        .prune_queue_slot(sealed[0], Duration::from_millis(25), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(pruned, ringwork::PruneResult::Pruned);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
+            .await,
+        0
+    );
+    // the cursors survived the truncate: nothing is claimable again
+    assert!(claim_ids(&storage, 100).await.is_empty());
+    assert_eq!(available(&storage).await, 0);
+    db.cleanup().await;
+}

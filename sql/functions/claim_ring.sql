@@ -52,15 +52,19 @@ $$;
 
 -- Does the queue have a visible, unclaimed position in some shard? Asked by a dispatcher whose claim
 -- came back empty: yes means the work sits in shards other claimers hold (back off briefly).
--- Drained shards answer from their sequences alone.
+-- Drained shards answer from their sequences alone; the others get one index probe each, bounded by
+-- the cursor sequence read once per shard (OFFSET 0 keeps the volatile reads out of the probe). The
+-- sequence lags the ledger by at most one claim, so a just-claimed shard may answer yes once.
 CREATE OR REPLACE FUNCTION __S__.queue_has_backlog(p_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (
-        SELECT 1 FROM __S__.queue_lanes l
-        WHERE l.queue = p_queue
-          AND __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq), pg_sequence_last_value(l.cursor_seq))
+        SELECT 1
+        FROM (SELECT l.lane_id, coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
+                     pg_sequence_last_value(l.segment_seq) AS last_segment
+              FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) l
+        WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
           AND EXISTS (SELECT 1 FROM __S__.ready_entries e
-                      WHERE e.lane_id = l.lane_id AND e.lane_pos > __S__.lane_cursor(l.lane_id)))
+                      WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos))
 $$;
 
 CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,

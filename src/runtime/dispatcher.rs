@@ -25,6 +25,8 @@ impl Dispatcher {
     pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut failures = 0_u32;
         let mut busy_rounds = 0_u32;
+        let mut last_full = false;
+        let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
         loop {
             if *stop.borrow() {
                 return;
@@ -43,6 +45,21 @@ impl Dispatcher {
                     Err(_) => break,
                 }
             }
+            // Under a backlog, gather a batch's worth of free workers (briefly) before claiming:
+            // each claim is a round trip and a commit, so a process with few workers would
+            // otherwise pay one per job.
+            if last_full && permits.len() < linger_target && !self.config.claim_linger.is_zero() {
+                let until = tokio::time::Instant::now() + self.config.claim_linger;
+                while permits.len() < linger_target {
+                    match tokio::time::timeout_at(until, Arc::clone(&self.slots).acquire_owned())
+                        .await
+                    {
+                        Ok(Ok(p)) => permits.push(p),
+                        _ => break,
+                    }
+                }
+            }
+            let asked = permits.len();
             let claimed = self
                 .inner
                 .engine
@@ -55,6 +72,7 @@ impl Dispatcher {
                 .await;
             match claimed {
                 Ok(jobs) if !jobs.is_empty() => {
+                    last_full = jobs.len() == asked;
                     failures = 0;
                     busy_rounds = 0;
                     self.inner
@@ -74,6 +92,7 @@ impl Dispatcher {
                 }
                 Ok(_) => {
                     drop(permits);
+                    last_full = false;
                     failures = 0;
                     // Empty, or every shard with work was locked by another claimer?
                     let busy = self
@@ -104,6 +123,7 @@ impl Dispatcher {
                 }
                 Err(e) => {
                     drop(permits);
+                    last_full = false;
                     failures = failures.saturating_add(1);
                     let backoff = Duration::from_millis(50 * 2_u64.pow(failures.min(6)));
                     warn!(queue = %self.queue, error = %e, "claim failed; retrying in {backoff:?}");

@@ -40,6 +40,11 @@ pub struct QueueConfig {
     pub claim_batch: usize,
     /// How long an idle dispatcher waits for a NOTIFY before claiming anyway.
     pub poll_interval: Duration,
+    /// Under a backlog (the previous claim came back full), how long the dispatcher may wait for
+    /// half of `max_workers` to be free before it claims, so that a process with few workers
+    /// claims in batches instead of one job per round trip. Zero claims as soon as one worker is
+    /// free. It never delays a job when the queue is not saturated.
+    pub claim_linger: Duration,
     /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and
     /// deadline rescue closes the attempt if its worker cannot.
     pub deadline: Option<Duration>,
@@ -58,6 +63,7 @@ impl Default for QueueConfig {
             max_workers: 32,
             claim_batch: 128,
             poll_interval: Duration::from_millis(250),
+            claim_linger: Duration::from_millis(2),
             deadline: None,
             priority_aging: Some(Duration::from_secs(60)),
             dead_letter: false,
@@ -78,6 +84,12 @@ impl QueueConfig {
             return Err(Error::Config(format!(
                 "queue {queue:?}: claim_batch must be 1..=4096, got {}",
                 self.claim_batch
+            )));
+        }
+        if self.claim_linger > Duration::from_secs(1) {
+            return Err(Error::Config(format!(
+                "queue {queue:?}: claim_linger must be at most 1 s, got {:?}",
+                self.claim_linger
             )));
         }
         if self.poll_interval.is_zero() {

@@ -1,14 +1,16 @@
 //! Exhaustive model check of the ring protocol (issue 4), with the `stateright` crate.
 //!
-//! One queue with one lane, a queue ring and a claim ring, a handful of jobs and workers. Every
-//! action below is one transaction (or the in-memory step of a worker) of the real code; the
-//! mapping to the Rust and SQL functions is in `docs/model.md`. Where the real code is two
-//! statements with something able to commit in between, the model has two actions:
+//! One queue with one (queue, priority) lane split into shards (issue 10: each shard has its own
+//! positions, cursor sequence and attempt ledger), a queue ring and a claim ring, a handful of jobs
+//! and workers. Every action below is one transaction (or the in-memory step of a worker) of the
+//! real code; the mapping to the Rust and SQL functions is in `docs/model.md`. Where the real code
+//! is two statements with something able to commit in between, the model has two actions:
 //!
 //! - `claim()` reads the current claim slot first and inserts its claim batch at the end, with no
 //!   lock on the slot row in between (`ClaimBegin` / `ClaimCommit`);
-//! - `enqueue_segment()` reads the current queue slot without a lock before its rows commit
-//!   (`EnqueueBegin` / `EnqueueCommit`);
+//! - `enqueue_segment()` try-locks a shard no open enqueue holds and reads the current queue slot
+//!   without a lock before its rows commit (`EnqueueBegin` / `EnqueueCommit`); the shard stays
+//!   held until the transaction ends, and claims step over any gap they see, with no gap check;
 //! - completion takes the per-attempt advisory lock before its validating statement
 //!   (`LockAttempt` / `Close`);
 //! - prune proves, then takes ACCESS EXCLUSIVE, then re-proves and truncates (`*PruneProve`,
@@ -19,7 +21,7 @@
 //! variant (flags on [`Faults`]) must produce a counterexample for the invariant it breaks.
 //! Liveness ("every claimed job is eventually closed once crashes stop") is checked by a graph
 //! walk of our own, not by `Property::eventually`: see `docs/model.md` for why, and for the
-//! state-space reductions (canonical slot labels, sorted workers, forgotten history).
+//! state-space reductions (canonical slot and shard labels, sorted workers, forgotten history).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -35,8 +37,8 @@ use stateright::{Checker, HasDiscoveries, Model, Property};
 
 /// A vector of at most `N` items stored inline, so a state is `Copy` and cloning it allocates
 /// nothing (the checker clones and hashes millions). Unused items stay `T::default()`, so the
-/// derived equality and hash see only the contents.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// derived equality, order and hash see only the contents.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Small<T, const N: usize> {
     len: u8,
     items: [T; N],
@@ -123,6 +125,7 @@ impl<T: std::fmt::Debug, const N: usize> std::fmt::Debug for Small<T, N> {
 const MAX_JOBS: usize = 3;
 const MAX_WORKERS: usize = 2;
 const MAX_SLOTS: usize = 3;
+const MAX_SHARDS: usize = 2;
 /// Open claims are at most one per job; closed ones are kept only by the lock-free variant.
 const MAX_CLAIMS: usize = 8;
 
@@ -138,7 +141,7 @@ enum SlotState {
 /// One ring's control rows. `generation` is kept as a dense rank (only the order matters to the
 /// code: rotation takes the free slot with the lowest `(generation, slot)`), so the state space
 /// stays finite however often the ring turns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Ring {
     state: Small<SlotState, MAX_SLOTS>,
     generation: Small<u8, MAX_SLOTS>,
@@ -195,13 +198,15 @@ impl Ring {
 }
 
 /// Where a job's enqueue transaction is (a ghost: the database only sees committed rows).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Enqueue {
     #[default]
     NotYet,
-    /// `enqueue_segment` has taken its lane position and read the current queue slot.
+    /// `enqueue_segment` holds the shard's producer lock, has taken the shard's next position
+    /// and read the current queue slot.
     InFlight {
         slot: u8,
+        shard: u8,
         pos: u8,
     },
     Committed,
@@ -210,9 +215,12 @@ enum Enqueue {
 
 /// The job's latest `ready_entries` row. Older rows of the same job are behind the cursor with
 /// their attempt closed, so no proof or statement in the model reads them any more.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Row {
     slot: u8,
+    /// The shard (`lane_id`) of the row; `pos` is its position in that shard. A taken row keeps
+    /// neither (both 0): nothing reads them again.
+    shard: u8,
     pos: u8,
     /// `run_lease` of the row; the attempt claimed from it has `run_lease + 1`.
     lease: u8,
@@ -220,7 +228,7 @@ struct Row {
     taken: bool,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Job {
     enqueue: Enqueue,
     ready: Option<Row>,
@@ -274,7 +282,7 @@ enum Worker {
     Closing(Att, bool),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum PrunePhase {
     /// Ring state and slot row locked FOR UPDATE, first proof passed.
     Proved,
@@ -282,14 +290,27 @@ enum PrunePhase {
     Locked,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Prune {
     slot: u8,
     phase: PrunePhase,
 }
 
+/// One shard of the lane: a `queue_lanes` row with its own segment and cursor sequences, and its
+/// own `ready_claim_attempt_batches` rows (keyed by `lane_id`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Shard {
+    /// The shard's next position (`segment_seq`; one job per segment here).
+    next_pos: u8,
+    /// `pg_sequence_last_value(cursor_seq)`: the shard's persisted claim cursor.
+    cursor_seq: u8,
+    /// Per queue slot: `max(upper(lane_range)) - 1` over the shard's `ready_claim_attempt_batches`
+    /// rows in that slot (0 = none) — the shard's attempt ledger.
+    ledger: Small<u8, MAX_SLOTS>,
+}
+
 /// Ghost flags, set by the transition that breaks a promise, so `always` can see it afterwards.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Ghost {
     /// A TRUNCATE removed a claim that had no closure evidence.
     truncated_open_claim: bool,
@@ -299,7 +320,7 @@ struct Ghost {
     second_winner: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct State {
     jobs: Small<Job, MAX_JOBS>,
     /// Sorted: the claim ring's contents, whatever order they were written in.
@@ -308,31 +329,35 @@ struct State {
     workers: Small<Worker, MAX_WORKERS>,
     queue_ring: Ring,
     claim_ring: Ring,
-    /// Per queue slot: `max(upper(lane_range)) - 1` over its `ready_claim_attempt_batches` rows
-    /// (0 = none) — the attempt ledger.
-    ledger: Small<u8, MAX_SLOTS>,
-    /// `pg_sequence_last_value(cursor_seq)`: the persisted claim cursor.
-    cursor_seq: u8,
+    /// The lane's shards. Canonical labels: shards are interchangeable, so of the states that
+    /// differ only by a renaming of shards the least is kept (`canonical_shards`).
+    shards: Small<Shard, MAX_SHARDS>,
     /// Per queue slot: a child of the slot holds rows (rotate_queue_ring's "in use" test).
     queue_used: Small<bool, MAX_SLOTS>,
     /// Per claim slot: it holds claims, open or closed (rotate_claim_ring's test).
     claim_used: Small<bool, MAX_SLOTS>,
-    /// The lane's next position (`segment_seq`; one job per segment here).
-    next_pos: u8,
     queue_prune: Option<Prune>,
     claim_prune: Option<Prune>,
     ghost: Ghost,
 }
 
 impl State {
-    /// `lane_cursor()`: greatest(sequence, max ledger upper - 1).
-    fn lane_cursor(&self) -> u8 {
-        self.ledger
+    /// `lane_cursor(lane_id)` of a shard: greatest(sequence, max ledger upper - 1).
+    fn lane_cursor(&self, shard: u8) -> u8 {
+        let sh = &self.shards[usize::from(shard)];
+        sh.ledger
             .iter()
             .copied()
             .max()
             .unwrap_or(0)
-            .max(self.cursor_seq)
+            .max(sh.cursor_seq)
+    }
+
+    /// An open enqueue transaction holds the shard's producer lock.
+    fn shard_held(&self, shard: u8) -> bool {
+        self.jobs
+            .iter()
+            .any(|j| matches!(j.enqueue, Enqueue::InFlight { shard: h, .. } if h == shard))
     }
 
     fn lock_free(&self, job: u8) -> bool {
@@ -353,32 +378,40 @@ impl State {
                  Some(r) if r.slot == claim.ready_slot && r.lease + 1 == claim.lease)
     }
 
-    /// The row the claim walk would hand out next, if any: the lowest position above the cursor,
-    /// unless an in-flight enqueue holds a lower position (`lane_gap_resolved` is false).
-    fn next_claimable(&self) -> Option<usize> {
-        let cursor = self.lane_cursor();
-        let (job, row) = self
+    /// The row the claim walk of a shard hands out next, if any: the shard's lowest visible
+    /// (committed) position above its cursor. There is no gap check: the walk steps over any
+    /// position it does not see, in flight or rolled back (the producer lock makes an in-flight one
+    /// impossible below a visible one). `gap_check` is the code before shards: the walk stops
+    /// below a position an open enqueue holds.
+    fn next_claimable(&self, shard: u8, gap_check: bool) -> Option<usize> {
+        let cursor = self.lane_cursor(shard);
+        let (j, row) = self
             .jobs
             .iter()
             .enumerate()
             .filter_map(|(j, job)| job.ready.map(|r| (j, r)))
-            .filter(|(_, r)| r.pos > cursor)
+            .filter(|(_, r)| !r.taken && r.shard == shard && r.pos > cursor)
             .min_by_key(|(_, r)| r.pos)?;
-        let gap_open = self
-            .jobs
-            .iter()
-            .any(|j| matches!(j.enqueue, Enqueue::InFlight { pos, .. } if pos < row.pos));
-        (!gap_open).then_some(job)
+        let gap_open = gap_check
+            && self.jobs.iter().any(|job| {
+                matches!(job.enqueue, Enqueue::InFlight { shard: h, pos, .. }
+                         if h == shard && pos < row.pos)
+            });
+        (!gap_open).then_some(j)
     }
 
-    /// `queue_slot_blocker(slot)`: a ready row at or ahead of the cursor, or an open claim
+    /// A row pending in its shard: not handed out and above its shard's cursor.
+    fn pending(&self, row: &Row) -> bool {
+        !row.taken && row.pos > self.lane_cursor(row.shard)
+    }
+
+    /// `queue_slot_blocker(slot)`: a ready row at or ahead of its shard's cursor, or an open claim
     /// (in any claim slot, free ones included) whose ready row lives here.
     fn queue_slot_blocked(&self, slot: u8) -> bool {
-        let cursor = self.lane_cursor();
         let pending = self
             .jobs
             .iter()
-            .any(|j| matches!(j.ready, Some(r) if r.slot == slot && r.pos > cursor));
+            .any(|j| matches!(j.ready, Some(r) if r.slot == slot && self.pending(&r)));
         let open = self
             .claims
             .iter()
@@ -432,6 +465,9 @@ struct Bounds {
     workers: u8,
     claim_slots: u8,
     queue_slots: u8,
+    /// Shards of the lane. The model does not create shards: with every shard held by an open
+    /// enqueue, a producer waits (the code would create one more).
+    shards: u8,
     /// `max_attempts` of every job; the run_lease of an attempt equals its attempt number here.
     max_attempts: u8,
     /// The queue has a deadline (deadline rescue is on).
@@ -443,13 +479,14 @@ struct Bounds {
 }
 
 impl Bounds {
-    /// The bounds of the main check: 2 jobs, 2 workers, 3 claim slots, 2 queue slots.
+    /// The bounds of the main check: 2 jobs, 2 workers, 3 claim slots, 2 queue slots, 2 shards.
     fn main() -> Self {
         Bounds {
             jobs: 2,
             workers: 2,
             claim_slots: 3,
             queue_slots: 2,
+            shards: 2,
             max_attempts: 2,
             deadlines: true,
             rollbacks: true,
@@ -474,6 +511,14 @@ struct Faults {
     /// rescue() sweeps only `claim_ring_slots WHERE state <> 'free'` — the code before
     /// b7349ee, which this model's liveness check showed can strand a claim.
     rescue_skips_free_slots: bool,
+    /// Producers do not take the shard's producer lock: `enqueue_segment` may write a shard that
+    /// another open enqueue transaction holds. Claims have no gap check, so a claim can step the
+    /// shard's cursor over the open transaction's position.
+    shared_shards: bool,
+    /// Claims keep the gap check of the code before lane shards (`lane_gap_resolved`, which read
+    /// pg_locks): a shard's walk stops below a position that an open enqueue holds. With
+    /// `shared_shards` and one shard this is that code: one lane, written by every producer.
+    lane_gap_check: bool,
 }
 
 #[derive(Clone)]
@@ -500,6 +545,17 @@ impl RingModel {
         // rescue() loops over every claim slot, free ones included (since b7349ee)
         !self.faults.rescue_skips_free_slots || !state.claim_ring.is(claim.slot, SlotState::Free)
     }
+
+    /// `next_claimable` of the model's claim walk.
+    fn next_claimable(&self, state: &State, shard: u8) -> Option<usize> {
+        state.next_claimable(shard, self.faults.lane_gap_check)
+    }
+
+    /// `enqueue_segment` may write the shard: its try-lock of the shard's producer lock succeeds,
+    /// that is, no open enqueue holds it (with `shared_shards`, always).
+    fn may_write(&self, state: &State, shard: u8) -> bool {
+        self.faults.shared_shards || !state.shard_held(shard)
+    }
 }
 
 impl RingModel {
@@ -510,8 +566,12 @@ impl RingModel {
             return;
         };
         p.phase = PrunePhase::Locked;
-        if s.ledger[usize::from(p.slot)] > 0 {
-            s.cursor_seq = s.lane_cursor();
+        let slot = usize::from(p.slot);
+        // per shard (`lane_id`) with ledger rows in the slot
+        for k in 0..s.shards.len() {
+            if s.shards[k].ledger[slot] > 0 {
+                s.shards[k].cursor_seq = s.lane_cursor(k as u8);
+            }
         }
     }
 
@@ -530,7 +590,9 @@ impl RingModel {
                 job.ready = None;
             }
         }
-        s.ledger[usize::from(slot)] = 0;
+        for shard in &mut s.shards {
+            shard.ledger[usize::from(slot)] = 0;
+        }
         s.queue_used[usize::from(slot)] = false;
         s.queue_ring.state[usize::from(slot)] = SlotState::Free;
     }
@@ -556,13 +618,16 @@ impl RingModel {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Action {
-    EnqueueBegin(u8),
+    /// (job, shard)
+    EnqueueBegin(u8, u8),
     EnqueueCommit(u8),
     EnqueueRollback(u8),
     ClaimBegin(u8),
-    ClaimCommit(u8),
+    /// (worker, shard): the claim takes the shard's next visible row, if any
+    ClaimCommit(u8, u8),
     ClaimAbort(u8),
-    AdvanceCursor,
+    /// (shard)
+    AdvanceCursor(u8),
     LockAttempt(u8, bool),
     Close(u8),
     Heartbeat(u8),
@@ -570,7 +635,8 @@ enum Action {
     RescueStale(u8),
     RescueDeadline(u8),
     Crash(u8),
-    Promote(u8),
+    /// (job, shard)
+    Promote(u8, u8),
     RotateQueue,
     RotateClaim,
     QueuePruneProve(u8),
@@ -595,11 +661,16 @@ impl Model for RingModel {
             workers: Small::filled(Worker::Idle, b.workers),
             queue_ring: Ring::new(b.queue_slots),
             claim_ring: Ring::new(b.claim_slots),
-            ledger: Small::filled(0, b.queue_slots),
-            cursor_seq: 0,
+            shards: Small::filled(
+                Shard {
+                    next_pos: 1,
+                    cursor_seq: 0,
+                    ledger: Small::filled(0, b.queue_slots),
+                },
+                b.shards,
+            ),
             queue_used: Small::filled(false, b.queue_slots),
             claim_used: Small::filled(false, b.claim_slots),
-            next_pos: 1,
             queue_prune: None,
             claim_prune: None,
             ghost: Ghost::default(),
@@ -614,12 +685,18 @@ impl Model for RingModel {
         let claim_locked = |slot: u8| matches!(s.claim_prune, Some(p) if p.slot == slot && p.phase == PrunePhase::Locked);
         let any_queue_locked = matches!(s.queue_prune, Some(p) if p.phase == PrunePhase::Locked);
 
-        // Producers. Jobs are interchangeable until enqueued, so they are enqueued in index order.
+        // Producers. Jobs are interchangeable until enqueued, so they are enqueued in index order
+        // (a job with a higher index began its enqueue later). A producer takes any shard its
+        // try-lock gets; with every shard held it would create one, which the model does not do.
         for (j, job) in s.jobs.iter().enumerate() {
             let j8 = j as u8;
             match job.enqueue {
                 Enqueue::NotYet => {
-                    actions.push(Action::EnqueueBegin(j8));
+                    for k in 0..b.shards {
+                        if self.may_write(s, k) {
+                            actions.push(Action::EnqueueBegin(j8, k));
+                        }
+                    }
                     break;
                 }
                 Enqueue::InFlight { slot, .. } => {
@@ -648,9 +725,19 @@ impl Model for RingModel {
                 Worker::Claiming { slot } => {
                     // claim() reads every ready_entries child through the parent (generic plan):
                     // it waits for any queue prune holding ACCESS EXCLUSIVE, and its claim-batch
-                    // INSERT waits for a claim prune of its slot
+                    // INSERT waits for a claim prune of its slot. It locks shards SKIP LOCKED in
+                    // an order of its own, so it may take its job from any shard with one. With
+                    // none, it only catches up the sequence of a shard it locked. (A claim that
+                    // comes back empty although a shard has work, because another claimer holds
+                    // that shard, is `AdvanceCursor` + `ClaimAbort`: the same states.)
                     if !any_queue_locked && !claim_locked(slot) {
-                        actions.push(Action::ClaimCommit(w8));
+                        let with_work =
+                            (0..b.shards).filter(|&k| self.next_claimable(s, k).is_some());
+                        let before = actions.len();
+                        actions.extend(with_work.map(|k| Action::ClaimCommit(w8, k)));
+                        if actions.len() == before {
+                            actions.extend((0..b.shards).map(|k| Action::ClaimCommit(w8, k)));
+                        }
                     }
                     actions.push(Action::ClaimAbort(w8));
                     actions.push(Action::Crash(w8));
@@ -674,10 +761,12 @@ impl Model for RingModel {
                 }
             }
         }
-        // the post-commit cursor advance, whenever the ledger is ahead of the sequence; "lost"
-        // is this action never running (the code never runs it: claim() catches up lazily)
-        if s.lane_cursor() > s.cursor_seq {
-            actions.push(Action::AdvanceCursor);
+        // the post-commit cursor advance, whenever a shard's ledger is ahead of its sequence;
+        // "lost" is this action never running (the code never runs it: claim() catches up lazily)
+        for k in 0..b.shards {
+            if s.lane_cursor(k) > s.shards[usize::from(k)].cursor_seq {
+                actions.push(Action::AdvanceCursor(k));
+            }
         }
 
         // Time, and the rescue sweeps.
@@ -703,7 +792,12 @@ impl Model for RingModel {
         // Maintenance.
         for (j, job) in s.jobs.iter().enumerate() {
             if job.deferred.is_some() {
-                actions.push(Action::Promote(j as u8));
+                // promote_due writes through enqueue_segment: a shard its try-lock gets
+                for k in 0..b.shards {
+                    if self.may_write(s, k) {
+                        actions.push(Action::Promote(j as u8, k));
+                    }
+                }
             }
         }
         match s.queue_prune {
@@ -755,23 +849,28 @@ impl Model for RingModel {
         let f = &self.faults;
         let mut s = *last;
         match action {
-            Action::EnqueueBegin(j) => {
-                // enqueue_segment: nextval(segment_seq), then the current slot, read unlocked
+            Action::EnqueueBegin(j, k) => {
+                // enqueue_segment: pg_try_advisory_xact_lock on the shard (held until the
+                // transaction ends), nextval(segment_seq), then the current slot, read unlocked
+                let shard = &mut s.shards[usize::from(k)];
                 s.jobs[usize::from(j)].enqueue = Enqueue::InFlight {
                     slot: s.queue_ring.current(),
-                    pos: s.next_pos,
+                    shard: k,
+                    pos: shard.next_pos,
                 };
-                s.next_pos += 1;
+                shard.next_pos += 1;
             }
             Action::EnqueueCommit(j) => {
+                // the rows become visible, then the shard's producer lock is released
                 let job = &mut s.jobs[usize::from(j)];
-                let Enqueue::InFlight { slot, pos } = job.enqueue else {
+                let Enqueue::InFlight { slot, shard, pos } = job.enqueue else {
                     return None;
                 };
                 job.enqueue = Enqueue::Committed;
                 s.queue_used[usize::from(slot)] = true;
                 job.ready = Some(Row {
                     slot,
+                    shard,
                     pos,
                     lease: 0,
                     taken: false,
@@ -783,25 +882,28 @@ impl Model for RingModel {
                     slot: s.claim_ring.current(),
                 };
             }
-            Action::ClaimCommit(w) => {
+            Action::ClaimCommit(w, k) => {
                 let Worker::Claiming { slot } = s.workers[usize::from(w)] else {
                     return None;
                 };
-                // the lazy advance: setval(cursor_seq, lane_cursor()) under the lane row lock
-                s.cursor_seq = s.lane_cursor();
+                // the shard row FOR UPDATE SKIP LOCKED, then the lazy advance:
+                // setval(cursor_seq, lane_cursor()) under the shard row lock
+                s.shards[usize::from(k)].cursor_seq = s.lane_cursor(k);
                 s.workers[usize::from(w)] = Worker::Idle;
-                if let Some(j) = s.next_claimable() {
+                if let Some(j) = self.next_claimable(&s, k) {
                     let job = &mut s.jobs[j];
                     let row = job.ready.as_mut().expect("claimable row");
                     let taken = *row;
                     // its position is behind the cursor from now on and read by nothing
                     row.taken = true;
+                    row.shard = 0;
                     row.pos = 0;
                     let row = taken;
                     let lease = row.lease + 1;
                     job.lease = job.lease.max(lease);
-                    // ready_claim_attempt_batches row in the ready row's slot ...
-                    s.ledger[usize::from(row.slot)] = s.ledger[usize::from(row.slot)].max(row.pos);
+                    // the shard's ready_claim_attempt_batches row in the ready row's slot ...
+                    let ledger = &mut s.shards[usize::from(k)].ledger[usize::from(row.slot)];
+                    *ledger = (*ledger).max(row.pos);
                     // ... and the claim in the slot read at the start, whatever it is now
                     s.claims.push(Claim {
                         slot,
@@ -822,17 +924,19 @@ impl Model for RingModel {
             }
             Action::ClaimAbort(w) => {
                 if f.cursor_before_commit {
-                    // the non-transactional setval to the new position survives the rollback
-                    let mut probe = s;
-                    probe.cursor_seq = probe.lane_cursor();
-                    if let Some(j) = probe.next_claimable() {
-                        let pos = probe.jobs[j].ready.expect("claimable row").pos;
-                        s.cursor_seq = s.cursor_seq.max(pos);
+                    // the non-transactional setval of the first shard with a claimable row to
+                    // the claim's new position survives the rollback
+                    let found =
+                        (0..b.shards).find_map(|k| self.next_claimable(&s, k).map(|j| (k, j)));
+                    if let Some((k, j)) = found {
+                        let pos = s.jobs[j].ready.expect("claimable row").pos;
+                        let shard = &mut s.shards[usize::from(k)];
+                        shard.cursor_seq = shard.cursor_seq.max(pos);
                     }
                 }
                 s.workers[usize::from(w)] = Worker::Idle;
             }
-            Action::AdvanceCursor => s.cursor_seq = s.lane_cursor(),
+            Action::AdvanceCursor(k) => s.shards[usize::from(k)].cursor_seq = s.lane_cursor(k),
             Action::LockAttempt(w, ok) => {
                 let Worker::Running(att) = s.workers[usize::from(w)] else {
                     return None;
@@ -919,20 +1023,22 @@ impl Model for RingModel {
                 }
                 s.workers[usize::from(w)] = Worker::Idle;
             }
-            Action::Promote(j) => {
-                // promote_due: delete from deferred_jobs, append at a new lane position
+            Action::Promote(j, k) => {
+                // promote_due: delete from deferred_jobs, enqueue_segment into a shard it can
+                // lock, append at that shard's next position; one transaction
                 let slot = s.queue_ring.current();
-                let pos = s.next_pos;
+                let pos = s.shards[usize::from(k)].next_pos;
                 let job = &mut s.jobs[usize::from(j)];
                 let lease = job.deferred.take()?;
                 job.ready = Some(Row {
                     slot,
+                    shard: k,
                     pos,
                     lease,
                     taken: false,
                 });
                 s.queue_used[usize::from(slot)] = true;
-                s.next_pos += 1;
+                s.shards[usize::from(k)].next_pos += 1;
             }
             Action::RotateQueue => {
                 let next = s.queue_ring.oldest_free()?;
@@ -977,11 +1083,13 @@ impl Model for RingModel {
             Action::ClaimPruneFinish => self.claim_prune_finish(&mut s),
             Action::ClaimPruneSkip => s.claim_prune = None,
         }
-        // canonical form: ledger rows at or behind the sequence prove nothing it does not
-        let seq = s.cursor_seq;
-        for l in &mut s.ledger {
-            if *l <= seq {
-                *l = 0;
+        // canonical form: ledger rows at or behind the shard's sequence prove nothing it does not
+        for shard in &mut s.shards {
+            let seq = shard.cursor_seq;
+            for l in &mut shard.ledger {
+                if *l <= seq {
+                    *l = 0;
+                }
             }
         }
         canonical_slots(&mut s);
@@ -990,6 +1098,8 @@ impl Model for RingModel {
         }
         s.claims.sort();
         s.workers.sort();
+        canonical_positions(&mut s);
+        canonical_shards(&mut s);
         Some(s)
     }
 
@@ -1002,11 +1112,10 @@ impl Model for RingModel {
             }),
             Property::always("StaleWriterRejected", |_, s: &State| !s.ghost.stale_write),
             Property::always("CursorNeverSkipsRunnable", |_, s: &State| {
-                let cursor = s.lane_cursor();
                 s.jobs.iter().all(|j| {
-                    let row_ok = j.ready.is_none_or(|r| r.taken || r.pos > cursor);
-                    let in_flight_ok =
-                        !matches!(j.enqueue, Enqueue::InFlight { pos, .. } if pos <= cursor);
+                    let row_ok = j.ready.is_none_or(|r| r.taken || s.pending(&r));
+                    let in_flight_ok = !matches!(j.enqueue,
+                        Enqueue::InFlight { shard, pos, .. } if pos <= s.lane_cursor(shard));
                     row_ok && in_flight_ok
                 })
             }),
@@ -1045,6 +1154,16 @@ impl Model for RingModel {
                     matches!(j.ready, Some(r) if !r.taken && s.queue_ring.is(r.slot, SlotState::Free))
                 })
             }),
+            // a job whose enqueue began after another's, and committed while that one is still
+            // open, has been claimed: the open transaction held back only its own shard
+            Property::sometimes("ClaimPastOpenEnqueue", |_, s: &State| {
+                s.jobs.iter().enumerate().any(|(j, open)| {
+                    matches!(open.enqueue, Enqueue::InFlight { .. })
+                        && s.jobs[j + 1..]
+                            .iter()
+                            .any(|later| later.lease > 0 || later.terminal)
+                })
+            }),
         ]
     }
 }
@@ -1079,7 +1198,9 @@ fn canonical_slots(s: &mut State) {
     let cl = |slot: u8| c[usize::from(slot)];
     permute(&mut s.queue_ring.state, &q);
     permute(&mut s.queue_ring.generation, &q);
-    permute(&mut s.ledger, &q);
+    for shard in &mut s.shards {
+        permute(&mut shard.ledger, &q);
+    }
     permute(&mut s.queue_used, &q);
     permute(&mut s.claim_ring.state, &c);
     permute(&mut s.claim_ring.generation, &c);
@@ -1108,6 +1229,95 @@ fn canonical_slots(s: &mut State) {
     }
     if let Some(p) = s.claim_prune.as_mut() {
         p.slot = cl(p.slot);
+    }
+}
+
+/// Positions are compared, never counted: every step reads them only by their order (against one
+/// another and the shard's cursor), a ledger value only by that and by being 0 (none), and a new
+/// position is the shard's next one, above all. So each shard's positions are renumbered densely
+/// in order (the least to 0, the next position to one above the greatest), and states that differ
+/// only in how far apart positions are become one. Ledger values at or below the sequence are
+/// zeroed first, so a nonzero one stays nonzero.
+fn canonical_positions(s: &mut State) {
+    for k in 0..s.shards.len() {
+        let k8 = k as u8;
+        let mut used = [false; 256];
+        let shard = &s.shards[k];
+        used[usize::from(shard.cursor_seq)] = true;
+        for &l in &shard.ledger {
+            if l > 0 {
+                used[usize::from(l)] = true;
+            }
+        }
+        for job in &s.jobs {
+            if let Some(r) = job.ready.filter(|r| !r.taken && r.shard == k8) {
+                used[usize::from(r.pos)] = true;
+            }
+            if let Enqueue::InFlight { shard, pos, .. } = job.enqueue {
+                if shard == k8 {
+                    used[usize::from(pos)] = true;
+                }
+            }
+        }
+        let mut rank = [0_u8; 256];
+        let mut next = 0_u8;
+        for v in 0..usize::from(shard.next_pos) {
+            if used[v] {
+                rank[v] = next;
+                next += 1;
+            }
+        }
+        let shard = &mut s.shards[k];
+        shard.next_pos = next;
+        shard.cursor_seq = rank[usize::from(shard.cursor_seq)];
+        for l in &mut shard.ledger {
+            if *l > 0 {
+                *l = rank[usize::from(*l)];
+            }
+        }
+        for job in &mut s.jobs {
+            if let Some(r) = job.ready.as_mut().filter(|r| !r.taken && r.shard == k8) {
+                r.pos = rank[usize::from(r.pos)];
+            }
+            if let Enqueue::InFlight { shard, pos, .. } = &mut job.enqueue {
+                if *shard == k8 {
+                    *pos = rank[usize::from(*pos)];
+                }
+            }
+        }
+    }
+}
+
+/// Shard numbers are labels too: what the code does with a shard depends on its sequences, its
+/// ledger and its rows, never on its number (a producer's and a claimer's choice of shard are
+/// nondeterministic here). So of the states that differ only by a renaming of shards, the least
+/// (in the derived order) is kept. Run after the other canonical steps, none of which looks at
+/// shard numbers.
+fn canonical_shards(s: &mut State) {
+    fn relabel(s: &State, label: &[u8]) -> State {
+        let mut t = *s;
+        for (old, shard) in s.shards.iter().enumerate() {
+            t.shards[usize::from(label[old])] = *shard;
+        }
+        for job in &mut t.jobs {
+            if let Some(r) = job.ready.as_mut().filter(|r| !r.taken) {
+                r.shard = label[usize::from(r.shard)];
+            }
+            if let Enqueue::InFlight { shard, .. } = &mut job.enqueue {
+                *shard = label[usize::from(*shard)];
+            }
+        }
+        t
+    }
+    const PERMUTATIONS: [[u8; MAX_SHARDS]; 1] = [[1, 0]];
+    if s.shards.len() < 2 {
+        return;
+    }
+    for label in PERMUTATIONS {
+        let t = relabel(s, &label);
+        if t < *s {
+            *s = t;
+        }
     }
 }
 
@@ -1144,10 +1354,9 @@ fn canonical_history(s: &mut State) {
     }
 }
 
-/// Every enqueued job is somewhere the system will find it: pending in ready ahead of the cursor,
-/// claimed with an open claim still in the claim ring, deferred, or finished.
+/// Every enqueued job is somewhere the system will find it: pending in ready ahead of its shard's
+/// cursor, claimed with an open claim still in the claim ring, deferred, or finished.
 fn no_lost_job(s: &State) -> bool {
-    let cursor = s.lane_cursor();
     s.jobs.iter().enumerate().all(|(j, job)| {
         job.enqueue != Enqueue::Committed
             || job.terminal
@@ -1155,7 +1364,7 @@ fn no_lost_job(s: &State) -> bool {
             || s.claims
                 .iter()
                 .any(|c| usize::from(c.job) == j && !c.closed)
-            || matches!(job.ready, Some(r) if r.pos > cursor)
+            || matches!(job.ready, Some(r) if s.pending(&r))
     })
 }
 
@@ -1172,12 +1381,13 @@ const SAFETY: [&str; 6] = [
     "OneOpenAttemptPerJob",
 ];
 
-const REACHABLE: [&str; 5] = [
+const REACHABLE: [&str; 6] = [
     "AllJobsFinished",
     "SecondAttemptRuns",
     "ClaimSlotPruned",
     "ClaimCommittedIntoFreeSlot",
     "ReadyRowInFreeSlot",
+    "ClaimPastOpenEnqueue",
 ];
 
 struct Run {
@@ -1264,7 +1474,9 @@ fn summary(s: &State) -> String {
             let mut parts = Vec::new();
             match job.enqueue {
                 Enqueue::NotYet => parts.push("-".to_string()),
-                Enqueue::InFlight { slot, pos } => parts.push(format!("enq@q{slot}p{pos}")),
+                Enqueue::InFlight { slot, shard, pos } => {
+                    parts.push(format!("enq@q{slot}s{shard}p{pos}"))
+                }
                 Enqueue::RolledBack => parts.push("rolled back".to_string()),
                 Enqueue::Committed => {}
             }
@@ -1272,7 +1484,7 @@ fn summary(s: &State) -> String {
                 if r.taken {
                     parts.push(format!("row@q{} taken", r.slot));
                 } else {
-                    parts.push(format!("row@q{}p{}", r.slot, r.pos));
+                    parts.push(format!("row@q{}s{}p{}", r.slot, r.shard, r.pos));
                 }
             }
             if job.deferred.is_some() {
@@ -1299,12 +1511,15 @@ fn summary(s: &State) -> String {
             }
         })
         .collect();
+    let cursors: Vec<String> = (0..s.shards.len())
+        .map(|k| format!("s{k}:{}", s.lane_cursor(k as u8)))
+        .collect();
     format!(
-        "claim ring {} {:?} | queue ring {} cursor {} | {} | {}",
+        "claim ring {} {:?} | queue ring {} cursors {} | {} | {}",
         ring(&s.claim_ring),
         claims,
         ring(&s.queue_ring),
-        s.lane_cursor(),
+        cursors.join(" "),
         jobs.join(" "),
         workers.join(", ")
     )
@@ -1362,6 +1577,13 @@ fn assert_safe(run: &Run) {
     }
 }
 
+/// Every reachability check but those named is reached.
+fn assert_reached(run: &Run, except: &[&str]) {
+    for name in REACHABLE.iter().filter(|n| !except.contains(n)) {
+        assert!(run.discoveries.contains_key(name), "{name} is unreachable");
+    }
+}
+
 fn assert_counterexample(run: &Run, name: &str) {
     assert!(
         run.discoveries.contains_key(name),
@@ -1371,27 +1593,53 @@ fn assert_counterexample(run: &Run, name: &str) {
     print_trace(&run.model, name, &trace);
 }
 
-/// The code as it is, its whole state space at the main bounds.
+/// The code as it is, its whole state space at the main bounds over two shards, with two claim
+/// slots instead of three to keep the run time (the next test runs the three-slot claim ring with
+/// one shard). With two slots a pruned claim slot looks never used, so `ClaimSlotPruned` is left
+/// to that test.
 #[test]
 fn ring_protocol_holds_exhaustively() {
+    let bounds = Bounds {
+        claim_slots: 2,
+        ..Bounds::main()
+    };
     let run = check(
-        "code as is, 2 jobs x 2 workers",
-        RingModel::new(Bounds::main(), Faults::default()),
+        "code as is, 2 jobs x 2 workers, 2 shards, 2 claim slots",
+        RingModel::new(bounds, Faults::default()),
         0,
         &[],
     );
     assert_safe(&run);
-    for name in REACHABLE {
-        assert!(run.discoveries.contains_key(name), "{name} is unreachable");
-    }
+    assert_reached(&run, &["ClaimSlotPruned"]);
 }
 
-/// Heartbeats on (the attempt_state freshness bit doubles the state space, so one worker).
+/// The main bounds with their three claim slots and one shard. With one shard a producer waits
+/// while another's enqueue is open (the model creates no shards), so no claim passes an open
+/// enqueue here.
+#[test]
+fn ring_protocol_holds_with_three_claim_slots_and_one_shard() {
+    let bounds = Bounds {
+        shards: 1,
+        ..Bounds::main()
+    };
+    let run = check(
+        "code as is, 2 jobs x 2 workers, 1 shard, 3 claim slots",
+        RingModel::new(bounds, Faults::default()),
+        0,
+        &[],
+    );
+    assert_safe(&run);
+    assert_reached(&run, &["ClaimPastOpenEnqueue"]);
+}
+
+/// Heartbeats on (the attempt_state freshness bit doubles the state space, so one worker). The bit
+/// lives in the claim plane, which shards do not touch: one shard.
 #[test]
 fn ring_protocol_holds_with_heartbeats() {
     let bounds = Bounds {
         workers: 1,
         heartbeats: true,
+        shards: 1,
         ..Bounds::main()
     };
     let run = check(
@@ -1403,16 +1651,18 @@ fn ring_protocol_holds_with_heartbeats() {
     assert_safe(&run);
 }
 
-/// Three jobs: every state reachable in at most 18 actions (the checker's depth counts the
-/// initial state as 1 and does not expand depth 20).
+/// Three jobs over two shards, so every shard can be held by an open enqueue while a third
+/// producer waits: every state reachable in at most 18 actions (the checker's depth counts the
+/// initial state as 1 and does not expand depth 20). One worker, to keep the run time.
 #[test]
 fn ring_protocol_holds_for_three_jobs_within_18_steps() {
     let bounds = Bounds {
         jobs: 3,
+        workers: 1,
         ..Bounds::main()
     };
     let run = check(
-        "code as is, 3 jobs x 2 workers, up to 18 steps",
+        "code as is, 3 jobs x 1 worker, 2 shards, up to 18 steps",
         RingModel::new(bounds, Faults::default()),
         20,
         &[],
@@ -1462,11 +1712,13 @@ fn completion_without_attempt_lock_is_still_held_by_closure_constraints() {
         complete_without_lock: true,
         ..Faults::default()
     };
-    // the race is a worker against a rescue; a second worker adds the re-claim at a newer lease
+    // the race is a worker against a rescue; a second worker adds the re-claim at a newer lease.
+    // It is all in the claim plane, which shards do not touch: one shard.
     for (jobs, workers) in [(2, 1), (1, 2)] {
         let bounds = Bounds {
             jobs,
             workers,
+            shards: 1,
             ..Bounds::main()
         };
         let run = check(
@@ -1497,10 +1749,32 @@ fn broken_cursor_advanced_before_commit_is_caught() {
     assert_counterexample(&run, "NoLostJob");
 }
 
+/// Producers that do not take the shard's producer lock: two open transactions write one shard.
+/// Claims have no gap check, so a claim takes the later transaction's committed job and steps the
+/// shard's cursor over the earlier one's open position; when that commits, its job sits behind the
+/// cursor, never to be claimed.
+#[test]
+fn broken_shared_shard_without_producer_lock_is_caught() {
+    let faults = Faults {
+        shared_shards: true,
+        ..Faults::default()
+    };
+    let run = check(
+        "producers without the shard lock",
+        RingModel::new(Bounds::main(), faults),
+        0,
+        &["CursorNeverSkipsRunnable", "NoLostJob"],
+    );
+    assert_counterexample(&run, "CursorNeverSkipsRunnable");
+    assert_counterexample(&run, "NoLostJob");
+}
+
 // ------------------------------------------------------------------------------------------------
 // Liveness: from every reachable state (crashes included), some crash-free continuation finishes
 // every enqueued job — "AG EF done", decided on the explicit state graph. `Property::eventually`
-// cannot say this soundly here; see docs/model.md.
+// cannot say this soundly here; see docs/model.md. The same walk decides "an open enqueue holds
+// back only its own jobs": some crash-free continuation in which no open enqueue ever commits or
+// rolls back finishes every committed job.
 // ------------------------------------------------------------------------------------------------
 
 fn fingerprint(s: &State) -> u64 {
@@ -1515,6 +1789,33 @@ fn done(s: &State) -> bool {
         .all(|j| j.terminal || matches!(j.enqueue, Enqueue::NotYet | Enqueue::RolledBack))
 }
 
+/// Every committed job is finished (open enqueues aside).
+fn committed_done(s: &State) -> bool {
+    s.jobs
+        .iter()
+        .all(|j| j.terminal || j.enqueue != Enqueue::Committed)
+}
+
+/// Backwards from the target states over the edges kept: which states can reach a target. Ids are
+/// in BFS order, so the first one that cannot has a shortest path.
+fn can_reach(
+    target: Vec<bool>,
+    preds: &[Vec<(u32, bool)>],
+    keep: impl Fn(bool) -> bool,
+) -> Vec<bool> {
+    let mut ok = target;
+    let mut work: VecDeque<u32> = (0..ok.len() as u32).filter(|&n| ok[n as usize]).collect();
+    while let Some(n) = work.pop_front() {
+        for &(p, ends_enqueue) in &preds[n as usize] {
+            if keep(ends_enqueue) && !ok[p as usize] {
+                ok[p as usize] = true;
+                work.push_back(p);
+            }
+        }
+    }
+    ok
+}
+
 /// The action's name, without its arguments.
 fn action_kind(a: &Action) -> String {
     let text = format!("{a:?}");
@@ -1525,6 +1826,9 @@ struct Liveness {
     states: usize,
     /// Shortest path to a state from which no crash-free path finishes every job.
     stranded: Option<Vec<Action>>,
+    /// Shortest path to a state from which no crash-free path that leaves every enqueue open
+    /// finishes every committed job: an open enqueue holds back a job that is not its own.
+    held_back: Option<Vec<Action>>,
     /// Every action kind that changed some reachable state.
     fired: BTreeSet<String>,
 }
@@ -1534,8 +1838,10 @@ fn check_liveness(label: &str, model: &RingModel) -> Liveness {
     let init = model.init_states().remove(0);
     let mut index: HashMap<u64, u32> = HashMap::new();
     let mut parent: Vec<Option<(u32, Action)>> = vec![None];
-    let mut preds: Vec<Vec<u32>> = vec![Vec::new()];
-    let mut can_finish: Vec<bool> = vec![done(&init)];
+    // crash-free edges into each state, and whether the edge ends an enqueue transaction
+    let mut preds: Vec<Vec<(u32, bool)>> = vec![Vec::new()];
+    let mut finished: Vec<bool> = vec![done(&init)];
+    let mut committed_finished: Vec<bool> = vec![committed_done(&init)];
     let mut fired = BTreeSet::new();
     index.insert(fingerprint(&init), 0);
     let mut queue = VecDeque::from([(init, 0_u32)]);
@@ -1557,30 +1863,22 @@ fn check_liveness(label: &str, model: &RingModel) -> Liveness {
                     index.insert(fp, n);
                     parent.push(Some((id, action)));
                     preds.push(Vec::new());
-                    can_finish.push(done(&next));
+                    finished.push(done(&next));
+                    committed_finished.push(committed_done(&next));
                     queue.push_back((next, n));
                     n
                 }
             };
             if !matches!(action, Action::Crash(_)) {
-                preds[next_id as usize].push(id);
+                let ends_enqueue = matches!(
+                    action,
+                    Action::EnqueueCommit(_) | Action::EnqueueRollback(_)
+                );
+                preds[next_id as usize].push((id, ends_enqueue));
             }
         }
     }
-    // backwards from the finished states over crash-free edges
-    let mut work: VecDeque<u32> = (0..can_finish.len() as u32)
-        .filter(|&n| can_finish[n as usize])
-        .collect();
-    while let Some(n) = work.pop_front() {
-        for &p in &preds[n as usize] {
-            if !can_finish[p as usize] {
-                can_finish[p as usize] = true;
-                work.push_back(p);
-            }
-        }
-    }
-    // ids are in BFS order, so the first stranded id has a shortest path
-    let stranded = can_finish.iter().position(|ok| !ok).map(|mut n| {
+    let path_to = |mut n: usize| {
         let mut path = Vec::new();
         while let Some((p, a)) = parent[n] {
             path.push(a);
@@ -1588,7 +1886,13 @@ fn check_liveness(label: &str, model: &RingModel) -> Liveness {
         }
         path.reverse();
         path
-    });
+    };
+    // backwards from the finished states over crash-free edges
+    let can_finish = can_reach(finished, &preds, |_| true);
+    let stranded = can_finish.iter().position(|ok| !ok).map(path_to);
+    // ... and from the states whose committed jobs are finished, leaving every enqueue open
+    let can_finish_open = can_reach(committed_finished, &preds, |ends_enqueue| !ends_enqueue);
+    let held_back = can_finish_open.iter().position(|ok| !ok).map(path_to);
     println!(
         "{label}: {} unique states explored in {:.2?}",
         parent.len(),
@@ -1597,6 +1901,7 @@ fn check_liveness(label: &str, model: &RingModel) -> Liveness {
     Liveness {
         states: parent.len(),
         stranded,
+        held_back,
         fired,
     }
 }
@@ -1609,8 +1914,10 @@ fn liveness_bounds() -> Bounds {
     }
 }
 
-/// Every reachable state can still finish every job once crashes stop; and every action of the
-/// model changes some reachable state (none is dead code).
+/// Every reachable state can still finish every job once crashes stop; every reachable state can
+/// finish every committed job while every open enqueue stays open (an open transaction holds back
+/// only its own shard); and every action of the model changes some reachable state (none is dead
+/// code).
 #[test]
 fn liveness_every_claimed_job_can_still_finish() {
     let model = RingModel::new(liveness_bounds(), Faults::default());
@@ -1619,6 +1926,14 @@ fn liveness_every_claimed_job_can_still_finish() {
     if let Some(trace) = &live.stranded {
         print_trace(&model, "every claimed job eventually closes", trace);
         panic!("a reachable state cannot finish its jobs");
+    }
+    if let Some(trace) = &live.held_back {
+        print_trace(
+            &model,
+            "an open enqueue holds back only its own jobs",
+            trace,
+        );
+        panic!("an open enqueue holds back a committed job");
     }
     let expected = [
         "EnqueueBegin",
@@ -1650,19 +1965,57 @@ fn liveness_every_claimed_job_can_still_finish() {
     println!("actions that fire: {:?}", live.fired);
 }
 
+/// Why lane shards exist (issue 10), kept as a regression check of the "held back" half of the
+/// liveness walk: in the code before shards, every producer wrote the one lane and a claim's walk
+/// stopped below a position an open enqueue held, so one open transaction held back every job
+/// committed after it. The model of that code keeps every safety property and plain liveness, but
+/// not "an open enqueue holds back only its own jobs".
+#[test]
+fn pre_shard_gap_check_lets_an_open_enqueue_hold_back_other_jobs() {
+    let faults = Faults {
+        shared_shards: true,
+        lane_gap_check: true,
+        ..Faults::default()
+    };
+    let bounds = Bounds {
+        shards: 1,
+        ..liveness_bounds()
+    };
+    let model = RingModel::new(bounds, faults);
+    let live = check_liveness("liveness, one lane with the old gap check", &model);
+    if let Some(trace) = &live.stranded {
+        print_trace(&model, "every claimed job eventually closes", trace);
+        panic!("a reachable state cannot finish its jobs");
+    }
+    let trace = live
+        .held_back
+        .expect("an open enqueue holds back a committed job");
+    print_trace(
+        &model,
+        "an open enqueue holds back only its own jobs",
+        &trace,
+    );
+}
+
 /// The finding, kept as a regression check. claim() reads the current claim slot without a lock
 /// and inserts its batch last. If maintenance seals and prunes that slot in between (every claim
 /// in it closed), the claim commits into a *free* slot. With rescue sweeping only non-free slots
 /// (the code before b7349ee), if that worker dies the attempt is not rescued until the ring
 /// rotates onto the slot again — and rotation needs new claims in the current slot: on a queue
 /// that has gone quiet, never.
+///
+/// All in the claim plane: one shard.
 #[test]
 fn broken_rescue_skipping_free_slots_strands_a_claim() {
     let faults = Faults {
         rescue_skips_free_slots: true,
         ..Faults::default()
     };
-    let model = RingModel::new(liveness_bounds(), faults);
+    let bounds = Bounds {
+        shards: 1,
+        ..liveness_bounds()
+    };
+    let model = RingModel::new(bounds, faults);
     let live = check_liveness("liveness, rescue skips free slots", &model);
     let trace = live.stranded.expect("a stranded state is reachable");
     print_trace(&model, "every claimed job eventually closes", &trace);

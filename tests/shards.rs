@@ -384,3 +384,49 @@ async fn cancel_reaches_an_available_job_in_any_shard_and_prune_frees_every_shar
     assert_eq!(available(&storage).await, 0);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_lane_from_before_shards_keeps_its_jobs_and_gains_its_base_shards() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // Before migration 0002 a lane was one queue_lanes row, now shard 0. Recreate that shape: a
+    // queue whose priority-2 lane has shard 0 only, with jobs in it.
+    storage.ensure_queue("default").await.unwrap();
+    db.exec("DELETE FROM {s}.queue_lanes WHERE shard <> 0")
+        .await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let old = storage
+        .insert_many(&mut conn, &(0..5).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT lane_id) FROM {s}.ready_entries")
+            .await,
+        1
+    );
+    // a process of the new binary ensures the queue: the missing base shards appear, the old
+    // shard keeps its jobs and its cursor
+    let fresh = ringwork::Storage::new(db.pool.clone(), db.schema.clone());
+    fresh.ensure_queue("default").await.unwrap();
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.queue_lanes WHERE queue = 'default'")
+            .await,
+        32
+    );
+    assert_eq!(claim_ids(&fresh, 3).await, old[..3].to_vec());
+    let new = fresh
+        .insert_many(&mut conn, &(5..10).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    loop {
+        let batch = claim_ids(&fresh, 4).await;
+        if batch.is_empty() {
+            break;
+        }
+        rest.extend(batch);
+    }
+    let expected: Vec<i64> = old[3..].iter().chain(&new).copied().collect();
+    assert_eq!(rest, expected, "the old jobs first, then the new ones");
+    db.cleanup().await;
+}

@@ -1007,6 +1007,7 @@ async fn run_phase(
     let mut readers = Vec::new();
     let stop_holders = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut holders = Vec::new();
+    let mut held_child: Option<Child> = None;
     match phase.disturbance {
         Disturbance::HoldHorizon => {
             let mut tx = admin.begin().await?;
@@ -1043,10 +1044,22 @@ async fn run_phase(
                     )));
                 }
             }
-            None => eprintln!(
-                "\n   open-producer-tx: held transactions are driven for ringwork only; this phase \
-                 runs without them"
-            ),
+            // awa: the adapter holds the transactions, with awa's own transactional insert
+            None => {
+                let mut args = vec!["hold".to_string()];
+                args.extend(processes.common());
+                args.extend([
+                    "--txs".to_string(),
+                    config.held_txs.to_string(),
+                    "--hold-secs".to_string(),
+                    config.hold.as_secs().max(1).to_string(),
+                ]);
+                held_child = Some(spawn_child(
+                    &processes.program()?,
+                    &args,
+                    Arc::clone(&processes.counters),
+                )?);
+            }
         },
         _ => {}
     }
@@ -1139,6 +1152,9 @@ async fn run_phase(
     stop_holders.store(true, Ordering::Relaxed);
     for holder in holders {
         let _ = holder.await;
+    }
+    if let Some(mut child) = held_child {
+        stop_child(&mut child).await;
     }
     let pickups = processes
         .counters

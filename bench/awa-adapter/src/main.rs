@@ -24,7 +24,10 @@ const MAX_INSERT: u64 = 5_000;
 const COPY_THRESHOLD: usize = 256;
 
 #[derive(Parser)]
-#[command(name = "awa-adapter", about = "awa 0.6.9 driver for ringwork's bench runner")]
+#[command(
+    name = "awa-adapter",
+    about = "awa 0.6.9 driver for ringwork's bench runner"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -85,6 +88,19 @@ enum Command {
         #[arg(long, default_value = "default")]
         queue: String,
     },
+    /// Hold producer transactions open (open-producer-tx scenario): each of `txs` connections
+    /// in turn BEGINs, inserts one job through awa's transactional insert, waits `hold_secs`,
+    /// COMMITs, and starts over, until SIGTERM/SIGINT (then the open ones commit).
+    Hold {
+        #[arg(long)]
+        database_url: String,
+        #[arg(long, default_value = "default")]
+        queue: String,
+        #[arg(long, default_value_t = 64)]
+        txs: u32,
+        #[arg(long, default_value_t = 10)]
+        hold_secs: u64,
+    },
     /// Print one JSON line with the queue's job counts by state.
     Depth {
         #[arg(long)]
@@ -105,6 +121,10 @@ struct BenchNoop {
     #[serde(default)]
     n: u64,
 }
+
+/// Sequence numbers of jobs inserted by held transactions start here, far above the producer's
+/// (the same base as ringwork's bench runner uses for its own held transactions).
+const HELD_SEQ_BASE: u64 = 1 << 40;
 
 /// Sequence number of the next job this producer inserts (advanced by every attempt).
 static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -204,6 +224,12 @@ async fn main() -> Result<()> {
                 produce_depth(&database_url, depth, &queue).await
             }
         },
+        Command::Hold {
+            database_url,
+            queue,
+            txs,
+            hold_secs,
+        } => hold(&database_url, &queue, txs, Duration::from_secs(hold_secs)).await,
         Command::Depth {
             database_url,
             queue,
@@ -222,7 +248,9 @@ async fn main() -> Result<()> {
 
 async fn migrate(url: &str) -> Result<()> {
     let pool = connect(url, 2).await?;
-    awa::migrations::run(&pool).await.context("awa migrations")?;
+    awa::migrations::run(&pool)
+        .await
+        .context("awa migrations")?;
 
     // awa 0.6 keeps a storage-transition state machine. A fresh schema starts in state
     // `canonical`; the first 0.6 worker would switch it to the queue-storage engine only if no
@@ -239,7 +267,10 @@ async fn migrate(url: &str) -> Result<()> {
                 status.prepared_engine
             );
         }
-        store()?.install(&pool).await.context("activating queue storage")?;
+        store()?
+            .install(&pool)
+            .await
+            .context("activating queue storage")?;
     }
     let status = awa::storage::status(&pool).await?;
     eprintln!(
@@ -301,8 +332,11 @@ async fn work(url: &str, queue: &str, settings: WorkSettings) -> Result<()> {
         .register::<BenchNoop, _, _>(move |args: BenchNoop, _ctx: &JobContext| {
             let stats = handler_stats.clone();
             async move {
-                let pickup = (now_us() - args.enq_us) as f64 / 1000.0;
-                stats.pickup_ms.lock().unwrap().push(pickup);
+                // jobs of held transactions wait for their own commit by design: not a pickup
+                if args.n < HELD_SEQ_BASE {
+                    let pickup = (now_us() - args.enq_us) as f64 / 1000.0;
+                    stats.pickup_ms.lock().unwrap().push(pickup);
+                }
                 if !sleep.is_zero() {
                     tokio::time::sleep(sleep).await;
                 }
@@ -336,6 +370,69 @@ async fn work(url: &str, queue: &str, settings: WorkSettings) -> Result<()> {
     client.shutdown(Duration::from_secs(30)).await;
     // Whatever finished since the last full second.
     emit(&stats.take_line());
+    pool.close().await;
+    Ok(())
+}
+
+// ── hold ────────────────────────────────────────────────────────────────────
+
+async fn hold(url: &str, queue: &str, txs: u32, hold: Duration) -> Result<()> {
+    let pool = connect(url, txs + 1).await?;
+    let enqueued = Arc::new(AtomicU64::new(0));
+    let reporter = spawn_enqueue_reporter(enqueued.clone());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let next = Arc::new(AtomicU64::new(HELD_SEQ_BASE));
+    let mut tasks = Vec::new();
+    for i in 0..txs {
+        let (pool, queue, stop, next, enqueued) = (
+            pool.clone(),
+            queue.to_string(),
+            stop.clone(),
+            next.clone(),
+            enqueued.clone(),
+        );
+        // staggered, so transactions open and commit all through the hold
+        let start_after = hold.mul_f64(f64::from(i) / f64::from(txs));
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(start_after).await;
+            while !stop.load(Ordering::Relaxed) {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let Ok(mut tx) = pool.begin().await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let args = BenchNoop {
+                    enq_us: now_us(),
+                    n,
+                };
+                let opts = InsertOpts {
+                    queue: queue.clone(),
+                    ..InsertOpts::default()
+                };
+                if let Err(err) = awa::insert_with(&mut *tx, &args, opts).await {
+                    eprintln!("held insert failed: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                let opened = tokio::time::Instant::now();
+                while opened.elapsed() < hold && !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                if tx.commit().await.is_ok() {
+                    enqueued.fetch_add(1, Ordering::Relaxed);
+                    emit(&serde_json::json!({ "committed": [n, n + 1] }));
+                }
+            }
+        }));
+    }
+    shutdown_signal().await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        let _ = task.await;
+    }
+    reporter.abort();
+    let _ = reporter.await;
+    emit(&serde_json::json!({ "enqueued": enqueued.swap(0, Ordering::Relaxed) }));
     pool.close().await;
     Ok(())
 }

@@ -430,3 +430,30 @@ async fn a_lane_from_before_shards_keeps_its_jobs_and_gains_its_base_shards() {
     assert_eq!(rest, expected, "the old jobs first, then the new ones");
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_paused_queue_reports_no_backlog_and_resume_wakes_its_dispatchers() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage.insert(&mut conn, &job(1)).await.unwrap();
+    assert!(storage.queue_has_backlog("default").await.unwrap());
+    assert!(storage.set_queue_paused("default", true).await.unwrap());
+    // nothing to claim: a dispatcher waits for the poll or a NOTIFY instead of retrying every few ms
+    assert!(storage.claim("default", 10, None).await.unwrap().is_empty());
+    assert!(!storage.queue_has_backlog("default").await.unwrap());
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener
+        .listen(&format!("ringwork_{}", db.schema))
+        .await
+        .unwrap();
+    assert!(storage.set_queue_paused("default", false).await.unwrap());
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("resume sends a NOTIFY")
+        .unwrap();
+    assert_eq!(note.payload(), "default");
+    assert!(storage.queue_has_backlog("default").await.unwrap());
+    assert_eq!(claim_ids(&storage, 10).await.len(), 1);
+    db.cleanup().await;
+}

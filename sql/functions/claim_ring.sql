@@ -51,13 +51,15 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Does the queue have a visible, unclaimed position in some shard? Asked by a dispatcher whose claim
--- came back empty: yes means the work sits in shards other claimers hold (back off briefly).
+-- came back empty: yes means the work sits in shards other claimers hold (retry in a few ms). A
+-- paused queue answers no: its dispatchers wait for a NOTIFY (resume sends one) or the poll.
 -- Drained shards answer from their sequences alone; the others get one index probe each, bounded by
 -- the cursor sequence read once per shard (OFFSET 0 keeps the volatile reads out of the probe). The
 -- sequence lags the ledger by at most one claim, so a just-claimed shard may answer yes once.
 CREATE OR REPLACE FUNCTION __S__.queue_has_backlog(p_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
+    SELECT NOT EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused)
+       AND EXISTS (
         SELECT 1
         FROM (SELECT l.lane_id, coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
                      pg_sequence_last_value(l.segment_seq) AS last_segment

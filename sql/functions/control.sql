@@ -9,6 +9,11 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM __S__.ensure_lane(p_queue, 2::smallint);
     UPDATE __S__.queues SET paused = p_paused WHERE queue = p_queue AND paused IS DISTINCT FROM p_paused;
+    IF FOUND AND NOT p_paused THEN
+        -- wake the queue's dispatchers (a paused queue's dispatchers wait for a NOTIFY or the poll)
+        PERFORM pg_notify('ringwork___S__', p_queue);
+        RETURN true;
+    END IF;
     RETURN FOUND;
 END
 $$;

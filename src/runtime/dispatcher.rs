@@ -102,15 +102,16 @@ impl Dispatcher {
                         .await
                         .unwrap_or(false);
                     // A shard locked by another claimer frees up within milliseconds (claims never
-                    // wait for a shard); back off briefly, then towards the poll interval while
-                    // the work stays with other claimers (or sits behind tombstones or a pause).
+                    // wait for a shard): retry after 4, 8, then every 16 ms while the work stays
+                    // with other claimers. A paused queue reports no backlog and waits for the
+                    // NOTIFY that resume sends, or the poll interval.
                     busy_rounds = if busy {
                         busy_rounds.saturating_add(1)
                     } else {
                         0
                     };
                     let wait = if busy {
-                        Duration::from_millis(2 << busy_rounds.min(8))
+                        Duration::from_millis(2 << busy_rounds.min(3))
                             .min(self.config.poll_interval)
                     } else {
                         self.config.poll_interval

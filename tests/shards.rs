@@ -25,6 +25,18 @@ async fn claim_ids(storage: &ringwork::Storage, max: usize) -> Vec<i64> {
         .collect()
 }
 
+/// Claim batches of `max` until a claim comes back empty; the jobs in claim order.
+async fn claim_all(storage: &ringwork::Storage, max: usize) -> Vec<ringwork::ClaimedJob> {
+    let mut claimed = Vec::new();
+    loop {
+        let batch = storage.claim("default", max, None).await.unwrap();
+        if batch.is_empty() {
+            return claimed;
+        }
+        claimed.extend(batch);
+    }
+}
+
 async fn available(storage: &ringwork::Storage) -> i64 {
     storage.queue_counts(Some("default")).await.unwrap()[0].available
 }
@@ -97,14 +109,11 @@ async fn one_transaction_writes_one_shard_per_lane_even_across_a_rolled_back_sav
     .unwrap();
     assert_eq!(shards, 1, "one open transaction, one shard");
     tx.commit().await.unwrap();
-    let mut claimed = Vec::new();
-    loop {
-        let batch = claim_ids(&storage, 50).await;
-        if batch.is_empty() {
-            break;
-        }
-        claimed.extend(batch);
-    }
+    let claimed: Vec<i64> = claim_all(&storage, 50)
+        .await
+        .iter()
+        .map(|j| j.job_id)
+        .collect();
     assert_eq!(
         claimed, ids,
         "FIFO within the shard, the rolled-back job skipped"
@@ -353,14 +362,7 @@ async fn cancel_reaches_an_available_job_in_any_shard_and_prune_frees_every_shar
     }
     assert_eq!(available(&storage).await, 27);
     // claim and complete everything; the cancelled ones never come back
-    let mut claimed = Vec::new();
-    loop {
-        let batch = storage.claim("default", 8, None).await.unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        claimed.extend(batch);
-    }
+    let claimed = claim_all(&storage, 8).await;
     assert_eq!(claimed.len(), 27);
     let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
     storage.complete_batch(&refs).await.unwrap();
@@ -418,14 +420,11 @@ async fn a_lane_from_before_shards_keeps_its_jobs_and_gains_its_base_shards() {
         .insert_many(&mut conn, &(5..10).map(job).collect::<Vec<_>>())
         .await
         .unwrap();
-    let mut rest = Vec::new();
-    loop {
-        let batch = claim_ids(&fresh, 4).await;
-        if batch.is_empty() {
-            break;
-        }
-        rest.extend(batch);
-    }
+    let rest: Vec<i64> = claim_all(&fresh, 4)
+        .await
+        .iter()
+        .map(|j| j.job_id)
+        .collect();
     let expected: Vec<i64> = old[3..].iter().chain(&new).copied().collect();
     assert_eq!(rest, expected, "the old jobs first, then the new ones");
     db.cleanup().await;

@@ -529,3 +529,69 @@ async fn public_futures_are_send() {
     };
     assert_send(client_insert);
 }
+
+#[derive(Serialize, Deserialize)]
+struct Slow {
+    ms: u64,
+}
+impl JobArgs for Slow {
+    const KIND: &'static str = "slow";
+}
+
+/// Shutdown drains running handlers with their heartbeats still beating: a handler that outlives
+/// `stale_after` during the drain is not rescued (and so not run twice), and its completion lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_go_on_while_shutdown_drains_a_long_handler() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let stale_after = Duration::from_millis(800);
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = Arc::clone(&runs);
+    let client = Client::builder(db.pool.clone())
+        .schema(db.schema.as_str())
+        .maintenance(ringwork::MaintenanceConfig {
+            stale_after,
+            ..no_maintenance()
+        })
+        .queue("default", queue(2))
+        .register(move |_ctx: JobContext, args: Slow| {
+            let runs = Arc::clone(&counted);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(args.ms)).await;
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let running = client.start().await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let id = storage
+        .insert(&mut conn, &NewJob::new(&Slow { ms: 3_000 }).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let runs = Arc::clone(&runs);
+            async move { runs.load(Ordering::SeqCst) == 1 }
+        })
+        .await
+    );
+    // shut down while the handler has about 3 s to go; rescue keeps sweeping meanwhile
+    let shutdown = tokio::spawn(running.shutdown(Duration::from_secs(20)));
+    let mut rescued = 0;
+    while !shutdown.is_finished() {
+        rescued += storage.rescue(stale_after, 100).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.await.unwrap();
+    assert_eq!(rescued, 0, "the draining attempt was rescued");
+    assert_eq!(metrics.completed.load(Ordering::Relaxed), 1);
+    assert_eq!(metrics.stale.load(Ordering::Relaxed), 0);
+    let state = storage.job_state(id).await.unwrap().unwrap();
+    assert_eq!((state.state.as_str(), state.attempt), ("completed", 1));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    db.cleanup().await;
+}

@@ -280,10 +280,13 @@ impl Client {
             dispatchers.push((Arc::clone(&dispatcher.slots), config.max_workers));
             tasks.push(tokio::spawn(dispatcher.run(stop_rx.clone())));
         }
-        tasks.push(tokio::spawn(heartbeat::heartbeats(
+        // Heartbeats have a stop of their own: they go on through the shutdown drain, so a handler
+        // still finishing its job is not rescued (and run again elsewhere) while it drains.
+        let (heartbeat_stop, heartbeat_stop_rx) = watch::channel(false);
+        let heartbeat = tokio::spawn(heartbeat::heartbeats(
             Arc::clone(&self.inner),
-            stop_rx.clone(),
-        )));
+            heartbeat_stop_rx,
+        ));
         tasks.push(tokio::spawn(heartbeat::watch_blocking(
             Arc::clone(&self.inner),
             stop_rx.clone(),
@@ -299,6 +302,8 @@ impl Client {
             inner: Arc::clone(&self.inner),
             stop: stop_tx,
             tasks,
+            heartbeat_stop,
+            heartbeat: Some(heartbeat),
             dispatchers,
             done: Some(done_tx),
             batcher: Some(batcher),
@@ -311,6 +316,8 @@ pub struct RunningClient {
     inner: Arc<Inner>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    heartbeat_stop: watch::Sender<bool>,
+    heartbeat: Option<JoinHandle<()>>,
     dispatchers: Vec<(Arc<Semaphore>, usize)>,
     done: Option<mpsc::UnboundedSender<Finished>>,
     batcher: Option<JoinHandle<()>>,
@@ -318,8 +325,10 @@ pub struct RunningClient {
 
 impl RunningClient {
     /// Graceful shutdown: stop claiming, wait up to `drain` for running handlers, flush completions.
+    /// Heartbeats go on during the drain, so a long handler is not rescued while it finishes.
     /// Handlers still running after `drain` are told to stop (`JobContext::cancelled`) and are not
-    /// waited for; their claims stay open for rescue unless they finish while the completions flush.
+    /// waited for; their heartbeats stop and their claims stay open for rescue unless they finish
+    /// while the completions flush.
     pub async fn shutdown(mut self, drain: Duration) {
         let _ = self.stop.send(true);
         for task in self.tasks.drain(..) {
@@ -332,13 +341,17 @@ impl RunningClient {
         };
         if tokio::time::timeout(drain, wait_idle).await.is_err() {
             warn!("shutdown: handlers still running after {drain:?}; they are told to stop and their claims are left for rescue");
-            // Their heartbeats have stopped: rescue will run them elsewhere, so ask them to stop
-            // here rather than run on beside the new attempt.
+            // Their heartbeats stop now: rescue will run them elsewhere, so ask them to stop here
+            // rather than run on beside the new attempt.
             if let Ok(running) = self.inner.running.lock() {
                 for attempt in running.values() {
                     attempt.cancel.set();
                 }
             }
+        }
+        let _ = self.heartbeat_stop.send(true);
+        if let Some(heartbeat) = self.heartbeat.take() {
+            let _ = heartbeat.await;
         }
         drop(self.done.take());
         if let Some(batcher) = self.batcher.take() {

@@ -53,6 +53,26 @@ impl Statements {
     }
 }
 
+/// Does `insert_groups` write these jobs with one statement? One (queue, priority, due or future)
+/// group small enough for `enqueue_jobs` (or any size when scheduled), or one unique job.
+fn single_statement(jobs: &[NewJob], now: DateTime<Utc>) -> bool {
+    match jobs {
+        [] => true,
+        [_] => true,
+        [first, rest @ ..] => {
+            let same_group = |job: &NewJob| {
+                job.unique.is_none()
+                    && job.queue == first.queue
+                    && job.priority == first.priority
+                    && job.is_future(now) == first.is_future(now)
+            };
+            first.unique.is_none()
+                && rest.iter().all(same_group)
+                && (first.is_future(now) || jobs.len() <= COPY_THRESHOLD)
+        }
+    }
+}
+
 /// What an insert did with one job: `duplicate` is true when a unique job's key was already held
 /// and `job_id` is the holder's id (nothing was inserted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,11 +164,42 @@ impl Storage {
         for job in jobs {
             self.ensure_queue_from(conn, &job.queue).await?;
         }
-        // All or nothing: a transaction of its own on a plain connection, a savepoint inside the
-        // caller's transaction. Without it a COPY group's segment reservation could commit alone
-        // and leave a hole the lane waits on.
+        // One statement is atomic on its own: no transaction of ours around it, so it also never
+        // touches a transaction the caller opened with a raw `BEGIN` (sqlx cannot see those).
+        // one clock for the check and the grouping, so both see the same due and future jobs
+        let now = Utc::now();
+        if single_statement(jobs, now) {
+            return self.insert_groups(conn, jobs, &texts, now).await;
+        }
+        // Several statements, all or nothing: a savepoint inside the caller's transaction, a
+        // transaction of their own otherwise (a COPY group's segment must not commit without its
+        // rows). When sqlx knows of no transaction, a SAVEPOINT tells whether the caller opened one
+        // with a raw `BEGIN`: it succeeds only inside a transaction block. Committing our own
+        // `BEGIN` there would commit the caller's transaction early.
+        if !sqlx::Connection::is_in_transaction(&*conn) {
+            match sqlx::query("SAVEPOINT ringwork_insert")
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => {
+                    let inserted = self.insert_groups(conn, jobs, &texts, now).await;
+                    if inserted.is_err() {
+                        sqlx::query("ROLLBACK TO SAVEPOINT ringwork_insert")
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    sqlx::query("RELEASE SAVEPOINT ringwork_insert")
+                        .execute(&mut *conn)
+                        .await?;
+                    return inserted;
+                }
+                // 25P01 no_active_sql_transaction: a plain connection
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P01") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let ids = self.insert_groups(&mut tx, jobs, &texts).await?;
+        let ids = self.insert_groups(&mut tx, jobs, &texts, now).await?;
         tx.commit().await?;
         Ok(ids)
     }
@@ -158,8 +209,8 @@ impl Storage {
         conn: &mut PgConnection,
         jobs: &[NewJob],
         texts: &[String],
+        now: DateTime<Utc>,
     ) -> Result<Vec<Inserted>> {
-        let now = Utc::now();
         let mut ids: Vec<Inserted> = (0..jobs.len())
             .map(|_| Inserted {
                 job_id: 0,

@@ -421,11 +421,11 @@ async fn many_jobs_due_at_once_are_promoted_in_bounded_batches_in_run_at_order()
     db.cleanup().await;
 }
 
-/// A claim waits for its first lane (another claim holds it for milliseconds), but not for long:
-/// a lane held by someone's open transaction is skipped after the bounded wait, so claims of the
-/// queue keep going (here: return empty) instead of hanging until that transaction ends.
+/// A claim never waits for a shard: shards locked by someone's open transaction (here every shard
+/// of the queue, as a cancel inside a long transaction would) are skipped, so claims of the queue
+/// keep going (here: return empty at once) instead of hanging until that transaction ends.
 #[tokio::test]
-async fn a_claim_does_not_hang_behind_a_lane_held_by_an_open_transaction() {
+async fn a_claim_does_not_wait_for_shards_held_by_an_open_transaction() {
     let db = TestDb::new().await;
     let storage = db.storage();
     enqueue(&db, vec![job(1)]).await;
@@ -439,9 +439,9 @@ async fn a_claim_does_not_hang_behind_a_lane_held_by_an_open_transaction() {
     .unwrap();
     let claim = tokio::time::timeout(Duration::from_secs(5), storage.claim("default", 10, None))
         .await
-        .expect("claim returned while the lane was held")
+        .expect("claim returned while the shards were held")
         .unwrap();
-    assert!(claim.is_empty(), "the held lane was skipped");
+    assert!(claim.is_empty(), "the held shards were skipped");
     holder.rollback().await.unwrap();
     assert_eq!(storage.claim("default", 10, None).await.unwrap().len(), 1);
     db.cleanup().await;

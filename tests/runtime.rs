@@ -595,3 +595,27 @@ async fn heartbeats_go_on_while_shutdown_drains_a_long_handler() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_claim_linger_over_a_second_is_refused() {
+    let db = TestDb::new().await;
+    let built = Client::builder(db.pool.clone())
+        .schema(db.schema.as_str())
+        .maintenance(no_maintenance())
+        .queue(
+            "default",
+            QueueConfig {
+                claim_linger: Duration::from_secs(2),
+                ..QueueConfig::default()
+            },
+        )
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await;
+    match built {
+        Err(Error::Config(message)) => assert!(message.contains("claim_linger"), "{message}"),
+        Err(other) => panic!("expected a config error, got {other}"),
+        Ok(_) => panic!("a 2-s claim_linger was accepted"),
+    }
+    db.cleanup().await;
+}

@@ -41,8 +41,8 @@ pub struct QueueConfig {
     /// How long an idle dispatcher waits for a NOTIFY before claiming anyway.
     pub poll_interval: Duration,
     /// Under a backlog (the previous claim came back full), how long the dispatcher may wait for
-    /// half of `max_workers` to be free before it claims, so that a process with few workers
-    /// claims in batches instead of one job per round trip. Zero claims as soon as one worker is
+    /// all of `max_workers` (at most `claim_batch`) to be free before it claims, so that a process
+    /// with few workers claims in batches instead of one job per round trip. Zero claims as soon as one worker is
     /// free. It never delays a job when the queue is not saturated.
     pub claim_linger: Duration,
     /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and

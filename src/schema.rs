@@ -24,6 +24,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "lane_shards",
         include_str!("../migrations/0002_lane_shards.sql"),
     ),
+    (
+        "parked_lanes",
+        include_str!("../migrations/0003_parked_lanes.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -36,6 +40,7 @@ const FUNCTION_FILES: &[(&str, &str)] = &[
         "queue_ring",
         include_str!("../sql/functions/queue_ring.sql"),
     ),
+    ("parking", include_str!("../sql/functions/parking.sql")),
     (
         "claim_ring",
         include_str!("../sql/functions/claim_ring.sql"),
@@ -184,6 +189,10 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     // written only by unique inserts (INSERT, or UPDATE when a released key is re-taken) and
     // expired by maintenance in bounded batches
     ("unique_keys", ChurnClass::Backlog),
+    // cold work moved out of the queue ring by prune and back by the lane's next claim, in bulk
+    ("parked_lanes", ChurnClass::Backlog),
+    ("parked_segments", ChurnClass::Backlog),
+    ("parked_entries", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

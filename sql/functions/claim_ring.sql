@@ -52,21 +52,22 @@ $$;
 
 -- Does the queue have a visible, unclaimed position in some shard? Asked by a dispatcher whose claim
 -- came back empty: yes means the work sits in shards other claimers hold (retry in a few ms). A
--- paused queue answers no: its dispatchers wait for a NOTIFY (resume sends one) or the poll.
+-- paused queue answers no: its dispatchers wait for a NOTIFY (resume sends one) or the poll. A
+-- parked lane answers yes: the next claim brings it back.
 -- Drained shards answer from their sequences alone; the others get one index probe each, bounded by
 -- the cursor sequence read once per shard (OFFSET 0 keeps the volatile reads out of the probe). The
 -- sequence lags the ledger by at most one claim, so a just-claimed shard may answer yes once.
 CREATE OR REPLACE FUNCTION __S__.queue_has_backlog(p_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT NOT EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused)
-       AND EXISTS (
+       AND (EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue) OR EXISTS (
         SELECT 1
         FROM (SELECT l.lane_id, coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
                      pg_sequence_last_value(l.segment_seq) AS last_segment
               FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) l
         WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
           AND EXISTS (SELECT 1 FROM __S__.ready_entries e
-                      WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos))
+                      WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos)))
 $$;
 
 CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,
@@ -118,6 +119,10 @@ BEGIN
     IF EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused) THEN
         RETURN;
     END IF;
+    -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql)
+    IF EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue) THEN
+        PERFORM __S__.unpark_queue(p_queue);
+    END IF;
     -- Shards by effective priority, then priority, then the run_at of their oldest waiting job.
     -- With aging, a lane's priority improves by one level per p_aging its oldest waiting job has been
     -- runnable (run_at: enqueue, or promotion of a scheduled/retried job), so low priorities never
@@ -162,6 +167,12 @@ BEGIN
             -- one. Holding shards while skipping others is deadlock-free because nothing waits.
             PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND;
+            -- parked after this claim looked (a fresh statement sees the park's commit, which came
+            -- before our lock): its rows must be back before the cursor is read, or the walk would
+            -- step over them
+            IF EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id) THEN
+                PERFORM __S__.unpark_lane(v_lane.lane_id);
+            END IF;
 
             v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
             v_cursor := __S__.lane_cursor(v_lane.lane_id);

@@ -10,6 +10,9 @@ BEGIN
     PERFORM __S__.ensure_lane(p_queue, 2::smallint);
     UPDATE __S__.queues SET paused = p_paused WHERE queue = p_queue AND paused IS DISTINCT FROM p_paused;
     IF FOUND AND NOT p_paused THEN
+        -- lanes parked while paused come back now, in order (a lane a claimer holds is brought
+        -- back by that claimer)
+        PERFORM __S__.unpark_queue(p_queue);
         -- wake the queue's dispatchers (a paused queue's dispatchers wait for a NOTIFY or the poll)
         PERFORM pg_notify('ringwork___S__', p_queue);
         RETURN true;
@@ -44,6 +47,8 @@ DECLARE
     v_ready record;
     v_current int;
     v_claim record;
+    v_parked_lane int;
+    v_parked __S__.parked_entries;
 BEGIN
     SELECT slot INTO v_current FROM __S__.queue_ring_slots WHERE state = 'current';
     -- scheduled or waiting for a retry
@@ -58,6 +63,22 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM __S__.done_entries WHERE job_id = p_job_id) THEN
         RETURN 'already_finished';
+    END IF;
+    -- parked (sql/functions/parking.sql): under the lane's lock, which unpark needs too, mark the row;
+    -- it goes back to the ring with a tombstone. Unparked meanwhile: cancel it in the ring below.
+    SELECT p.lane_id INTO v_parked_lane FROM __S__.parked_entries p WHERE p.job_id = p_job_id AND NOT p.cancelled;
+    IF FOUND THEN
+        PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_parked_lane FOR UPDATE;
+        UPDATE __S__.parked_entries p SET cancelled = true
+        WHERE p.job_id = p_job_id AND NOT p.cancelled RETURNING p.* INTO v_parked;
+        IF FOUND THEN
+            INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                            max_attempts, state, error, created_at)
+            VALUES (v_current, p_job_id, v_parked.run_lease, v_parked.queue, v_parked.kind, v_parked.args,
+                    v_parked.priority, v_parked.attempt, v_parked.max_attempts, 'cancelled', p_reason,
+                    v_parked.created_at);
+            RETURN 'cancelled';
+        END IF;
     END IF;
     SELECT e.* INTO v_ready FROM __S__.ready_entries e WHERE e.job_id = p_job_id ORDER BY e.run_lease DESC LIMIT 1;
     IF NOT FOUND THEN

@@ -4,3 +4,5 @@
 --
 -- lane shards (migration 0002): claims no longer read pg_locks to step over an in-flight segment
 DROP FUNCTION IF EXISTS __S__.lane_gap_resolved(int, bigint);
+-- parking (migration 0003): prune_queue_slot gained p_park_idle
+DROP FUNCTION IF EXISTS __S__.prune_queue_slot(int, text, interval);

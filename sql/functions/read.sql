@@ -23,6 +23,10 @@ LANGUAGE sql STABLE AS $$
                d.run_lease, d.last_error, 2
         FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
         UNION ALL
+        -- parked (sql/functions/parking.sql): waiting like any available job
+        SELECT 'available', p.queue, p.kind, p.attempt, p.run_lease, 'parked', 3
+        FROM __S__.parked_entries p WHERE p.job_id = p_job_id AND NOT p.cancelled
+        UNION ALL
         SELECT 'completed', r.queue, r.kind, r.attempt + 1, r.run_lease + 1, NULL, 3
         FROM ready r WHERE EXISTS (SELECT 1 FROM __S__.receipt_completion_batches c
                                    WHERE c.ready_slot = r.ready_slot AND p_job_id = ANY (c.job_ids)
@@ -43,7 +47,7 @@ RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, r
 LANGUAGE sql STABLE AS $$
     SELECT q.queue, q.paused,
            (SELECT coalesce(sum(__S__.lane_available(l.lane_id)), 0)::bigint
-            FROM __S__.queue_lanes l WHERE l.queue = q.queue),
+            FROM __S__.queue_lanes l WHERE l.queue = q.queue) + __S__.parked_count(q.queue),
            (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt = 0),
            (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt > 0),
            __S__.count_in_flight(q.queue)::bigint,

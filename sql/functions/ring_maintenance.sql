@@ -131,19 +131,37 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
+-- A slot whose only blocker is unclaimed rows can be parked (sql/functions/parking.sql) when every
+-- lane with such rows is cold and no claim on the slot is open: NULL then, else the reason.
+CREATE OR REPLACE FUNCTION __S__.park_blocker(p_slot int, p_park_idle interval) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN EXISTS (SELECT 1 FROM __S__.slot_pending_lanes(p_slot) p
+                     WHERE NOT __S__.lane_is_cold(p.lane_id, p_park_idle)) THEN 'pending_ready'
+        WHEN __S__.open_claims_on_ready_slot(p_slot) > 0 THEN 'open_claims'
+    END
+$$;
+
 -- Prune order (ADR-023 "Rotation and prune"): ring state FOR UPDATE -> slot row FOR UPDATE ->
 -- proof -> ACCESS EXCLUSIVE on the slot's children with a short lock timeout (skip when busy) ->
 -- re-check not-current and re-prove under the locks -> TRUNCATE all children in one statement.
 -- Failed and cancelled history younger than p_keep_failed is carried forward into the current slot
 -- (INSERT only) before the truncate, so terminal failures outlive their slot.
+--
+-- Parking (sql/functions/parking.sql): a slot held back only by unclaimed rows of cold lanes
+-- (paused, or not claimed for p_park_idle; NULL never parks) is not left to pin the ring. Under the
+-- slot's locks and the lanes' row locks (NOWAIT: a claimer holding a lane is waiting for our lock)
+-- their rows are copied to parked_entries, and the slot is truncated like any other.
 CREATE OR REPLACE FUNCTION __S__.prune_queue_slot(p_slot int, p_lock_timeout text DEFAULT '25ms',
-                                       p_keep_failed interval DEFAULT '72 hours') RETURNS text
+                                       p_keep_failed interval DEFAULT '72 hours',
+                                       p_park_idle interval DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_state text;
     v_blocker text;
     v_lane record;
     v_children text;
+    v_park boolean := false;
 BEGIN
     PERFORM 1 FROM __S__.queue_ring_state FOR UPDATE;
     SELECT state INTO v_state FROM __S__.queue_ring_slots WHERE slot = p_slot FOR UPDATE;
@@ -151,7 +169,13 @@ BEGIN
         RETURN 'not_sealed';
     END IF;
     v_blocker := __S__.queue_slot_blocker(p_slot);
-    IF v_blocker IS NOT NULL THEN
+    IF v_blocker = 'pending_ready' AND p_park_idle IS NOT NULL THEN
+        v_blocker := __S__.park_blocker(p_slot, p_park_idle);
+        IF v_blocker IS NOT NULL THEN
+            RETURN v_blocker;
+        END IF;
+        v_park := true;
+    ELSIF v_blocker IS NOT NULL THEN
         RETURN v_blocker;
     END IF;
     SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
@@ -169,6 +193,12 @@ BEGIN
             WHERE l.lane_id = v_lane.lane_id
               AND __S__.lane_cursor(l.lane_id) > coalesce(pg_sequence_last_value(l.cursor_seq), 0);
         END LOOP;
+        -- the lanes to park: no claim may move their cursors while their rows are copied
+        IF v_park THEN
+            FOR v_lane IN SELECT p.lane_id FROM __S__.slot_pending_lanes(p_slot) p ORDER BY p.lane_id LOOP
+                PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE NOWAIT;
+            END LOOP;
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
         RETURN 'busy';
     END;
@@ -178,7 +208,15 @@ BEGIN
         RETURN 'not_sealed';
     END IF;
     v_blocker := __S__.queue_slot_blocker(p_slot);
-    IF v_blocker IS NOT NULL THEN
+    IF v_blocker = 'pending_ready' AND v_park THEN
+        -- re-prove under the locks (no claim can move a locked lane's cursor now)
+        v_blocker := __S__.park_blocker(p_slot, p_park_idle);
+        IF v_blocker IS NOT NULL THEN
+            RETURN v_blocker;
+        END IF;
+        PERFORM __S__.park_lane_rows(p_slot, p.lane_id, p.queue, p.cursor_pos)
+        FROM __S__.slot_pending_lanes(p_slot) p;
+    ELSIF v_blocker IS NOT NULL THEN
         RETURN v_blocker;
     END IF;
     INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,

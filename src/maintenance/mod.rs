@@ -41,6 +41,12 @@ pub struct MaintenanceConfig {
     pub promote_batch: i32,
     /// Failed and cancelled jobs stay visible at least this long, across slot prunes.
     pub keep_failed: Duration,
+    /// A lane whose queue is paused, or from which nothing has been claimed for this long, is
+    /// cold: when only its unclaimed jobs keep a sealed queue slot from being pruned, they are
+    /// parked (moved out of the ring) and the slot is reclaimed; the lane's next claim or its
+    /// queue's resume brings them back in order (default 30 s; `None` never parks, and one idle
+    /// queue then stops reclamation for every queue once the ring is full).
+    pub park_idle: Option<Duration>,
     /// A claim older than this, with no heartbeat this recent, is presumed abandoned (its worker
     /// crashed) and is rescued: closed as `rescued` and re-queued. Workers heartbeat running jobs
     /// every quarter of this, so only a dead or stuck worker's claims go stale.
@@ -63,6 +69,7 @@ impl Default for MaintenanceConfig {
             prune_lock_timeout: Duration::from_millis(25),
             promote_batch: 1000,
             keep_failed: Duration::from_secs(72 * 3600),
+            park_idle: Some(Duration::from_secs(30)),
             stale_after: Duration::from_secs(60),
             rescue_batch: 200,
             dlq_retention: Duration::from_secs(30 * 24 * 3600),
@@ -99,6 +106,15 @@ impl MaintenanceConfig {
         if self.unique_key_retention < Duration::from_secs(60) {
             return Err(Error::Config(
                 "unique_key_retention must be at least one minute".into(),
+            ));
+        }
+        if self
+            .park_idle
+            .is_some_and(|idle| idle < Duration::from_secs(1))
+        {
+            return Err(Error::Config(
+                "park_idle must be at least 1 s: a shorter one parks lanes that are being worked"
+                    .into(),
             ));
         }
         if !(1..=100_000).contains(&self.rescue_batch) {

@@ -24,7 +24,12 @@ pub(super) async fn run(
     }
     for slot in storage.sealed_queue_slots().await? {
         match storage
-            .prune_queue_slot(slot, config.prune_lock_timeout, config.keep_failed)
+            .prune_or_park_queue_slot(
+                slot,
+                config.prune_lock_timeout,
+                config.keep_failed,
+                config.park_idle,
+            )
             .await?
         {
             PruneResult::Pruned => report.pruned_queue_slots.push(slot),

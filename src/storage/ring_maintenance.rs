@@ -30,7 +30,7 @@ impl Statements {
                 "SELECT slot FROM {s}.claim_ring_slots WHERE state = 'sealed' ORDER BY generation"
             ),
             prune_queue_slot: format!(
-                "SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3))"
+                "SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3), make_interval(secs => $4))"
             ),
             prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
         }
@@ -83,17 +83,34 @@ impl Storage {
     }
 
     /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5). Failed and cancelled history
-    /// younger than `keep_failed` is carried forward into the current slot.
+    /// younger than `keep_failed` is carried forward into the current slot. Never parks: a slot
+    /// with unclaimed rows is kept (`pending_ready`).
     pub async fn prune_queue_slot(
         &self,
         slot: i32,
         lock_timeout: Duration,
         keep_failed: Duration,
     ) -> Result<PruneResult> {
+        self.prune_or_park_queue_slot(slot, lock_timeout, keep_failed, None)
+            .await
+    }
+
+    /// Like [`Storage::prune_queue_slot`], but a slot held back only by unclaimed rows of cold
+    /// lanes (their queue is paused, or nothing was claimed from them for `park_idle`) is reclaimed
+    /// too: those rows move to `parked_entries` and come back, in order, with the lane's next claim
+    /// or its queue's resume (`sql/functions/parking.sql`).
+    pub async fn prune_or_park_queue_slot(
+        &self,
+        slot: i32,
+        lock_timeout: Duration,
+        keep_failed: Duration,
+        park_idle: Option<Duration>,
+    ) -> Result<PruneResult> {
         let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_queue_slot)
             .bind(slot)
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
             .bind(keep_failed.as_secs_f64())
+            .bind(park_idle.map(|d| d.as_secs_f64()))
             .fetch_one(&self.pool)
             .await?;
         Ok(prune_result(result))

@@ -45,6 +45,6 @@ pub use runtime::{
 };
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
-    AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, Inserted,
-    JobRecord, JobState, Outcome, PruneResult, QueueCounts, Storage,
+    ArchiveTable, AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
+    Inserted, JobRecord, JobState, Outcome, PruneResult, QueueCounts, QueueSlotPrune, Storage,
 };

@@ -28,6 +28,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "parked_lanes",
         include_str!("../migrations/0003_parked_lanes.sql"),
     ),
+    ("archive", include_str!("../migrations/0004_archive.sql")),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -41,6 +42,7 @@ const FUNCTION_FILES: &[(&str, &str)] = &[
         include_str!("../sql/functions/queue_ring.sql"),
     ),
     ("parking", include_str!("../sql/functions/parking.sql")),
+    ("archive", include_str!("../sql/functions/archive.sql")),
     (
         "claim_ring",
         include_str!("../sql/functions/claim_ring.sql"),
@@ -193,6 +195,9 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("parked_lanes", ChurnClass::Backlog),
     ("parked_segments", ChurnClass::Backlog),
     ("parked_entries", ChurnClass::Backlog),
+    // terminal history: INSERT-only rings of time buckets, reclaimed by TRUNCATE of a whole bucket
+    ("archived_completion_batches", ChurnClass::Ring),
+    ("archived_jobs", ChurnClass::Ring),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

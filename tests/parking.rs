@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringwork::{CancelOutcome, NewJob, PruneResult, Storage};
+use ringwork::{CancelOutcome, NewJob, PruneResult, QueueSlotPrune, Storage};
 use serde_json::json;
 use support::TestDb;
 
@@ -51,6 +51,15 @@ async fn available(storage: &Storage, queue: &str) -> i64 {
     storage.queue_counts(Some(queue)).await.unwrap()[0].available
 }
 
+fn options(park_idle: Option<Duration>) -> QueueSlotPrune {
+    QueueSlotPrune {
+        lock_timeout: NO_WAIT,
+        keep_completed: KEEP,
+        keep_failed: KEEP,
+        park_idle,
+    }
+}
+
 /// Seal the current queue slot (and the claim slot) and try to prune every sealed queue slot.
 async fn rotate_and_prune(storage: &Storage, park_idle: Option<Duration>) -> Vec<PruneResult> {
     storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
@@ -59,7 +68,7 @@ async fn rotate_and_prune(storage: &Storage, park_idle: Option<Duration>) -> Vec
     for slot in storage.sealed_queue_slots().await.unwrap() {
         results.push(
             storage
-                .prune_or_park_queue_slot(slot, NO_WAIT, KEEP, park_idle)
+                .prune_queue_slot_with(slot, &options(park_idle))
                 .await
                 .unwrap(),
         );
@@ -92,7 +101,7 @@ async fn a_paused_queue_is_parked_its_slot_reclaimed_and_resume_brings_its_jobs_
     // With parking, the slot is reclaimed and the paused queue's jobs wait outside the ring.
     assert_eq!(
         storage
-            .prune_or_park_queue_slot(sealed[0], NO_WAIT, KEEP, IDLE)
+            .prune_queue_slot_with(sealed[0], &options(IDLE))
             .await
             .unwrap(),
         PruneResult::Pruned
@@ -133,8 +142,34 @@ async fn a_paused_queue_is_parked_its_slot_reclaimed_and_resume_brings_its_jobs_
     assert!(storage.claim("cold", 10, None).await.unwrap().is_empty());
     assert_eq!(parked(&db).await, 40);
 
+    // The cancel's own record can end before the parked row does (keep_failed): the row still
+    // says cancelled, parked and after it is back in the ring.
+    let forget_cancel = format!(
+        "DELETE FROM {{s}}.done_entries WHERE job_id = {0}; DELETE FROM {{s}}.archived_jobs WHERE job_id = {0}",
+        cold_first[7]
+    );
+    db.exec(&forget_cancel).await;
+    assert_eq!(
+        storage
+            .job_state(cold_first[7])
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        "cancelled"
+    );
     // Resume: the parked rows are back in the ring at once, and drain in enqueue order.
     storage.set_queue_paused("cold", false).await.unwrap();
+    db.exec(&forget_cancel).await;
+    assert_eq!(
+        storage
+            .job_state(cold_first[7])
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        "cancelled"
+    );
     assert_eq!(parked(&db).await, 0);
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM {s}.parked_lanes").await,
@@ -166,10 +201,18 @@ async fn a_paused_queue_is_parked_its_slot_reclaimed_and_resume_brings_its_jobs_
 async fn an_unworked_lane_is_parked_and_its_first_claim_takes_the_parked_jobs_before_newer_ones() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    // a queue nobody works (say a misspelt name): never claimed, so cold at once
+    // a queue nobody works (say a misspelt name): never claimed, so cold once its oldest job has
+    // waited park_idle
+    let idle = Some(Duration::from_secs(1));
     let old = insert(&db, "unworked", 0..12).await;
     assert_eq!(
-        rotate_and_prune(&storage, IDLE).await,
+        rotate_and_prune(&storage, idle).await,
+        vec![PruneResult::Skipped("pending_ready".into())],
+        "not yet: its jobs have just arrived"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        rotate_and_prune(&storage, idle).await,
         vec![PruneResult::Pruned]
     );
     assert_eq!(
@@ -215,7 +258,7 @@ async fn a_lane_being_worked_is_not_parked() {
     for slot in storage.sealed_queue_slots().await.unwrap() {
         assert_eq!(
             storage
-                .prune_or_park_queue_slot(slot, NO_WAIT, KEEP, IDLE)
+                .prune_queue_slot_with(slot, &options(IDLE))
                 .await
                 .unwrap(),
             PruneResult::Skipped("open_claims".into())
@@ -226,7 +269,7 @@ async fn a_lane_being_worked_is_not_parked() {
     for slot in storage.sealed_queue_slots().await.unwrap() {
         assert_eq!(
             storage
-                .prune_or_park_queue_slot(slot, NO_WAIT, KEEP, IDLE)
+                .prune_queue_slot_with(slot, &options(IDLE))
                 .await
                 .unwrap(),
             PruneResult::Pruned

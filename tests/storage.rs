@@ -349,7 +349,7 @@ async fn prune_reclaims_a_fully_closed_slot_and_leaves_its_children_empty() {
 }
 
 #[tokio::test]
-async fn failed_history_is_carried_forward_when_its_slot_is_pruned() {
+async fn failed_history_is_archived_when_its_slot_is_pruned() {
     let db = TestDb::new().await;
     let storage = db.storage();
     let mut conn = db.pool.acquire().await.unwrap();
@@ -385,18 +385,20 @@ async fn failed_history_is_carried_forward_when_its_slot_is_pruned() {
         PruneResult::Pruned
     );
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.done_entries_0")
-            .await,
-        0
+        db.scalar_i64("SELECT count(*) FROM {s}.done_entries").await,
+        0,
+        "nothing is carried forward into the ring"
     );
     assert_eq!(
         db.scalar_i64(
-            "SELECT count(*) FROM {s}.done_entries_1 WHERE state = 'failed' AND error = 'kept'"
+            "SELECT count(*) FROM {s}.archived_jobs WHERE state = 'failed' AND error = 'kept'"
         )
         .await,
         2,
-        "both failures moved to the current slot"
+        "both failures are in the archive"
     );
+    let failed = storage.job_state(claimed[2].job_id).await.unwrap().unwrap();
+    assert_eq!(failed.state, "failed");
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM {s}.receipt_completion_batches")
             .await,

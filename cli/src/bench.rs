@@ -97,6 +97,7 @@ pub enum Scenario {
     PgRestart,
     Soak,
     OpenProducerTx,
+    PausedQueue,
 }
 
 impl Scenario {
@@ -110,10 +111,12 @@ impl Scenario {
             "pg-restart" => Self::PgRestart,
             "soak" => Self::Soak,
             "open-producer-tx" => Self::OpenProducerTx,
+            "paused-queue" => Self::PausedQueue,
             other => {
                 return Err(Error::Config(format!(
                     "unknown scenario {other:?}: saturation, fixed-rate, idle-in-tx, \
-                     active-readers, crash-under-load, pg-restart, soak, open-producer-tx"
+                     active-readers, crash-under-load, pg-restart, soak, open-producer-tx, \
+                     paused-queue"
                 )))
             }
         })
@@ -129,6 +132,7 @@ impl Scenario {
             Self::PgRestart => "pg-restart",
             Self::Soak => "soak",
             Self::OpenProducerTx => "open-producer-tx",
+            Self::PausedQueue => "paused-queue",
         }
     }
 
@@ -164,6 +168,15 @@ impl Scenario {
                 phase("clean", Disturbance::None),
                 phase("open-tx", Disturbance::OpenProducerTxs),
             ],
+            // a short clean phase: the paused one is the measurement, and it should be long
+            Self::PausedQueue => vec![
+                Phase {
+                    name: "clean",
+                    duration: p.min(Duration::from_secs(60)),
+                    disturbance: Disturbance::None,
+                },
+                phase("paused", Disturbance::PausedQueue),
+            ],
             Self::Soak => vec![Phase {
                 name: "soak",
                 duration: config.soak,
@@ -173,7 +186,10 @@ impl Scenario {
     }
 
     fn fixed_rate(self) -> bool {
-        matches!(self, Self::FixedRate | Self::OpenProducerTx)
+        matches!(
+            self,
+            Self::FixedRate | Self::OpenProducerTx | Self::PausedQueue
+        )
     }
 }
 
@@ -191,7 +207,13 @@ enum Disturbance {
     /// `held_txs` producer transactions, each enqueuing one job into the benchmark queue and
     /// holding its transaction open `hold` before committing, over and over (ringwork only).
     OpenProducerTxs,
+    /// `paused_jobs` jobs wait in a paused queue (`bench_paused`) for the whole phase while the
+    /// benchmark queue runs; then the queue is resumed and drained by the harness (ringwork only).
+    PausedQueue,
 }
+
+/// The paused queue of the paused-queue scenario.
+const PAUSED_QUEUE: &str = "bench_paused";
 
 struct Phase {
     name: &'static str,
@@ -217,6 +239,8 @@ pub struct BenchConfig {
     /// open-producer-tx: producer transactions held open at once, and how long each stays open.
     pub held_txs: usize,
     pub hold: Duration,
+    /// paused-queue: jobs enqueued into the paused queue (`bench_paused`) when its phase starts.
+    pub paused_jobs: u64,
     /// Shell command that restarts the server at `database_url` (pg-restart scenario); the
     /// embedded cluster restarts itself.
     pub pg_restart_cmd: Option<String>,
@@ -294,6 +318,35 @@ pub struct PhaseResult {
     /// For crash / restart phases: seconds from the disturbance's end until a sample was back at
     /// 90 % of the previous phase's median rate (None: never within the phase).
     pub recovery_s: Option<f64>,
+    /// ringwork only: the ring over the phase, one point per sample.
+    #[serde(default)]
+    pub ring_over_time: Vec<RingPoint>,
+    /// paused-queue phase: what became of the paused queue's jobs.
+    #[serde(default)]
+    pub paused_queue: Option<PausedQueueResult>,
+}
+
+/// The ring at one sample: bytes of ring-class tables (all children), jobs parked, sealed slots.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RingPoint {
+    pub at: f64,
+    pub ring_bytes: i64,
+    pub parked_rows: i64,
+    pub sealed: i64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PausedQueueResult {
+    pub enqueued: u64,
+    /// Distinct jobs claimed (and completed) by the drain after resume.
+    pub drained: u64,
+    /// Jobs claimed more than once by the drain.
+    pub duplicates: u64,
+    /// Enqueued jobs the drain never got (must be 0).
+    pub lost: u64,
+    pub drain_s: f64,
+    /// Jobs of the paused queue waiting parked, just before resume.
+    pub parked_before_resume: i64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -695,6 +748,26 @@ fn summarise(
         prunes: ringwork.then_some(rotations - (last.sealed - first.sealed)),
         sealed_at_end: ringwork.then_some(last.sealed),
         recovery_s,
+        ring_over_time: if ringwork {
+            samples.iter().map(ring_point).collect()
+        } else {
+            Vec::new()
+        },
+        paused_queue: None,
+    }
+}
+
+fn ring_point(s: &Sample) -> RingPoint {
+    RingPoint {
+        at: s.at,
+        ring_bytes: s
+            .tables
+            .values()
+            .filter(|t| t.class.as_deref() == Some("ring"))
+            .map(|t| t.bytes)
+            .sum(),
+        parked_rows: s.tables.get("parked_entries").map_or(0, |t| t.live),
+        sealed: s.sealed,
     }
 }
 
@@ -1025,6 +1098,10 @@ async fn run_phase(
                 )));
             }
         }
+        Disturbance::PausedQueue => match storage {
+            Some(storage) => fill_paused_queue(storage, config.paused_jobs).await?,
+            None => eprintln!("   paused-queue runs for ringwork only; this phase is clean"),
+        },
         Disturbance::OpenProducerTxs => match storage {
             Some(storage) => {
                 let pool = PgPoolOptions::new()
@@ -1162,9 +1239,75 @@ async fn run_phase(
         .lock()
         .map(|mut s| std::mem::take(&mut *s))
         .unwrap_or_default();
-    Ok(summarise(
-        phase.name, &samples, pickups, recovery_s, ringwork,
+    let mut result = summarise(phase.name, &samples, pickups, recovery_s, ringwork);
+    if let (Disturbance::PausedQueue, Some(storage)) = (phase.disturbance, storage) {
+        result.paused_queue = Some(resume_and_drain(storage, admin, config.paused_jobs).await?);
+    }
+    Ok(result)
+}
+
+/// paused-queue: pause `bench_paused` and enqueue `jobs` into it (its own lanes; no worker
+/// process works that queue).
+async fn fill_paused_queue(storage: &Storage, jobs: u64) -> Result<()> {
+    storage.set_queue_paused(PAUSED_QUEUE, true).await?;
+    eprintln!("   paused {PAUSED_QUEUE:?}; enqueuing {jobs} jobs into it");
+    let mut conn = storage.pool().acquire().await?;
+    let mut n = 0;
+    while n < jobs {
+        let chunk: Vec<NewJob> = (n..(n + 10_000).min(jobs))
+            .map(|i| {
+                NewJob::from_parts("bench_paused", serde_json::json!({ "n": i }))
+                    .map(|job| job.queue(PAUSED_QUEUE))
+            })
+            .collect::<Result<_>>()?;
+        storage.insert_many(&mut conn, &chunk).await?;
+        n += chunk.len() as u64;
+    }
+    Ok(())
+}
+
+/// paused-queue: resume `bench_paused` and drain it from here (claim and complete in batches),
+/// checking that every job comes back exactly once.
+async fn resume_and_drain(
+    storage: &Storage,
+    admin: &PgPool,
+    jobs: u64,
+) -> Result<PausedQueueResult> {
+    let parked_before_resume: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.parked_entries WHERE queue = $1",
+        storage.schema()
     ))
+    .bind(PAUSED_QUEUE)
+    .fetch_one(admin)
+    .await?;
+    let started = Instant::now();
+    storage.set_queue_paused(PAUSED_QUEUE, false).await?;
+    let mut seen = std::collections::HashSet::new();
+    let mut claims = 0u64;
+    loop {
+        let batch = storage.claim(PAUSED_QUEUE, 1000, None).await?;
+        if batch.is_empty() {
+            break;
+        }
+        let refs: Vec<_> = batch.iter().map(|j| j.attempt_ref()).collect();
+        storage.complete_batch(&refs).await?;
+        claims += batch.len() as u64;
+        seen.extend(batch.iter().map(|j| j.job_id));
+    }
+    let drained = seen.len() as u64;
+    let result = PausedQueueResult {
+        enqueued: jobs,
+        drained,
+        duplicates: claims - drained,
+        lost: jobs.saturating_sub(drained),
+        drain_s: started.elapsed().as_secs_f64(),
+        parked_before_resume,
+    };
+    eprintln!(
+        "   resumed {PAUSED_QUEUE:?}: {} parked before resume, {} drained in {:.1} s, {} lost, {} twice",
+        result.parked_before_resume, result.drained, result.drain_s, result.lost, result.duplicates
+    );
+    Ok(result)
 }
 
 /// A REPEATABLE READ scanner: each transaction counts every table of the schema, then holds its
@@ -1236,6 +1379,40 @@ fn fmt_opt(v: Option<i64>) -> String {
 }
 
 /// The per-run tables, then (when more than one system ran) the side-by-side comparison.
+/// The paused-queue run: the ring over time (at most about 16 rows) and the paused queue's fate.
+fn paused_queue_markdown(r: &RunResult) -> String {
+    let mut out = format!(
+        "\n## paused-queue ({} {}): the ring while `{PAUSED_QUEUE}` waits paused\n\n\
+         | phase | t (s) | ring tables (MB) | jobs parked | sealed slots (both rings) |\n|---|---|---|---|---|\n",
+        r.system, r.profile
+    );
+    let points: Vec<(&str, &RingPoint)> = r
+        .phases
+        .iter()
+        .flat_map(|p| p.ring_over_time.iter().map(move |x| (p.name.as_str(), x)))
+        .collect();
+    let step = points.len().div_ceil(16).max(1);
+    for (i, (phase, x)) in points.iter().enumerate() {
+        if i % step == 0 || i + 1 == points.len() {
+            out.push_str(&format!(
+                "| {phase} | {:.0} | {:.1} | {} | {} |\n",
+                x.at,
+                x.ring_bytes as f64 / 1e6,
+                x.parked_rows,
+                x.sealed
+            ));
+        }
+    }
+    for q in r.phases.iter().filter_map(|p| p.paused_queue.as_ref()) {
+        out.push_str(&format!(
+            "\nPaused queue: {} jobs enqueued, {} parked just before resume; resume and drain took \
+             {:.1} s, {} drained, **{} lost**, {} claimed twice.\n",
+            q.enqueued, q.parked_before_resume, q.drain_s, q.drained, q.lost, q.duplicates
+        ));
+    }
+    out
+}
+
 pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
     let mut out = format!(
         "# ringwork bench: {}\n\nGenerated {} by `ringwork bench` (phase {} s, job {} ms, depth target {}, fixed rate {}/s).\n\n",
@@ -1303,6 +1480,9 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
             r.lost,
             r.extra_completions
         ));
+    }
+    for r in results.iter().filter(|r| r.scenario == "paused-queue") {
+        out.push_str(&paused_queue_markdown(r));
     }
     // side by side: ringwork / awa for each (profile, scenario, phase)
     let pairs: Vec<_> = results
@@ -1447,9 +1627,23 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
             },
         )
         // A crashed worker's claims are rescued after 10 s (heartbeats every 2.5 s keep live
-        // ones), so crash scenarios recover within a phase.
+        // ones), so crash scenarios recover within a phase. Baselines, through the environment
+        // inherited from the bench process: RINGWORK_BENCH_NO_PARK turns parking off (the
+        // paused-queue baseline), RINGWORK_BENCH_NO_ARCHIVE the archive (the WAL cost of history).
         .maintenance(MaintenanceConfig {
             stale_after: Duration::from_secs(10),
+            park_idle: match std::env::var_os("RINGWORK_BENCH_NO_PARK") {
+                Some(_) => None,
+                None => MaintenanceConfig::default().park_idle,
+            },
+            keep_completed: match std::env::var_os("RINGWORK_BENCH_NO_ARCHIVE") {
+                Some(_) => Duration::ZERO,
+                None => MaintenanceConfig::default().keep_completed,
+            },
+            keep_failed: match std::env::var_os("RINGWORK_BENCH_NO_ARCHIVE") {
+                Some(_) => Duration::ZERO,
+                None => MaintenanceConfig::default().keep_failed,
+            },
             ..MaintenanceConfig::default()
         })
         .register(move |_ctx: JobContext, job: BenchJob| {

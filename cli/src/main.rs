@@ -180,6 +180,9 @@ enum Command {
         /// open-producer-tx: seconds each held transaction stays open.
         #[arg(long, default_value_t = 10)]
         hold_secs: u64,
+        /// paused-queue: jobs enqueued into the paused queue when its phase starts.
+        #[arg(long, default_value_t = 100_000)]
+        paused_jobs: u64,
         /// Also run awa 0.6.9 through this adapter binary (bench/awa-adapter), same profiles.
         #[arg(long)]
         awa_adapter: Option<std::path::PathBuf>,
@@ -365,6 +368,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             readers,
             held_txs,
             hold_secs,
+            paused_jobs,
             awa_adapter,
             awa_schema,
             no_ringwork,
@@ -416,6 +420,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 readers,
                 held_txs,
                 hold: Duration::from_secs(hold_secs),
+                paused_jobs,
                 pg_restart_cmd,
                 autovacuum: autovacuum == "on",
                 analyze_every: analyze_every.filter(|s| *s > 0).map(Duration::from_secs),

@@ -61,7 +61,8 @@ BEGIN
                 p_reason, v_deferred.created_at);
         RETURN 'cancelled';
     END IF;
-    IF EXISTS (SELECT 1 FROM __S__.done_entries WHERE job_id = p_job_id) THEN
+    IF EXISTS (SELECT 1 FROM __S__.done_entries WHERE job_id = p_job_id)
+       OR EXISTS (SELECT 1 FROM __S__.archived_job(p_job_id)) THEN
         RETURN 'already_finished';
     END IF;
     -- parked (sql/functions/parking.sql): under the lane's lock, which unpark needs too, mark the row;

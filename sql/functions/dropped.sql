@@ -6,3 +6,5 @@
 DROP FUNCTION IF EXISTS __S__.lane_gap_resolved(int, bigint);
 -- parking (migration 0003): prune_queue_slot gained p_park_idle
 DROP FUNCTION IF EXISTS __S__.prune_queue_slot(int, text, interval);
+-- archive (migration 0004): prune_queue_slot gained p_keep_completed, and no argument has a default
+DROP FUNCTION IF EXISTS __S__.prune_queue_slot(int, text, interval, interval);

@@ -14,16 +14,20 @@
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 
 -- Is nobody working this lane? Its queue is paused, or its newest claim (the ledger row with the
--- highest range) is older than p_idle. The ledger of a pruned slot is gone, so a lane last claimed
--- before the ring's oldest slot reads as cold too. A busy but backlogged lane is claimed all the
--- time and is never cold.
+-- highest range) is older than p_idle. A lane with no ledger row in the ring (never claimed, or its
+-- ledger went with a pruned slot, which a claim that ended at a slot's last row can cause while the
+-- lane is busy) is cold only once its oldest waiting job has waited p_idle: a worked lane's next
+-- claim comes long before that.
 CREATE OR REPLACE FUNCTION __S__.lane_is_cold(p_lane_id int, p_idle interval) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM __S__.queue_lanes l JOIN __S__.queues q ON q.queue = l.queue
                    WHERE l.lane_id = p_lane_id AND q.paused)
         OR coalesce((SELECT a.attempted_at FROM __S__.ready_claim_attempt_batches a
-                     WHERE a.lane_id = p_lane_id ORDER BY upper(a.lane_range) DESC LIMIT 1)
-                    < now() - p_idle, true)
+                     WHERE a.lane_id = p_lane_id ORDER BY upper(a.lane_range) DESC LIMIT 1) < now() - p_idle,
+                    (SELECT e.run_at FROM __S__.ready_entries e
+                     WHERE e.lane_id = p_lane_id AND e.lane_pos > __S__.lane_cursor(p_lane_id)
+                     ORDER BY e.lane_pos LIMIT 1) < now() - p_idle,
+                    false)
 $$;
 
 -- The lanes with unclaimed rows in a queue slot, with their cursors.

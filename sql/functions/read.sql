@@ -19,13 +19,20 @@ LANGUAGE sql STABLE AS $$
         FROM __S__.done_entries d WHERE d.job_id = p_job_id
           AND NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs x WHERE x.job_id = p_job_id AND x.run_lease > d.run_lease)
         UNION ALL
+        -- finished and archived (sql/functions/archive.sql): its slot is gone
+        SELECT a.state, a.queue, a.kind, a.attempt, a.run_lease, a.error, 1
+        FROM __S__.archived_job(p_job_id) a
+        WHERE NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs x WHERE x.job_id = p_job_id AND x.run_lease > a.run_lease)
+        UNION ALL
         SELECT CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.attempt,
                d.run_lease, d.last_error, 2
         FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
         UNION ALL
-        -- parked (sql/functions/parking.sql): waiting like any available job
-        SELECT 'available', p.queue, p.kind, p.attempt, p.run_lease, 'parked', 3
-        FROM __S__.parked_entries p WHERE p.job_id = p_job_id AND NOT p.cancelled
+        -- parked (sql/functions/parking.sql): waiting like any available job, or cancelled while
+        -- it waited (its cancel row may be gone from the archive long before the parked row)
+        SELECT CASE WHEN p.cancelled THEN 'cancelled' ELSE 'available' END, p.queue, p.kind, p.attempt,
+               p.run_lease, 'parked', 3
+        FROM __S__.parked_entries p WHERE p.job_id = p_job_id
         UNION ALL
         SELECT 'completed', r.queue, r.kind, r.attempt + 1, r.run_lease + 1, NULL, 3
         FROM ready r WHERE EXISTS (SELECT 1 FROM __S__.receipt_completion_batches c
@@ -36,7 +43,10 @@ LANGUAGE sql STABLE AS $$
                CASE WHEN x.state = 'running' THEN r.attempt + 1 ELSE r.attempt END,
                CASE WHEN x.state = 'running' THEN r.run_lease + 1 ELSE r.run_lease END, NULL, 4
         FROM ready r,
-             LATERAL (SELECT CASE WHEN r.lane_pos > __S__.lane_cursor(r.lane_id) THEN 'available'
+             LATERAL (SELECT CASE WHEN EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                                               WHERE t.ready_slot = r.ready_slot AND t.job_id = r.job_id
+                                                 AND t.run_lease = r.run_lease) THEN 'cancelled'
+                                  WHEN r.lane_pos > __S__.lane_cursor(r.lane_id) THEN 'available'
                                   ELSE 'running' END AS state) x
     ) s ORDER BY s.rank LIMIT 1
 $$;
@@ -54,8 +64,10 @@ LANGUAGE sql STABLE AS $$
            (SELECT coalesce(sum(b.completed_count), 0)::bigint
             FROM __S__.receipt_completion_batches b WHERE b.queue = q.queue)
            + (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'completed'),
-           (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'failed'),
-           (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'cancelled'),
+           (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'failed')
+           + (SELECT count(*) FROM __S__.archived_jobs a WHERE a.queue = q.queue AND a.state = 'failed'),
+           (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'cancelled')
+           + (SELECT count(*) FROM __S__.archived_jobs a WHERE a.queue = q.queue AND a.state = 'cancelled'),
            (SELECT count(*) FROM __S__.dlq_entries d WHERE d.queue = q.queue)
     FROM __S__.queues q
     WHERE p_queue IS NULL OR q.queue = p_queue
@@ -70,6 +82,8 @@ LANGUAGE sql STABLE AS $$
     SELECT h.run_lease, h.state, h.error, h.at FROM (
         SELECT t.run_lease, t.state, t.error, t.finalized_at AS at
         FROM __S__.terminal_jobs t WHERE t.job_id = p_job_id
+        UNION ALL
+        SELECT a.run_lease, a.state, a.error, a.finalized_at FROM __S__.archived_job(p_job_id) a
         UNION ALL
         SELECT d.run_lease, CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.last_error, d.run_at
         FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id

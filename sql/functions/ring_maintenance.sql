@@ -145,16 +145,16 @@ $$;
 -- Prune order (ADR-023 "Rotation and prune"): ring state FOR UPDATE -> slot row FOR UPDATE ->
 -- proof -> ACCESS EXCLUSIVE on the slot's children with a short lock timeout (skip when busy) ->
 -- re-check not-current and re-prove under the locks -> TRUNCATE all children in one statement.
--- Failed and cancelled history younger than p_keep_failed is carried forward into the current slot
--- (INSERT only) before the truncate, so terminal failures outlive their slot.
+-- Before the truncate, the slot's terminal history goes to the archive (sql/functions/archive.sql):
+-- completion batches younger than p_keep_completed, failed and cancelled jobs younger than
+-- p_keep_failed. Nothing is carried forward into the ring.
 --
 -- Parking (sql/functions/parking.sql): a slot held back only by unclaimed rows of cold lanes
 -- (paused, or not claimed for p_park_idle; NULL never parks) is not left to pin the ring. Under the
 -- slot's locks and the lanes' row locks (NOWAIT: a claimer holding a lane is waiting for our lock)
 -- their rows are copied to parked_entries, and the slot is truncated like any other.
-CREATE OR REPLACE FUNCTION __S__.prune_queue_slot(p_slot int, p_lock_timeout text DEFAULT '25ms',
-                                       p_keep_failed interval DEFAULT '72 hours',
-                                       p_park_idle interval DEFAULT NULL) RETURNS text
+CREATE OR REPLACE FUNCTION __S__.prune_queue_slot(p_slot int, p_lock_timeout text, p_keep_completed interval,
+                                       p_keep_failed interval, p_park_idle interval) RETURNS text
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_state text;
@@ -219,12 +219,7 @@ BEGIN
     ELSIF v_blocker IS NOT NULL THEN
         RETURN v_blocker;
     END IF;
-    INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
-                                    max_attempts, state, error, created_at, finalized_at)
-    SELECT (SELECT slot FROM __S__.queue_ring_slots WHERE state = 'current'), d.job_id, d.run_lease, d.queue,
-           d.kind, d.args, d.priority, d.attempt, d.max_attempts, d.state, d.error, d.created_at, d.finalized_at
-    FROM __S__.done_entries d
-    WHERE d.ready_slot = p_slot AND d.state <> 'completed' AND d.finalized_at > now() - p_keep_failed;
+    PERFORM __S__.archive_slot(p_slot, p_keep_completed, p_keep_failed);
     EXECUTE 'TRUNCATE ' || v_children;
     UPDATE __S__.queue_ring_slots SET state = 'free', state_since = now() WHERE slot = p_slot;
     RETURN 'pruned';

@@ -39,7 +39,13 @@ pub struct MaintenanceConfig {
     pub prune_lock_timeout: Duration,
     /// Most deferred jobs promoted per statement.
     pub promote_batch: i32,
-    /// Failed and cancelled jobs stay visible at least this long, across slot prunes.
+    /// Completed jobs stay findable (`job_state`, `job_history`, `ringwork job`) at least this
+    /// long: prune archives each completion batch as one row (default 24 h; zero archives none,
+    /// and a completed job is then forgotten with its queue slot, seconds after it finishes).
+    pub keep_completed: Duration,
+    /// Failed and cancelled jobs stay findable at least this long (default 7 days; zero: they go
+    /// with their queue slot). Both archives are reclaimed a whole time bucket (a thirtieth of
+    /// the keep) at a time, so a row stays up to about one bucket longer.
     pub keep_failed: Duration,
     /// A lane whose queue is paused, or from which nothing has been claimed for this long, is
     /// cold: when only its unclaimed jobs keep a sealed queue slot from being pruned, they are
@@ -68,7 +74,8 @@ impl Default for MaintenanceConfig {
             rotate_interval: Duration::from_secs(5),
             prune_lock_timeout: Duration::from_millis(25),
             promote_batch: 1000,
-            keep_failed: Duration::from_secs(72 * 3600),
+            keep_completed: Duration::from_secs(24 * 3600),
+            keep_failed: Duration::from_secs(7 * 24 * 3600),
             park_idle: Some(Duration::from_secs(30)),
             stale_after: Duration::from_secs(60),
             rescue_batch: 200,
@@ -108,6 +115,12 @@ impl MaintenanceConfig {
                 "unique_key_retention must be at least one minute".into(),
             ));
         }
+        const YEAR: Duration = Duration::from_secs(366 * 24 * 3600);
+        if self.keep_completed > YEAR || self.keep_failed > YEAR {
+            return Err(Error::Config(
+                "keep_completed and keep_failed must be at most a year".into(),
+            ));
+        }
         if self
             .park_idle
             .is_some_and(|idle| idle < Duration::from_secs(1))
@@ -138,6 +151,7 @@ pub struct TickReport {
     pub rescued: i32,
     pub dlq_expired: i32,
     pub unique_keys_expired: i32,
+    pub archive_buckets_truncated: i32,
 }
 
 /// One maintenance pass: every service once, in the order that lets each help the next. Public so

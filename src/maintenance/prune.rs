@@ -6,7 +6,7 @@ use tracing::debug;
 
 use super::{MaintenanceConfig, TickReport};
 use crate::error::Result;
-use crate::storage::{PruneResult, Storage};
+use crate::storage::{PruneResult, QueueSlotPrune, Storage};
 
 pub(super) async fn run(
     storage: &Storage,
@@ -24,11 +24,14 @@ pub(super) async fn run(
     }
     for slot in storage.sealed_queue_slots().await? {
         match storage
-            .prune_or_park_queue_slot(
+            .prune_queue_slot_with(
                 slot,
-                config.prune_lock_timeout,
-                config.keep_failed,
-                config.park_idle,
+                &QueueSlotPrune {
+                    lock_timeout: config.prune_lock_timeout,
+                    keep_completed: config.keep_completed,
+                    keep_failed: config.keep_failed,
+                    park_idle: config.park_idle,
+                },
             )
             .await?
         {

@@ -1,10 +1,11 @@
 //! Retention of the backlog/hold tables, in bounded batches: dead-lettered jobs older than
 //! `dlq_retention`, and unique keys older than `unique_key_retention` whose job is no longer pending
-//! (a released key is re-taken by the next insert anyway; expiry only bounds the table).
+//! (a released key is re-taken by the next insert anyway; expiry only bounds the table); and the
+//! archive's time buckets, past `keep_completed` and `keep_failed`.
 
 use super::{MaintenanceConfig, TickReport};
 use crate::error::Result;
-use crate::storage::Storage;
+use crate::storage::{ArchiveTable, Storage};
 
 pub(super) async fn run(
     storage: &Storage,
@@ -17,5 +18,20 @@ pub(super) async fn run(
     report.unique_keys_expired = storage
         .unique_keys_expire(config.unique_key_retention, config.promote_batch)
         .await?;
+    // the archive: whole time buckets, each truncated once its newest row is past its keep
+    report.archive_buckets_truncated = storage
+        .archive_expire(
+            ArchiveTable::Completions,
+            config.keep_completed,
+            config.prune_lock_timeout,
+        )
+        .await?
+        + storage
+            .archive_expire(
+                ArchiveTable::Jobs,
+                config.keep_failed,
+                config.prune_lock_timeout,
+            )
+            .await?;
     Ok(())
 }

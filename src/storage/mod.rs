@@ -5,6 +5,7 @@
 //! `sql/functions/`, so claim and completion are one round trip each. One module per plane, named
 //! like the SQL file whose functions it calls.
 
+mod archive;
 mod backlog;
 mod claim_ring;
 mod control;
@@ -20,12 +21,13 @@ use sqlx::PgPool;
 
 use crate::schema::SchemaName;
 
+pub use archive::ArchiveTable;
 pub use backlog::DeadLetter;
 pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::CancelOutcome;
 pub use queue_ring::Inserted;
 pub use read::{HistoryEntry, JobRecord, JobState, QueueCounts};
-pub use ring_maintenance::PruneResult;
+pub use ring_maintenance::{PruneResult, QueueSlotPrune};
 
 /// Every plane's named statements, rendered once per schema.
 #[derive(Debug)]
@@ -35,6 +37,7 @@ struct Statements {
     rescue: rescue::Statements,
     ring_maintenance: ring_maintenance::Statements,
     backlog: backlog::Statements,
+    archive: archive::Statements,
     control: control::Statements,
     read: read::Statements,
 }
@@ -57,6 +60,7 @@ impl Storage {
             rescue: rescue::Statements::new(&schema),
             ring_maintenance: ring_maintenance::Statements::new(&schema),
             backlog: backlog::Statements::new(&schema),
+            archive: archive::Statements::new(&schema),
             control: control::Statements::new(&schema),
             read: read::Statements::new(&schema),
         });

@@ -30,11 +30,27 @@ impl Statements {
                 "SELECT slot FROM {s}.claim_ring_slots WHERE state = 'sealed' ORDER BY generation"
             ),
             prune_queue_slot: format!(
-                "SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3), make_interval(secs => $4))"
+                "SELECT {s}.prune_queue_slot($1, $2, make_interval(secs => $3), make_interval(secs => $4), \
+                 make_interval(secs => $5))"
             ),
             prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
         }
     }
+}
+
+/// How a queue-slot prune treats what the slot still holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueSlotPrune {
+    /// How long to wait for the slot's ACCESS EXCLUSIVE locks before giving up (`busy`).
+    pub lock_timeout: Duration,
+    /// Completion batches younger than this are archived (zero: none).
+    pub keep_completed: Duration,
+    /// Failed, cancelled and row-completed jobs younger than this are archived (zero: none).
+    pub keep_failed: Duration,
+    /// A slot held back only by unclaimed rows of lanes that are paused, or were not claimed from
+    /// for this long, is reclaimed: those rows are parked (`sql/functions/parking.sql`) and come
+    /// back, in order, with the lane's next claim or its queue's resume. `None` never parks.
+    pub park_idle: Option<Duration>,
 }
 
 /// Result of one prune attempt.
@@ -82,35 +98,38 @@ impl Storage {
         )
     }
 
-    /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5). Failed and cancelled history
-    /// younger than `keep_failed` is carried forward into the current slot. Never parks: a slot
-    /// with unclaimed rows is kept (`pending_ready`).
+    /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5), archiving its failed and
+    /// cancelled jobs younger than `keep_failed`; completions are not archived and nothing is
+    /// parked (a slot with unclaimed rows is kept: `pending_ready`). The maintenance tick uses
+    /// [`Storage::prune_queue_slot_with`].
     pub async fn prune_queue_slot(
         &self,
         slot: i32,
         lock_timeout: Duration,
         keep_failed: Duration,
     ) -> Result<PruneResult> {
-        self.prune_or_park_queue_slot(slot, lock_timeout, keep_failed, None)
-            .await
+        let options = QueueSlotPrune {
+            lock_timeout,
+            keep_completed: Duration::ZERO,
+            keep_failed,
+            park_idle: None,
+        };
+        self.prune_queue_slot_with(slot, &options).await
     }
 
-    /// Like [`Storage::prune_queue_slot`], but a slot held back only by unclaimed rows of cold
-    /// lanes (their queue is paused, or nothing was claimed from them for `park_idle`) is reclaimed
-    /// too: those rows move to `parked_entries` and come back, in order, with the lane's next claim
-    /// or its queue's resume (`sql/functions/parking.sql`).
-    pub async fn prune_or_park_queue_slot(
+    /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5, storage.md section 11): archive
+    /// its terminal history, park the unclaimed rows of cold lanes, truncate it.
+    pub async fn prune_queue_slot_with(
         &self,
         slot: i32,
-        lock_timeout: Duration,
-        keep_failed: Duration,
-        park_idle: Option<Duration>,
+        options: &QueueSlotPrune,
     ) -> Result<PruneResult> {
         let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_queue_slot)
             .bind(slot)
-            .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
-            .bind(keep_failed.as_secs_f64())
-            .bind(park_idle.map(|d| d.as_secs_f64()))
+            .bind(format!("{}ms", options.lock_timeout.as_millis().max(1)))
+            .bind(options.keep_completed.as_secs_f64())
+            .bind(options.keep_failed.as_secs_f64())
+            .bind(options.park_idle.map(|d| d.as_secs_f64()))
             .fetch_one(&self.pool)
             .await?;
         Ok(prune_result(result))

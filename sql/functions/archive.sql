@@ -1,0 +1,119 @@
+-- The archive (migration 0004): terminal history, appended by prune just before it truncates a
+-- queue slot, kept in two rings of time buckets and reclaimed by truncating a whole bucket.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- The number of buckets of each archive table (its LIST partitions, created by migration 0004).
+CREATE OR REPLACE FUNCTION __S__.archive_buckets() RETURNS int
+LANGUAGE sql IMMUTABLE AS $$ SELECT 32 $$;
+
+-- The bucket of a row finalized at p_at, for a keep of p_keep: buckets are keep / 30 long (at least
+-- a minute), so with 32 buckets a bucket's rows are all older than the keep one period before the
+-- bucket is written again. A keep that changes moves rows to other buckets; retention only ever
+-- truncates a bucket whose newest row is older than the keep, so a change keeps some rows longer,
+-- never shorter.
+CREATE OR REPLACE FUNCTION __S__.archive_bucket(p_at timestamptz, p_keep interval) RETURNS int
+LANGUAGE sql STABLE AS $$
+    SELECT (floor(extract(epoch FROM p_at)
+                  / greatest(extract(epoch FROM p_keep) / (__S__.archive_buckets() - 2), 60))::bigint
+            % __S__.archive_buckets())::int
+$$;
+
+-- Append a queue slot's terminal history to the archive. Called by prune_queue_slot under the slot's
+-- ACCESS EXCLUSIVE locks, right before the TRUNCATE. A completion batch becomes one row: its
+-- arrays, plus its jobs' kinds, args, attempts and creation times from their ready rows (the batch
+-- lives in its jobs' ready slot, so those rows are here). A keep of zero archives nothing of that
+-- kind; rows already older than their keep are not archived.
+CREATE OR REPLACE FUNCTION __S__.archive_slot(p_slot int, p_keep_completed interval, p_keep_failed interval)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_keep_completed > interval '0' THEN
+        INSERT INTO __S__.archived_completion_batches (archive_bucket, finalized_at, queue, job_range, job_ids,
+                                                       run_leases, kinds, args, attempts, created_ats)
+        SELECT __S__.archive_bucket(b.finalized_at, p_keep_completed), b.finalized_at, b.queue,
+               int8range(x.lo, x.hi, '[]'), b.job_ids, b.run_leases, x.kinds, x.args, x.attempts, x.created_ats
+        FROM __S__.receipt_completion_batches b
+        CROSS JOIN LATERAL (
+            SELECT min(u.job_id) AS lo, max(u.job_id) AS hi,
+                   array_agg(coalesce(e.kind, '') ORDER BY u.i) AS kinds,
+                   array_agg(coalesce(e.args, 'null'::jsonb) ORDER BY u.i) AS args,
+                   array_agg(coalesce(e.attempt + 1, 0) ORDER BY u.i) AS attempts,
+                   array_agg(e.created_at ORDER BY u.i) AS created_ats
+            FROM unnest(b.job_ids, b.run_leases) WITH ORDINALITY AS u(job_id, run_lease, i)
+            LEFT JOIN LATERAL (
+                SELECT r.kind, r.args, r.attempt, r.created_at FROM __S__.ready_entries r
+                WHERE r.ready_slot = p_slot AND r.job_id = u.job_id AND r.run_lease = u.run_lease - 1
+                LIMIT 1
+            ) e ON true
+        ) x
+        WHERE b.ready_slot = p_slot AND b.finalized_at > now() - p_keep_completed;
+    END IF;
+    IF p_keep_failed > interval '0' THEN
+        INSERT INTO __S__.archived_jobs (archive_bucket, job_id, run_lease, queue, kind, args, priority, attempt,
+                                         max_attempts, state, error, created_at, finalized_at)
+        SELECT __S__.archive_bucket(d.finalized_at, p_keep_failed), d.job_id, d.run_lease, d.queue, d.kind,
+               d.args, d.priority, d.attempt, d.max_attempts, d.state, d.error, d.created_at, d.finalized_at
+        FROM __S__.done_entries d
+        WHERE d.ready_slot = p_slot AND d.finalized_at > now() - p_keep_failed;
+    END IF;
+END
+$$;
+
+-- Retention of one archive table ('completions' or 'jobs'): truncate every bucket other than the
+-- current one whose newest row is older than p_keep, re-checked under its ACCESS EXCLUSIVE lock,
+-- which is waited for at most p_lock_timeout (a busy bucket is tried again next tick). Returns the
+-- number of buckets truncated.
+CREATE OR REPLACE FUNCTION __S__.archive_expire(p_table text, p_keep interval, p_lock_timeout text)
+RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_parent text := CASE p_table WHEN 'completions' THEN 'archived_completion_batches'
+                                  WHEN 'jobs' THEN 'archived_jobs' END;
+    v_current int := __S__.archive_bucket(now(), p_keep);
+    v_child text;
+    v_newest timestamptz;
+    v_n int := 0;
+BEGIN
+    IF v_parent IS NULL THEN
+        RAISE EXCEPTION 'ringwork: no archive table %', p_table USING ERRCODE = '22023';
+    END IF;
+    FOR v_bucket IN 0 .. __S__.archive_buckets() - 1 LOOP
+        CONTINUE WHEN v_bucket = v_current;
+        v_child := format('%I.%I', '__S__', v_parent || '_' || v_bucket);
+        EXECUTE 'SELECT max(finalized_at) FROM ' || v_child INTO v_newest;
+        CONTINUE WHEN v_newest IS NULL OR v_newest >= now() - p_keep;
+        BEGIN
+            PERFORM set_config('lock_timeout', p_lock_timeout, true);
+            EXECUTE 'LOCK TABLE ' || v_child || ' IN ACCESS EXCLUSIVE MODE';
+            PERFORM set_config('lock_timeout', '0', true);
+            EXECUTE 'SELECT max(finalized_at) FROM ' || v_child INTO v_newest;
+            IF v_newest < now() - p_keep THEN
+                EXECUTE 'TRUNCATE ' || v_child;
+                v_n := v_n + 1;
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN v_n;
+END
+$$;
+
+-- A job's archived terminal rows: completions (from the batch rows whose job range covers it) and
+-- failed, cancelled or row-completed attempts.
+CREATE OR REPLACE FUNCTION __S__.archived_job(p_job_id bigint)
+RETURNS TABLE (state text, queue text, kind text, args jsonb, attempt int, run_lease bigint, error text,
+               created_at timestamptz, finalized_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT 'completed', a.queue, a.kinds[o.i], a.args[o.i], a.attempts[o.i], a.run_leases[o.i], NULL::text,
+           a.created_ats[o.i], a.finalized_at
+    FROM __S__.archived_completion_batches a
+    CROSS JOIN LATERAL (SELECT array_position(a.job_ids, p_job_id) AS i) o
+    WHERE a.job_range @> p_job_id AND o.i IS NOT NULL
+    UNION ALL
+    SELECT j.state, j.queue, j.kind, j.args, j.attempt, j.run_lease, j.error, j.created_at, j.finalized_at
+    FROM __S__.archived_jobs j WHERE j.job_id = p_job_id
+$$;

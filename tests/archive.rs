@@ -1,0 +1,230 @@
+//! The archive (issue 11): terminal history outlives its queue slot, is found by `job_state`,
+//! `load_job` and cancel, and is reclaimed a whole time bucket at a time. Real server, real
+//! partitions.
+
+mod support;
+
+use std::time::Duration;
+
+use ringwork::{
+    ArchiveTable, CancelOutcome, CloseOutcome, NewJob, PruneResult, QueueSlotPrune, Storage,
+};
+use serde_json::json;
+use support::TestDb;
+
+const NO_WAIT: Duration = Duration::from_millis(25);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn job(n: i64) -> NewJob {
+    NewJob::from_parts("archived_kind", json!({ "n": n })).unwrap()
+}
+
+/// Seal both rings' current slots and prune every sealed slot of both.
+async fn rotate_and_prune(storage: &Storage, keep_completed: Duration) -> Vec<PruneResult> {
+    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+    storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+    for slot in storage.sealed_claim_slots().await.unwrap() {
+        storage.prune_claim_slot(slot, NO_WAIT).await.unwrap();
+    }
+    let options = QueueSlotPrune {
+        lock_timeout: NO_WAIT,
+        keep_completed,
+        keep_failed: WEEK,
+        park_idle: None,
+    };
+    let mut results = Vec::new();
+    for slot in storage.sealed_queue_slots().await.unwrap() {
+        results.push(storage.prune_queue_slot_with(slot, &options).await.unwrap());
+    }
+    results
+}
+
+#[tokio::test]
+async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ids = storage
+        .insert_many(&mut conn, &(0..6).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(
+        storage.cancel_job(ids[5], "not needed").await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    let claimed = storage.claim("default", 5, None).await.unwrap();
+    assert_eq!(claimed.len(), 5);
+    let done: Vec<_> = claimed[..4].iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&done).await.unwrap();
+    storage
+        .close_batch(&[(
+            claimed[4].attempt_ref(),
+            CloseOutcome::Failed {
+                error: "boom".into(),
+            },
+        )])
+        .await
+        .unwrap();
+
+    assert_eq!(
+        rotate_and_prune(&storage, DAY).await,
+        vec![PruneResult::Pruned]
+    );
+    for ring_table in [
+        "ready_entries",
+        "done_entries",
+        "receipt_completion_batches",
+    ] {
+        assert_eq!(
+            db.scalar_i64(&format!("SELECT count(*) FROM {{s}}.{ring_table}"))
+                .await,
+            0,
+            "{ring_table} is truncated, nothing carried forward"
+        );
+    }
+    // the four completions are one archive row, as they were one batch
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_completion_batches")
+            .await,
+        1
+    );
+
+    let completed = storage.load_job(ids[2]).await.unwrap().expect("archived");
+    assert_eq!(completed.state.state, "completed");
+    assert_eq!(completed.state.kind, "archived_kind");
+    assert_eq!(completed.state.attempt, 1);
+    assert!(completed
+        .history
+        .iter()
+        .any(|h| h.state == "completed" && h.run_lease == claimed[2].run_lease));
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT (args ->> 'n')::int8 FROM {{s}}.archived_job({})",
+            ids[2]
+        ))
+        .await,
+        2,
+        "the args are archived with the batch"
+    );
+    let failed = storage.job_state(ids[4]).await.unwrap().expect("archived");
+    assert_eq!(failed.state, "failed");
+    assert_eq!(failed.detail.as_deref(), Some("boom"));
+    let cancelled = storage.job_state(ids[5]).await.unwrap().expect("archived");
+    assert_eq!(cancelled.state, "cancelled");
+    // a finished job stays finished
+    assert_eq!(
+        storage.cancel_job(ids[0], "late").await.unwrap(),
+        CancelOutcome::AlreadyFinished
+    );
+    let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
+    assert_eq!((counts.failed, counts.cancelled), (1, 1));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_keep_of_zero_archives_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ids = storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    storage
+        .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(
+        rotate_and_prune(&storage, Duration::ZERO).await,
+        vec![PruneResult::Pruned]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_completion_batches")
+            .await,
+        0
+    );
+    assert!(storage.job_state(ids[0]).await.unwrap().is_none());
+    db.cleanup().await;
+}
+
+/// Archive one synthetic failed job finalized `ago` in the past, in the bucket its time maps to
+/// for a keep of one day.
+async fn archived_failure(db: &TestDb, job_id: i64, ago: &str) {
+    db.exec(&format!(
+        "INSERT INTO {{s}}.archived_jobs (archive_bucket, job_id, run_lease, queue, kind, args, priority,
+                                          attempt, max_attempts, state, error, created_at, finalized_at)
+         SELECT {{s}}.archive_bucket(t, interval '1 day'), {job_id}, 1, 'default', 'k', '{{}}', 2, 1, 1,
+                'failed', 'old', t, t
+         FROM (SELECT now() - interval '{ago}' AS t) x"
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn retention_truncates_a_whole_bucket_once_its_newest_row_is_past_the_keep() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = '{}.archived_jobs'::regclass",
+            db.schema
+        ))
+        .await,
+        db.scalar_i64("SELECT {s}.archive_buckets()::int8").await,
+        "one partition per bucket"
+    );
+    archived_failure(&db, 1, "2 days").await;
+    archived_failure(&db, 2, "1 hour").await;
+    archived_failure(&db, 3, "1 second").await;
+    let bucket_of = |id: i64| {
+        format!("SELECT archive_bucket::int8 FROM {{s}}.archived_jobs WHERE job_id = {id}")
+    };
+    let old_bucket = db.scalar_i64(&bucket_of(1)).await;
+    assert_ne!(old_bucket, db.scalar_i64(&bucket_of(3)).await);
+    assert_ne!(old_bucket, db.scalar_i64(&bucket_of(2)).await);
+
+    // a reader holding the old bucket keeps it for now: expire gives up after its lock timeout
+    let mut reader = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT count(*) FROM {}.archived_jobs_{old_bucket}",
+        db.schema
+    ))
+    .execute(&mut *reader)
+    .await
+    .unwrap();
+    assert_eq!(
+        storage
+            .archive_expire(ArchiveTable::Jobs, DAY, NO_WAIT)
+            .await
+            .unwrap(),
+        0
+    );
+    reader.commit().await.unwrap();
+    assert_eq!(
+        storage
+            .archive_expire(ArchiveTable::Jobs, DAY, NO_WAIT)
+            .await
+            .unwrap(),
+        1,
+        "only the bucket whose newest row is older than the keep"
+    );
+    let remaining: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {}.archived_jobs ORDER BY job_id",
+        db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(remaining, vec![2, 3]);
+    // nothing left to do
+    assert_eq!(
+        storage
+            .archive_expire(ArchiveTable::Jobs, DAY, NO_WAIT)
+            .await
+            .unwrap(),
+        0
+    );
+    db.cleanup().await;
+}

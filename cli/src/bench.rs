@@ -207,8 +207,9 @@ enum Disturbance {
     /// `held_txs` producer transactions, each enqueuing one job into the benchmark queue and
     /// holding its transaction open `hold` before committing, over and over (ringwork only).
     OpenProducerTxs,
-    /// `paused_jobs` jobs wait in a paused queue (`bench_paused`) for the whole phase while the
-    /// benchmark queue runs; then the queue is resumed and drained by the harness (ringwork only).
+    /// `paused_jobs` jobs wait in a paused queue (`bench_paused`) for the whole phase, and more
+    /// trickle in (10 a second), while the benchmark queue runs; then the queue is resumed and
+    /// drained by the harness (ringwork only).
     PausedQueue,
 }
 
@@ -1081,6 +1082,7 @@ async fn run_phase(
     let stop_holders = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut holders = Vec::new();
     let mut held_child: Option<Child> = None;
+    let mut trickle = None;
     match phase.disturbance {
         Disturbance::HoldHorizon => {
             let mut tx = admin.begin().await?;
@@ -1099,7 +1101,13 @@ async fn run_phase(
             }
         }
         Disturbance::PausedQueue => match storage {
-            Some(storage) => fill_paused_queue(storage, config.paused_jobs).await?,
+            Some(storage) => {
+                fill_paused_queue(storage, config.paused_jobs).await?;
+                trickle = Some(tokio::spawn(trickle_into_paused_queue(
+                    storage.clone(),
+                    Arc::clone(&stop_holders),
+                )));
+            }
             None => eprintln!("   paused-queue runs for ringwork only; this phase is clean"),
         },
         Disturbance::OpenProducerTxs => match storage {
@@ -1240,8 +1248,14 @@ async fn run_phase(
         .map(|mut s| std::mem::take(&mut *s))
         .unwrap_or_default();
     let mut result = summarise(phase.name, &samples, pickups, recovery_s, ringwork);
-    if let (Disturbance::PausedQueue, Some(storage)) = (phase.disturbance, storage) {
-        result.paused_queue = Some(resume_and_drain(storage, admin, config.paused_jobs).await?);
+    if let (Some(trickle), Some(storage)) = (trickle, storage) {
+        // stop_holders was set above; the trickle has stopped enqueuing
+        let trickled = trickle
+            .await
+            .map_err(|e| Error::Config(format!("trickle task: {e}")))??;
+        result.paused_queue = Some(
+            resume_and_drain(storage, admin, config.paused_jobs + trickled).await?,
+        );
     }
     Ok(result)
 }
@@ -1264,6 +1278,25 @@ async fn fill_paused_queue(storage: &Storage, jobs: u64) -> Result<()> {
         n += chunk.len() as u64;
     }
     Ok(())
+}
+
+/// paused-queue: 10 more jobs a second into the paused queue, so that without parking every
+/// rotation pins one more slot. Returns how many it enqueued.
+async fn trickle_into_paused_queue(
+    storage: Storage,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<u64> {
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let mut conn = storage.pool().acquire().await?;
+        let job = NewJob::from_parts("bench_paused", serde_json::json!({ "trickle": n }))?
+            .queue(PAUSED_QUEUE);
+        storage.insert_many(&mut conn, &[job]).await?;
+        n += 1;
+        drop(conn);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(n)
 }
 
 /// paused-queue: resume `bench_paused` and drain it from here (claim and complete in batches),

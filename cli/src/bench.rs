@@ -1253,9 +1253,8 @@ async fn run_phase(
         let trickled = trickle
             .await
             .map_err(|e| Error::Config(format!("trickle task: {e}")))??;
-        result.paused_queue = Some(
-            resume_and_drain(storage, admin, config.paused_jobs + trickled).await?,
-        );
+        result.paused_queue =
+            Some(resume_and_drain(storage, admin, config.paused_jobs + trickled).await?);
     }
     Ok(result)
 }

@@ -452,6 +452,32 @@ async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() 
         "waited {:?}",
         started.elapsed()
     );
+    // the operator can see why: the slot is provable, and the reader is named as its blocker
+    let reader_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *reader)
+        .await
+        .unwrap();
+    let slots = storage.ring_slots().await.unwrap();
+    let sealed = slots
+        .iter()
+        .find(|s| s.ring == "queue" && s.slot == 0)
+        .unwrap();
+    assert_eq!(
+        (sealed.state.as_str(), sealed.blocker.as_deref()),
+        ("sealed", None)
+    );
+    let blockers = storage.prune_blockers().await.unwrap();
+    assert!(
+        blockers.iter().any(|b| b.pid == reader_pid
+            && b.ring == "queue"
+            && b.slot == 0
+            && b.lock_modes.contains("AccessShareLock")),
+        "{blockers:?}"
+    );
+    assert!(
+        blockers.iter().all(|b| b.ring != "queue" || b.slot == 0),
+        "only sealed slots are listed: {blockers:?}"
+    );
     reader.rollback().await.unwrap();
     assert_eq!(
         storage.prune_queue_slot(0, NO_WAIT, KEEP).await.unwrap(),

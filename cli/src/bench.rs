@@ -327,11 +327,15 @@ pub struct PhaseResult {
     pub paused_queue: Option<PausedQueueResult>,
 }
 
-/// The ring at one sample: bytes of ring-class tables (all children), jobs parked, sealed slots.
+/// The ring at one sample: bytes of the ring tables (all children; the archive apart), jobs parked,
+/// sealed slots.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RingPoint {
     pub at: f64,
     pub ring_bytes: i64,
+    /// The archive's tables (terminal history kept for its keep; grows with it by design).
+    #[serde(default)]
+    pub archive_bytes: i64,
     pub parked_rows: i64,
     pub sealed: i64,
 }
@@ -763,9 +767,17 @@ fn ring_point(s: &Sample) -> RingPoint {
         at: s.at,
         ring_bytes: s
             .tables
-            .values()
-            .filter(|t| t.class.as_deref() == Some("ring"))
-            .map(|t| t.bytes)
+            .iter()
+            .filter(|(name, t)| {
+                t.class.as_deref() == Some("ring") && !name.starts_with("archived_")
+            })
+            .map(|(_, t)| t.bytes)
+            .sum(),
+        archive_bytes: s
+            .tables
+            .iter()
+            .filter(|(name, _)| name.starts_with("archived_"))
+            .map(|(_, t)| t.bytes)
             .sum(),
         parked_rows: s.tables.get("parked_entries").map_or(0, |t| t.live),
         sealed: s.sealed,
@@ -1415,7 +1427,7 @@ fn fmt_opt(v: Option<i64>) -> String {
 fn paused_queue_markdown(r: &RunResult) -> String {
     let mut out = format!(
         "\n## paused-queue ({} {}): the ring while `{PAUSED_QUEUE}` waits paused\n\n\
-         | phase | t (s) | ring tables (MB) | jobs parked | sealed slots (both rings) |\n|---|---|---|---|---|\n",
+         | phase | t (s) | ring tables (MB) | archive (MB) | jobs parked | sealed slots (both rings) |\n|---|---|---|---|---|---|\n",
         r.system, r.profile
     );
     let points: Vec<(&str, &RingPoint)> = r
@@ -1427,9 +1439,10 @@ fn paused_queue_markdown(r: &RunResult) -> String {
     for (i, (phase, x)) in points.iter().enumerate() {
         if i % step == 0 || i + 1 == points.len() {
             out.push_str(&format!(
-                "| {phase} | {:.0} | {:.1} | {} | {} |\n",
+                "| {phase} | {:.0} | {:.1} | {:.1} | {} | {} |\n",
                 x.at,
                 x.ring_bytes as f64 / 1e6,
+                x.archive_bytes as f64 / 1e6,
                 x.parked_rows,
                 x.sealed
             ));

@@ -133,6 +133,14 @@ enum Command {
         #[arg(long, default_value = "ringwork", global = true)]
         schema: String,
     },
+    /// Show both rings' slots, why a sealed slot is not pruned yet, and which backends hold
+    /// locks that make prune give up (pid, application, how long).
+    Ring {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
     /// Show where a job is now.
     Job {
         job_id: i64,
@@ -611,6 +619,46 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                     }
                     let n = storage.dlq_purge(queue.as_deref(), job_id).await?;
                     println!("purged {n} dead-lettered job(s)");
+                }
+            }
+        }
+        Command::Ring {
+            database_url,
+            schema,
+        } => {
+            let storage = open_storage(&database_url, &schema).await?;
+            println!(
+                "{:<6} {:>4} {:>10} {:<8} {:<25} blocker",
+                "ring", "slot", "generation", "state", "since"
+            );
+            for s in storage.ring_slots().await? {
+                println!(
+                    "{:<6} {:>4} {:>10} {:<8} {:<25} {}",
+                    s.ring,
+                    s.slot,
+                    s.generation,
+                    s.state,
+                    s.state_since.format("%Y-%m-%d %H:%M:%S%.3f"),
+                    s.blocker.unwrap_or_default()
+                );
+            }
+            let blockers = storage.prune_blockers().await?;
+            if blockers.is_empty() {
+                println!("\nno backend holds a lock on a sealed slot or an archive bucket");
+            } else {
+                println!("\nlocks that make prune (or archive retention) give up:");
+                for b in blockers {
+                    println!(
+                        "  {} slot {:>2}: pid {} ({}) {}, transaction open {:.1} s, {}: {}",
+                        b.ring,
+                        b.slot,
+                        b.pid,
+                        b.application.unwrap_or_default(),
+                        b.backend_state.unwrap_or_default(),
+                        b.xact_age_secs.unwrap_or(0.0),
+                        b.lock_modes,
+                        b.query.unwrap_or_default().replace('\n', " ")
+                    );
                 }
             }
         }

@@ -273,3 +273,51 @@ BEGIN
     RETURN 'pruned';
 END
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- For operators (`ringwork ring`): every slot of both rings with its state, and for a sealed slot
+-- the reason its prune proof fails now (NULL: provable, so the next tick prunes it unless a lock
+-- holder makes it busy; see prune_blockers).
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.ring_slots()
+RETURNS TABLE (ring text, slot int, generation bigint, state text, state_since timestamptz, blocker text)
+LANGUAGE sql STABLE AS $$
+    SELECT 'queue', s.slot, s.generation, s.state, s.state_since,
+           CASE WHEN s.state = 'sealed' THEN __S__.queue_slot_blocker(s.slot) END
+    FROM __S__.queue_ring_slots s
+    UNION ALL
+    SELECT 'claim', s.slot, s.generation, s.state, s.state_since,
+           CASE WHEN s.state = 'sealed' THEN __S__.claim_slot_blocker(s.slot) END
+    FROM __S__.claim_ring_slots s
+    ORDER BY 1 DESC, 2
+$$;
+
+-- The backends holding a lock on a child of a sealed slot (any ring) or of an archive bucket: the
+-- ones a prune or an archive expiry waits for and gives up on ('busy'). One row per relation group
+-- and backend, with its application, state and how long its transaction has been open.
+CREATE OR REPLACE FUNCTION __S__.prune_blockers()
+RETURNS TABLE (ring text, slot int, pid int, application text, backend_state text, xact_age interval,
+               lock_modes text, query text)
+LANGUAGE sql STABLE AS $$
+    WITH held AS (
+        SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_)' THEN 'queue'
+                    WHEN c.relname ~ '^lease_claim' THEN 'claim'
+                    ELSE 'archive' END AS ring,
+               substring(c.relname FROM '_([0-9]+)$')::int AS slot, l.pid, l.mode
+        FROM pg_locks l
+        JOIN pg_class c ON c.oid = l.relation
+        JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = '__S__'
+        WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND c.relkind = 'r' AND c.relname ~ '_[0-9]+$'
+    )
+    SELECT h.ring, h.slot, h.pid, a.application_name, a.state, now() - a.xact_start,
+           string_agg(DISTINCT h.mode, ', '), left(a.query, 200)
+    FROM held h
+    JOIN pg_stat_activity a ON a.pid = h.pid
+    WHERE h.ring = 'archive'
+       OR (h.ring = 'queue' AND EXISTS (SELECT 1 FROM __S__.queue_ring_slots s WHERE s.slot = h.slot AND s.state = 'sealed'))
+       OR (h.ring = 'claim' AND EXISTS (SELECT 1 FROM __S__.claim_ring_slots s WHERE s.slot = h.slot AND s.state = 'sealed'))
+    GROUP BY h.ring, h.slot, h.pid, a.application_name, a.state, a.xact_start, a.query
+    ORDER BY now() - a.xact_start DESC NULLS LAST, h.ring, h.slot
+$$;

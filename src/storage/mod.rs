@@ -27,7 +27,7 @@ pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::CancelOutcome;
 pub use queue_ring::Inserted;
 pub use read::{HistoryEntry, JobRecord, JobState, QueueCounts};
-pub use ring_maintenance::{PruneResult, QueueSlotPrune};
+pub use ring_maintenance::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
 
 /// Every plane's named statements, rendered once per schema.
 #[derive(Debug)]

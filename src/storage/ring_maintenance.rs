@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use super::Storage;
 use crate::error::Result;
 use crate::schema::SchemaName;
@@ -16,6 +18,8 @@ pub(super) struct Statements {
     sealed_claim_slots: String,
     prune_queue_slot: String,
     prune_claim_slot: String,
+    ring_slots: String,
+    prune_blockers: String,
 }
 
 impl Statements {
@@ -34,6 +38,14 @@ impl Statements {
                  make_interval(secs => $5))"
             ),
             prune_claim_slot: format!("SELECT {s}.prune_claim_slot($1, $2)"),
+            ring_slots: format!(
+                "SELECT ring, slot, generation, state, state_since, blocker FROM {s}.ring_slots()"
+            ),
+            prune_blockers: format!(
+                "SELECT ring, slot, pid, application, backend_state, \
+                 extract(epoch FROM xact_age)::float8 AS xact_age_secs, lock_modes, query \
+                 FROM {s}.prune_blockers()"
+            ),
         }
     }
 }
@@ -53,6 +65,39 @@ pub struct QueueSlotPrune {
     pub park_idle: Option<Duration>,
 }
 
+/// One slot of a ring, as `ringwork ring` shows it.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct RingSlot {
+    /// `queue` or `claim`.
+    pub ring: String,
+    pub slot: i32,
+    pub generation: i64,
+    /// `current`, `sealed` or `free`.
+    pub state: String,
+    pub state_since: DateTime<Utc>,
+    /// For a sealed slot, why its prune proof fails now (`pending_ready`, `open_claims`); `None`
+    /// when it is provable (a lock holder may still make the prune `busy`: [`PruneBlocker`]).
+    pub blocker: Option<String>,
+}
+
+/// A backend holding a lock on a sealed slot's child or an archive bucket: what a prune (or an
+/// archive expiry) gives up on as `busy`.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct PruneBlocker {
+    /// `queue`, `claim` or `archive`.
+    pub ring: String,
+    pub slot: i32,
+    pub pid: i32,
+    pub application: Option<String>,
+    /// `pg_stat_activity.state` (`active`, `idle in transaction`, ...).
+    pub backend_state: Option<String>,
+    /// How long its transaction has been open, in seconds.
+    pub xact_age_secs: Option<f64>,
+    pub lock_modes: String,
+    /// The start of its current or last statement.
+    pub query: Option<String>,
+}
+
 /// Result of one prune attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PruneResult {
@@ -62,6 +107,21 @@ pub enum PruneResult {
 }
 
 impl Storage {
+    /// Every slot of both rings, with the reason a sealed one cannot be pruned yet.
+    pub async fn ring_slots(&self) -> Result<Vec<RingSlot>> {
+        Ok(sqlx::query_as(&self.sql.ring_maintenance.ring_slots)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// The backends whose locks keep prune from sealed slots or retention from archive buckets,
+    /// longest-open transaction first.
+    pub async fn prune_blockers(&self) -> Result<Vec<PruneBlocker>> {
+        Ok(sqlx::query_as(&self.sql.ring_maintenance.prune_blockers)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     /// Rotate the queue ring if its current slot is older than `min_age` and in use.
     pub async fn rotate_queue_ring(&self, min_age: Duration) -> Result<bool> {
         Ok(

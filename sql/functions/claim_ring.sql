@@ -103,6 +103,9 @@ DECLARE
     v_walked int;
     v_limit int;
     v_seg_slot int;
+    v_paused boolean;
+    v_any_parked boolean;
+    v_parked boolean;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -116,11 +119,15 @@ BEGIN
     SELECT s.slot INTO v_claim_slot FROM __S__.claim_ring_slots s WHERE s.state = 'current';
     v_batch := nextval('__S__.claim_batch_ids');
 
-    IF EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused) THEN
+    -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql).
+    -- One statement for both questions: a claim's fixed cost is counted in statements.
+    SELECT q.paused, EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue)
+    INTO v_paused, v_any_parked
+    FROM __S__.queues q WHERE q.queue = p_queue;
+    IF v_paused THEN
         RETURN;
     END IF;
-    -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql)
-    IF EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue) THEN
+    IF v_any_parked THEN
         PERFORM __S__.unpark_queue(p_queue);
     END IF;
     -- Shards by effective priority, then priority, then the run_at of their oldest waiting job.
@@ -167,15 +174,17 @@ BEGIN
             -- one. Holding shards while skipping others is deadlock-free because nothing waits.
             PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND;
-            -- parked after this claim looked (a fresh statement sees the park's commit, which came
-            -- before our lock): its rows must be back before the cursor is read, or the walk would
-            -- step over them
-            IF EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id) THEN
+            -- Parked after this claim looked? This statement starts after our lock, so its snapshot
+            -- sees a park that committed before it (the park held the lane until its commit). The
+            -- rows must be back before the walk, or it would step over them as a gap; unparking
+            -- does not move the cursor.
+            SELECT __S__.lane_cursor(v_lane.lane_id),
+                   EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id)
+            INTO v_cursor, v_parked;
+            IF v_parked THEN
                 PERFORM __S__.unpark_lane(v_lane.lane_id);
             END IF;
-
             v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
-            v_cursor := __S__.lane_cursor(v_lane.lane_id);
             IF v_cursor > v_seq_cursor THEN
                 PERFORM setval(v_lane.cursor_seq, v_cursor, true);
             END IF;

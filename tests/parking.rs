@@ -47,6 +47,10 @@ async fn parked(db: &TestDb) -> i64 {
         .await
 }
 
+async fn state_of(storage: &Storage, job_id: i64) -> String {
+    storage.job_state(job_id).await.unwrap().unwrap().state
+}
+
 async fn available(storage: &Storage, queue: &str) -> i64 {
     storage.queue_counts(Some(queue)).await.unwrap()[0].available
 }
@@ -121,15 +125,7 @@ async fn a_paused_queue_is_parked_its_slot_reclaimed_and_resume_brings_its_jobs_
         CancelOutcome::Cancelled
     );
     assert_eq!(available(&storage, "cold").await, 29);
-    assert_eq!(
-        storage
-            .job_state(cold_first[7])
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        "cancelled"
-    );
+    assert_eq!(state_of(&storage, cold_first[7]).await, "cancelled");
 
     // More jobs while paused; a second park of the same lanes adds to the first.
     let cold_second = insert(&db, "cold", 30..40).await;
@@ -143,33 +139,18 @@ async fn a_paused_queue_is_parked_its_slot_reclaimed_and_resume_brings_its_jobs_
     assert_eq!(parked(&db).await, 40);
 
     // The cancel's own record can end before the parked row does (keep_failed): the row still
-    // says cancelled, parked and after it is back in the ring.
+    // says cancelled, parked and after it is back in the ring. Test-only: these DELETEs stand in
+    // for that record aging out of the ring and the archive; no engine path deletes ring rows.
     let forget_cancel = format!(
         "DELETE FROM {{s}}.done_entries WHERE job_id = {0}; DELETE FROM {{s}}.archived_jobs WHERE job_id = {0}",
         cold_first[7]
     );
     db.exec(&forget_cancel).await;
-    assert_eq!(
-        storage
-            .job_state(cold_first[7])
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        "cancelled"
-    );
+    assert_eq!(state_of(&storage, cold_first[7]).await, "cancelled");
     // Resume: the parked rows are back in the ring at once, and drain in enqueue order.
     storage.set_queue_paused("cold", false).await.unwrap();
     db.exec(&forget_cancel).await;
-    assert_eq!(
-        storage
-            .job_state(cold_first[7])
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        "cancelled"
-    );
+    assert_eq!(state_of(&storage, cold_first[7]).await, "cancelled");
     assert_eq!(parked(&db).await, 0);
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM {s}.parked_lanes").await,

@@ -29,6 +29,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/0003_parked_lanes.sql"),
     ),
     ("archive", include_str!("../migrations/0004_archive.sql")),
+    (
+        "rotation_ledger",
+        include_str!("../migrations/0005_rotation_ledger.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -176,10 +180,14 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("lease_claims", ChurnClass::Ring),
     ("lease_claim_closures", ChurnClass::Ring),
     ("lease_claim_closure_batches", ChurnClass::Ring),
+    // lock targets only, never updated
     ("queue_ring_state", ChurnClass::Warm),
-    ("queue_ring_slots", ChurnClass::Warm),
     ("claim_ring_state", ChurnClass::Warm),
-    ("claim_ring_slots", ChurnClass::Warm),
+    // the rotation ledger and the rescue cursors live in the slot they describe and go with it
+    // (migration 0005); queue_ring_slots and claim_ring_slots are views over them
+    ("queue_ring_ledger", ChurnClass::Ring),
+    ("claim_ring_ledger", ChurnClass::Ring),
+    ("claim_rescue_cursors", ChurnClass::Ring),
     ("queues", ChurnClass::Warm),
     ("queue_lanes", ChurnClass::Warm),
     ("attempt_state", ChurnClass::Warm),

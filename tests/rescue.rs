@@ -372,7 +372,8 @@ async fn prune_refuses_an_open_row_local_claim_and_resets_rescue_cursors_when_it
         .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     storage.rescue(NEVER, 100).await.unwrap();
-    db.exec("UPDATE {s}.claim_ring_slots SET stale_cursor_claimed_at = now(), stale_cursor_batch_id = 1 WHERE slot = 0").await;
+    // a moved cursor is a new row in the slot's claim_rescue_cursors child (migration 0005)
+    db.exec("INSERT INTO {s}.claim_rescue_cursors (claim_slot, stale_cursor_claimed_at, stale_cursor_batch_id) VALUES (0, now(), 1)").await;
     assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
     assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
     assert_eq!(
@@ -541,11 +542,22 @@ async fn rescue_sweeps_a_claim_that_committed_into_a_slot_already_freed() {
     enqueue(&db, vec![job(1)]).await;
     let claimed = storage.claim("default", 1, None).await.unwrap().remove(0);
     assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+    // what prune leaves: a 'freed' ledger event (its TRUNCATE is what the open claim would
+    // have blocked, and the claim's rows are the point of the test)
     db.exec(&format!(
-        "UPDATE {{s}}.claim_ring_slots SET state = 'free' WHERE slot = {}",
+        "INSERT INTO {{s}}.claim_ring_ledger (claim_slot, generation, event)
+         SELECT slot, generation, 'freed' FROM {{s}}.claim_ring_slots WHERE slot = {}",
         claimed.claim_slot
     ))
     .await;
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM {{s}}.claim_ring_slots WHERE slot = {} AND state = 'free'",
+            claimed.claim_slot
+        ))
+        .await,
+        1
+    );
     tokio::time::sleep(STALE + Duration::from_millis(100)).await;
     assert_eq!(
         storage.rescue(STALE, 100).await.unwrap(),
@@ -559,5 +571,147 @@ async fn rescue_sweeps_a_claim_that_committed_into_a_slot_already_freed() {
             .unwrap(),
         vec![Outcome::Stale]
     );
+    db.cleanup().await;
+}
+
+/// Issue 11: "a rotation ledger that survives a crash between append and use". Rotation appends to
+/// the ledger and then points the current-slot sequences (what producers and claimers read) at the
+/// new slots, inside its transaction; sequences are not transactional, so a rotation that dies
+/// before its commit leaves them naming slots the ledger still calls free. Work written there in
+/// the meantime is not lost, rescue still reaches it, and the next rotate call repairs the
+/// sequences from the ledger.
+#[tokio::test]
+async fn a_rotation_killed_between_ledger_append_and_commit_loses_no_job() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // both current slots hold something, so both rings will rotate
+    enqueue(&db, vec![job(1)]).await;
+    let first = storage.claim("default", 1, None).await.unwrap().remove(0);
+    storage
+        .complete_batch(&[first.attempt_ref()])
+        .await
+        .unwrap();
+    let current = |ring: &'static str| {
+        let storage = db.storage();
+        async move {
+            storage
+                .ring_slots()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|s| s.ring == ring && s.state == "current")
+                .unwrap()
+                .slot
+        }
+    };
+    let used = || async {
+        (
+            db.scalar_i64("SELECT {s}.current_queue_slot()::int8").await as i32,
+            db.scalar_i64("SELECT {s}.current_claim_slot()::int8").await as i32,
+        )
+    };
+    let before = (current("queue").await, current("claim").await);
+    assert_eq!(used().await, before);
+
+    // the maintenance leader rotates both rings and dies before its commit
+    let mut rotator = db.pool.acquire().await.unwrap().detach();
+    let rotator_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut rotator)
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!(
+        "BEGIN; SELECT {s}.rotate_queue_ring('0'); SELECT {s}.rotate_claim_ring('0');",
+        s = db.schema.as_str()
+    ))
+    .execute(&mut rotator)
+    .await
+    .unwrap();
+    let ahead = used().await;
+    assert!(
+        ahead.0 != before.0 && ahead.1 != before.1,
+        "the sequences moved before the commit: {ahead:?} vs {before:?}"
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT pg_terminate_backend({rotator_pid})::int::int8"
+        ))
+        .await,
+        1
+    );
+    drop(rotator);
+    let ledger_unchanged = support::eventually(Duration::from_secs(5), || async {
+        (current("queue").await, current("claim").await) == before
+    })
+    .await;
+    assert!(
+        ledger_unchanged,
+        "the killed rotation's ledger rows are gone"
+    );
+    assert_eq!(
+        used().await,
+        ahead,
+        "the sequences still name the free slots"
+    );
+
+    // a job enqueued and claimed now lands in the slots the ledger calls free
+    let id = enqueue(&db, vec![job(2)]).await[0];
+    let claimed = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!((claimed.job_id, claimed.claim_slot), (id, ahead.1));
+    // the next rotate call puts the sequences back on the ledger (min age: no rotation now)
+    assert!(!storage.rotate_queue_ring(NEVER).await.unwrap());
+    assert!(!storage.rotate_claim_ring(NEVER).await.unwrap());
+    assert_eq!(used().await, before);
+    // the abandoned claim in the free claim slot is still found by rescue and runs again
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
+    // its retry is due after the rescue backoff (2 s for a first attempt)
+    let again = support::eventually(Duration::from_secs(8), || async {
+        storage.promote_due(100).await.unwrap() > 0
+    })
+    .await;
+    assert!(again, "the rescued job was promoted");
+    let retried = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!((retried.job_id, retried.run_lease), (id, 2));
+    assert_eq!(
+        storage
+            .complete_batch(&[retried.attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied]
+    );
+    assert_eq!(
+        storage
+            .job_state(id)
+            .await
+            .unwrap()
+            .map(|s| s.state)
+            .as_deref(),
+        Some("completed")
+    );
+    // and the ring keeps turning and pruning past the slots the dead rotation touched
+    for _ in 0..4 {
+        enqueue(&db, vec![job(3)]).await;
+        for c in storage.claim("default", 10, None).await.unwrap() {
+            storage.complete_batch(&[c.attempt_ref()]).await.unwrap();
+        }
+        assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+        assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+        for slot in storage.sealed_claim_slots().await.unwrap() {
+            storage
+                .prune_claim_slot(slot, Duration::from_millis(25))
+                .await
+                .unwrap();
+        }
+        for slot in storage.sealed_queue_slots().await.unwrap() {
+            storage
+                .prune_queue_slot(slot, Duration::from_millis(25), Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            used().await,
+            (current("queue").await, current("claim").await)
+        );
+    }
     db.cleanup().await;
 }

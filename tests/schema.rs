@@ -136,7 +136,7 @@ async fn no_installed_function_updates_or_deletes_a_ring_table() {
     assert!(mutates_ring_table("BEGIN DELETE FROM s.ready_entries_3 WHERE x; END", "s").is_some());
     assert!(mutates_ring_table("update s.lease_claims set", "s").is_some());
     assert!(mutates_ring_table("DELETE FROM ONLY s.done_entries WHERE", "s").is_some());
-    assert!(mutates_ring_table("UPDATE s.queue_ring_slots SET", "s").is_none());
+    assert!(mutates_ring_table("UPDATE s.queues SET", "s").is_none());
 
     let db = TestDb::new().await;
     let bodies: Vec<(String, String)> = sqlx::query_as(

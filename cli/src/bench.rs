@@ -98,6 +98,8 @@ pub enum Scenario {
     Soak,
     OpenProducerTx,
     PausedQueue,
+    LongHold,
+    PgDump,
 }
 
 impl Scenario {
@@ -112,11 +114,13 @@ impl Scenario {
             "soak" => Self::Soak,
             "open-producer-tx" => Self::OpenProducerTx,
             "paused-queue" => Self::PausedQueue,
+            "long-hold" => Self::LongHold,
+            "pg-dump" => Self::PgDump,
             other => {
                 return Err(Error::Config(format!(
                     "unknown scenario {other:?}: saturation, fixed-rate, idle-in-tx, \
                      active-readers, crash-under-load, pg-restart, soak, open-producer-tx, \
-                     paused-queue"
+                     paused-queue, long-hold, pg-dump"
                 )))
             }
         })
@@ -133,6 +137,8 @@ impl Scenario {
             Self::Soak => "soak",
             Self::OpenProducerTx => "open-producer-tx",
             Self::PausedQueue => "paused-queue",
+            Self::LongHold => "long-hold",
+            Self::PgDump => "pg-dump",
         }
     }
 
@@ -151,6 +157,30 @@ impl Scenario {
             Self::IdleInTx => vec![
                 phase("clean", Disturbance::None),
                 phase("held-horizon", Disturbance::HoldHorizon),
+            ],
+            // the issue-11 shape: a transaction pins the horizon for the whole (long) phase while
+            // jobs flow at `rate`; the clean phase is only the reference rate
+            Self::LongHold => vec![
+                Phase {
+                    name: "clean",
+                    duration: p.min(Duration::from_secs(60)),
+                    disturbance: Disturbance::None,
+                },
+                phase("held-horizon", Disturbance::HoldHorizon),
+            ],
+            // dumps back to back for the phase, then a clean phase in which prune must catch up
+            Self::PgDump => vec![
+                Phase {
+                    name: "clean",
+                    duration: p.min(Duration::from_secs(60)),
+                    disturbance: Disturbance::None,
+                },
+                phase("pg-dump", Disturbance::PgDump),
+                Phase {
+                    name: "after",
+                    duration: p.min(Duration::from_secs(60)),
+                    disturbance: Disturbance::None,
+                },
             ],
             Self::ActiveReaders => vec![
                 phase("clean", Disturbance::None),
@@ -188,7 +218,7 @@ impl Scenario {
     fn fixed_rate(self) -> bool {
         matches!(
             self,
-            Self::FixedRate | Self::OpenProducerTx | Self::PausedQueue
+            Self::FixedRate | Self::OpenProducerTx | Self::PausedQueue | Self::LongHold
         )
     }
 }
@@ -200,6 +230,8 @@ enum Disturbance {
     HoldHorizon,
     /// Sessions loop REPEATABLE READ transactions that scan every table of the schema.
     Readers,
+    /// `pg_dump` of the whole benchmark database to /dev/null, back to back.
+    PgDump,
     /// SIGKILL one worker process a few seconds in; restart it a few seconds later.
     KillWorker,
     /// Restart PostgreSQL a few seconds in.
@@ -1112,6 +1144,12 @@ async fn run_phase(
                 )));
             }
         }
+        Disturbance::PgDump => {
+            readers.push(tokio::spawn(pg_dump_loop(
+                server.url.clone(),
+                Arc::clone(&stop_readers),
+            )));
+        }
         Disturbance::PausedQueue => match storage {
             Some(storage) => {
                 fill_paused_queue(storage, config.paused_jobs).await?;
@@ -1387,6 +1425,42 @@ async fn reader_loop(url: String, schema: String, stop: Arc<tokio::sync::Notify>
             _ = stop.notified() => return,
         }
     }
+}
+
+/// `pg_dump` of the benchmark database, over and over: each dump holds AccessShare on every table
+/// (ring children included) for its whole run, which is what keeps prune's ACCESS EXCLUSIVE out.
+async fn pg_dump_loop(url: String, stop: Arc<tokio::sync::Notify>) {
+    let pg_dump = match crate::embedded::find_bindir() {
+        Ok(dir) => dir.join("pg_dump"),
+        Err(_) => PathBuf::from("pg_dump"),
+    };
+    let (mut dumps, mut failed, mut busy) = (0u32, 0u32, Duration::ZERO);
+    loop {
+        let started = Instant::now();
+        let dump = Command::new(&pg_dump)
+            .args(["--dbname", &url, "--file", "/dev/null"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .status();
+        tokio::select! {
+            status = dump => {
+                busy += started.elapsed();
+                match status {
+                    Ok(s) if s.success() => dumps += 1,
+                    _ => {
+                        failed += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+            _ = stop.notified() => break,
+        }
+    }
+    eprintln!(
+        "   pg-dump: {dumps} dumps completed ({failed} failed), {:.1} s each on average",
+        busy.as_secs_f64() / f64::from(dumps.max(1))
+    );
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -264,7 +264,7 @@ fn free_port() -> Result<u16> {
 
 /// The server binaries: `pg_config --bindir` when it names a directory with initdb, else the
 /// newest /usr/lib/postgresql/<version>/bin.
-fn find_bindir() -> Result<PathBuf> {
+pub(crate) fn find_bindir() -> Result<PathBuf> {
     if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
         let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
         if dir.join("initdb").exists() {

@@ -158,7 +158,8 @@ enum Command {
         #[arg(long, default_value = "1x32,4x8")]
         profiles: String,
         /// Comma-separated: saturation, fixed-rate, idle-in-tx, active-readers, crash-under-load,
-        /// pg-restart, soak.
+        /// pg-restart, soak, open-producer-tx, paused-queue, long-hold (fixed rate, horizon held),
+        /// pg-dump (saturation, pg_dump in a loop, then a clean phase).
         #[arg(long, default_value = "saturation")]
         scenarios: String,
         /// Seconds per phase.

@@ -116,7 +116,7 @@ BEGIN
     -- cannot lose a job, because WAL is flushed in order: any later durable record (a completion,
     -- or the next claimer's cursor setval past these rows) makes this commit durable first.
     PERFORM set_config('synchronous_commit', 'off', true);
-    SELECT s.slot INTO v_claim_slot FROM __S__.claim_ring_slots s WHERE s.state = 'current';
+    v_claim_slot := __S__.current_claim_slot();
     v_batch := nextval('__S__.claim_batch_ids');
 
     -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql).

@@ -50,7 +50,7 @@ DECLARE
     v_parked_lane int;
     v_parked __S__.parked_entries;
 BEGIN
-    SELECT slot INTO v_current FROM __S__.queue_ring_slots WHERE state = 'current';
+    v_current := __S__.current_queue_slot();
     -- scheduled or waiting for a retry
     DELETE FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id RETURNING * INTO v_deferred;
     IF FOUND THEN

@@ -85,7 +85,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    SELECT s.slot INTO v_slot FROM __S__.queue_ring_slots s WHERE s.state = 'current';
+    v_slot := __S__.current_queue_slot();
     v_cursor := __S__.lane_cursor(p_lane_id);
     WITH moved AS (
         DELETE FROM __S__.parked_segments p WHERE p.lane_id = p_lane_id RETURNING p.*

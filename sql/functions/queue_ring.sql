@@ -186,7 +186,7 @@ BEGIN
         PERFORM set_config(v_guc, v_lane::text, true);
     END IF;
     v_seg := nextval(v_seq);
-    SELECT s.slot INTO ready_slot FROM __S__.queue_ring_slots s WHERE s.state = 'current';
+    ready_slot := __S__.current_queue_slot();
     INSERT INTO __S__.ready_segments (ready_slot, lane_id, segment_no, job_count)
     VALUES (ready_slot, v_lane, v_seg, p_count);
     PERFORM pg_notify('ringwork___S__', p_queue);

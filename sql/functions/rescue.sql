@@ -42,6 +42,35 @@ BEGIN
 END
 $$;
 
+-- Append a claim slot's rescue cursors when a sweep moved them (p_slot: after, p_from: before).
+-- Never for a free slot: a late claim can land in a freed slot and is swept there, but a cursor
+-- written now would outlive the slot's next opening and skip its claims.
+CREATE OR REPLACE FUNCTION __S__.record_rescue_cursors(p_slot __S__.claim_ring_slots, p_from __S__.claim_ring_slots)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_slot.state = 'free' OR (p_slot.stale_cursor_claimed_at, p_slot.stale_cursor_job_id, p_slot.stale_cursor_run_lease,
+        p_slot.deadline_cursor_at, p_slot.deadline_cursor_job_id, p_slot.deadline_cursor_run_lease,
+        p_slot.batch_deadline_cursor_at, p_slot.batch_deadline_cursor_batch_id, p_slot.stale_cursor_batch_id,
+        p_slot.stale_revisit_at, p_slot.stale_revisit_batch_id, p_slot.stale_row_cursor_at, p_slot.stale_row_revisit_at)
+       IS NOT DISTINCT FROM
+       (p_from.stale_cursor_claimed_at, p_from.stale_cursor_job_id, p_from.stale_cursor_run_lease,
+        p_from.deadline_cursor_at, p_from.deadline_cursor_job_id, p_from.deadline_cursor_run_lease,
+        p_from.batch_deadline_cursor_at, p_from.batch_deadline_cursor_batch_id, p_from.stale_cursor_batch_id,
+        p_from.stale_revisit_at, p_from.stale_revisit_batch_id, p_from.stale_row_cursor_at, p_from.stale_row_revisit_at) THEN
+        RETURN;
+    END IF;
+    INSERT INTO __S__.claim_rescue_cursors (claim_slot, stale_cursor_claimed_at, stale_cursor_job_id,
+        stale_cursor_run_lease, deadline_cursor_at, deadline_cursor_job_id, deadline_cursor_run_lease,
+        batch_deadline_cursor_at, batch_deadline_cursor_batch_id, stale_cursor_batch_id, stale_revisit_at,
+        stale_revisit_batch_id, stale_row_cursor_at, stale_row_revisit_at)
+    VALUES (p_slot.slot, p_slot.stale_cursor_claimed_at, p_slot.stale_cursor_job_id, p_slot.stale_cursor_run_lease,
+        p_slot.deadline_cursor_at, p_slot.deadline_cursor_job_id, p_slot.deadline_cursor_run_lease,
+        p_slot.batch_deadline_cursor_at, p_slot.batch_deadline_cursor_batch_id, p_slot.stale_cursor_batch_id,
+        p_slot.stale_revisit_at, p_slot.stale_revisit_batch_id, p_slot.stale_row_cursor_at, p_slot.stale_row_revisit_at);
+END
+$$;
+
 -- Stale rescue over one claim slot. Visits only claims older than p_stale_after; steps over closed
 -- claims, claims it closes, and claims whose heartbeat is fresh (remembering the oldest such as the
 -- revisit point); stops before a stale open claim it could not lock. Returns attempts closed.
@@ -49,6 +78,7 @@ CREATE OR REPLACE FUNCTION __S__.rescue_stale_slot(p_slot int, p_stale_after int
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_slot __S__.claim_ring_slots;
+    v_moved_from __S__.claim_ring_slots;
     v_cutoff timestamptz := now() - p_stale_after;
     v_batch record;
     v_claim record;
@@ -61,6 +91,7 @@ DECLARE
     v_result int;
 BEGIN
     SELECT * INTO v_slot FROM __S__.claim_ring_slots WHERE slot = p_slot;
+    v_moved_from := v_slot;
     -- compact batches by (claimed_at, batch_id)
     FOR v_batch IN
         SELECT b.* FROM __S__.lease_claim_batches b
@@ -168,23 +199,8 @@ BEGIN
         v_slot.stale_row_revisit_at := NULL;
     END IF;
 
-    -- persist the cursors only when they moved (this is a control row, not a hot one)
-    UPDATE __S__.claim_ring_slots s
-    SET stale_cursor_claimed_at = v_slot.stale_cursor_claimed_at,
-        stale_cursor_batch_id = v_slot.stale_cursor_batch_id,
-        stale_revisit_at = v_slot.stale_revisit_at,
-        stale_revisit_batch_id = v_slot.stale_revisit_batch_id,
-        stale_row_cursor_at = v_slot.stale_row_cursor_at,
-        stale_cursor_job_id = v_slot.stale_cursor_job_id,
-        stale_cursor_run_lease = v_slot.stale_cursor_run_lease,
-        stale_row_revisit_at = v_slot.stale_row_revisit_at
-    WHERE s.slot = p_slot AND s.state <> 'free'
-      AND (s.stale_cursor_claimed_at, s.stale_cursor_batch_id, s.stale_revisit_at, s.stale_revisit_batch_id,
-           s.stale_row_cursor_at, s.stale_cursor_job_id, s.stale_cursor_run_lease, s.stale_row_revisit_at)
-          IS DISTINCT FROM
-          (v_slot.stale_cursor_claimed_at, v_slot.stale_cursor_batch_id, v_slot.stale_revisit_at,
-           v_slot.stale_revisit_batch_id, v_slot.stale_row_cursor_at, v_slot.stale_cursor_job_id,
-           v_slot.stale_cursor_run_lease, v_slot.stale_row_revisit_at);
+    -- persist the cursors only when they moved, as a new row (migration 0005: nothing is rewritten)
+    PERFORM __S__.record_rescue_cursors(v_slot, v_moved_from);
     RETURN v_closed;
 END
 $$;
@@ -197,6 +213,7 @@ CREATE OR REPLACE FUNCTION __S__.rescue_deadline_slot(p_slot int, p_limit int) R
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_slot __S__.claim_ring_slots;
+    v_moved_from __S__.claim_ring_slots;
     v_batch record;
     v_claim record;
     v_closed int := 0;
@@ -204,6 +221,7 @@ DECLARE
     v_result int;
 BEGIN
     SELECT * INTO v_slot FROM __S__.claim_ring_slots WHERE slot = p_slot;
+    v_moved_from := v_slot;
     FOR v_batch IN
         SELECT b.* FROM __S__.lease_claim_batches b
         WHERE b.claim_slot = p_slot AND b.deadline_at IS NOT NULL AND b.deadline_at < now()
@@ -252,18 +270,7 @@ BEGIN
         v_slot.deadline_cursor_job_id := v_claim.job_id;
         v_slot.deadline_cursor_run_lease := v_claim.run_lease;
     END LOOP;
-    UPDATE __S__.claim_ring_slots s
-    SET batch_deadline_cursor_at = v_slot.batch_deadline_cursor_at,
-        batch_deadline_cursor_batch_id = v_slot.batch_deadline_cursor_batch_id,
-        deadline_cursor_at = v_slot.deadline_cursor_at,
-        deadline_cursor_job_id = v_slot.deadline_cursor_job_id,
-        deadline_cursor_run_lease = v_slot.deadline_cursor_run_lease
-    WHERE s.slot = p_slot AND s.state <> 'free'
-      AND (s.batch_deadline_cursor_at, s.batch_deadline_cursor_batch_id, s.deadline_cursor_at,
-           s.deadline_cursor_job_id, s.deadline_cursor_run_lease)
-          IS DISTINCT FROM
-          (v_slot.batch_deadline_cursor_at, v_slot.batch_deadline_cursor_batch_id, v_slot.deadline_cursor_at,
-           v_slot.deadline_cursor_job_id, v_slot.deadline_cursor_run_lease);
+    PERFORM __S__.record_rescue_cursors(v_slot, v_moved_from);
     RETURN v_closed;
 END
 $$;

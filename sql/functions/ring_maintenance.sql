@@ -13,15 +13,24 @@
 -- ---------------------------------------------------------------------------------------------
 -- Rotation: move the write slot to the oldest free slot. A slot pinned by live data stays sealed
 -- and does not stop rotation (ARCHITECTURE §5); with no free slot, the current slot keeps growing.
+--
+-- The ring's state is its ledger (migration 0005): rotation appends 'sealed' to the current slot's
+-- ledger child and 'opened' to the next slot's, then points the <ring>_ring_current sequence (what
+-- producers and claimers read) at the new slot. Every call first repairs that sequence from the
+-- ledger, because a rotation that set it and then aborted or crashed before its commit left it
+-- naming a slot the ledger still calls free.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.rotate_queue_ring(p_min_age interval) RETURNS boolean
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
-    v_cur __S__.queue_ring_slots;
+    v_cur record;
     v_next int;
 BEGIN
     PERFORM 1 FROM __S__.queue_ring_state FOR UPDATE;
-    SELECT * INTO v_cur FROM __S__.queue_ring_slots WHERE state = 'current' FOR UPDATE;
+    SELECT * INTO v_cur FROM __S__.queue_ring_slots WHERE state = 'current';
+    IF pg_sequence_last_value('__S__.queue_ring_current') IS DISTINCT FROM v_cur.slot THEN
+        PERFORM setval('__S__.queue_ring_current', v_cur.slot, true);
+    END IF;
     IF v_cur.state_since > now() - p_min_age THEN
         RETURN false;
     END IF;
@@ -33,14 +42,14 @@ BEGIN
         RETURN false;
     END IF;
     SELECT slot INTO v_next FROM __S__.queue_ring_slots WHERE state = 'free'
-    ORDER BY generation, slot LIMIT 1 FOR UPDATE;
+    ORDER BY generation, slot LIMIT 1;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    UPDATE __S__.queue_ring_slots SET state = 'sealed', state_since = now() WHERE slot = v_cur.slot;
-    UPDATE __S__.queue_ring_slots SET state = 'current', state_since = now(),
-           generation = (SELECT max(generation) + 1 FROM __S__.queue_ring_slots)
-    WHERE slot = v_next;
+    INSERT INTO __S__.queue_ring_ledger (ready_slot, generation, event) VALUES
+        (v_cur.slot, v_cur.generation, 'sealed'),
+        (v_next, (SELECT max(generation) + 1 FROM __S__.queue_ring_ledger), 'opened');
+    PERFORM setval('__S__.queue_ring_current', v_next, true);
     RETURN true;
 END
 $$;
@@ -48,11 +57,14 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.rotate_claim_ring(p_min_age interval) RETURNS boolean
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
-    v_cur __S__.claim_ring_slots;
+    v_cur record;
     v_next int;
 BEGIN
     PERFORM 1 FROM __S__.claim_ring_state FOR UPDATE;
-    SELECT * INTO v_cur FROM __S__.claim_ring_slots WHERE state = 'current' FOR UPDATE;
+    SELECT * INTO v_cur FROM __S__.claim_ring_slots WHERE state = 'current';
+    IF pg_sequence_last_value('__S__.claim_ring_current') IS DISTINCT FROM v_cur.slot THEN
+        PERFORM setval('__S__.claim_ring_current', v_cur.slot, true);
+    END IF;
     IF v_cur.state_since > now() - p_min_age THEN
         RETURN false;
     END IF;
@@ -61,17 +73,23 @@ BEGIN
         RETURN false;
     END IF;
     SELECT slot INTO v_next FROM __S__.claim_ring_slots WHERE state = 'free'
-    ORDER BY generation, slot LIMIT 1 FOR UPDATE;
+    ORDER BY generation, slot LIMIT 1;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    UPDATE __S__.claim_ring_slots SET state = 'sealed', state_since = now() WHERE slot = v_cur.slot;
-    UPDATE __S__.claim_ring_slots SET state = 'current', state_since = now(),
-           generation = (SELECT max(generation) + 1 FROM __S__.claim_ring_slots)
-    WHERE slot = v_next;
+    INSERT INTO __S__.claim_ring_ledger (claim_slot, generation, event) VALUES
+        (v_cur.slot, v_cur.generation, 'sealed'),
+        (v_next, (SELECT max(generation) + 1 FROM __S__.claim_ring_ledger), 'opened');
+    PERFORM setval('__S__.claim_ring_current', v_next, true);
     RETURN true;
 END
 $$;
+
+-- The current slot, for the hot paths: a sequence read, no table and no lock on a ring child.
+CREATE OR REPLACE FUNCTION __S__.current_queue_slot() RETURNS int
+LANGUAGE sql STABLE AS $$ SELECT pg_sequence_last_value('__S__.queue_ring_current')::int $$;
+CREATE OR REPLACE FUNCTION __S__.current_claim_slot() RETURNS int
+LANGUAGE sql STABLE AS $$ SELECT pg_sequence_last_value('__S__.claim_ring_current')::int $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- Prune proofs. Each returns NULL when the slot is provably dead, else the reason it is not.
@@ -99,8 +117,11 @@ DECLARE
     v_compact bigint := 0;
     v_row bigint;
 BEGIN
+    -- every slot, free ones too (a late claim can land in a freed slot); not through the
+    -- claim_ring_slots view, whose ledger children a claim prune may be waiting to truncate
     SELECT coalesce(array_agg(cs.slot), '{}') INTO v_blocked
-    FROM __S__.claim_ring_slots cs WHERE __S__.claim_slot_blocker(cs.slot) IS NOT NULL;
+    FROM generate_series(0, (SELECT r.slot_count - 1 FROM __S__.claim_ring_state r)) cs(slot)
+    WHERE __S__.claim_slot_blocker(cs.slot) IS NOT NULL;
     IF cardinality(v_blocked) > 0 THEN
         SELECT count(*) INTO v_compact
         FROM __S__.lease_claim_batches b
@@ -159,12 +180,15 @@ LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_state text;
     v_blocker text;
+    v_generation bigint;
     v_lane record;
     v_children text;
     v_park boolean := false;
 BEGIN
+    -- the ring-state lock serialises rotation and prune of this ring, so the slot's ledger cannot
+    -- change under us (it replaces the slot row lock of the tables before migration 0005)
     PERFORM 1 FROM __S__.queue_ring_state FOR UPDATE;
-    SELECT state INTO v_state FROM __S__.queue_ring_slots WHERE slot = p_slot FOR UPDATE;
+    SELECT state, generation INTO v_state, v_generation FROM __S__.queue_ring_slots WHERE slot = p_slot;
     IF v_state IS DISTINCT FROM 'sealed' THEN
         RETURN 'not_sealed';
     END IF;
@@ -180,7 +204,7 @@ BEGIN
     END IF;
     SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
     FROM unnest(ARRAY['ready_entries', 'ready_segments', 'ready_tombstones', 'ready_claim_attempt_batches',
-                      'done_entries', 'receipt_completion_batches']) t;
+                      'done_entries', 'receipt_completion_batches', 'queue_ring_ledger']) t;
     PERFORM set_config('lock_timeout', p_lock_timeout, true);
     BEGIN
         EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE';
@@ -221,7 +245,7 @@ BEGIN
     END IF;
     PERFORM __S__.archive_slot(p_slot, p_keep_completed, p_keep_failed);
     EXECUTE 'TRUNCATE ' || v_children;
-    UPDATE __S__.queue_ring_slots SET state = 'free', state_since = now() WHERE slot = p_slot;
+    INSERT INTO __S__.queue_ring_ledger (ready_slot, generation, event) VALUES (p_slot, v_generation, 'freed');
     RETURN 'pruned';
 END
 $$;
@@ -231,11 +255,12 @@ CREATE OR REPLACE FUNCTION __S__.prune_claim_slot(p_slot int, p_lock_timeout tex
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_state text;
+    v_generation bigint;
     v_blocker text;
     v_children text;
 BEGIN
     PERFORM 1 FROM __S__.claim_ring_state FOR UPDATE;
-    SELECT state INTO v_state FROM __S__.claim_ring_slots WHERE slot = p_slot FOR UPDATE;
+    SELECT state, generation INTO v_state, v_generation FROM __S__.claim_ring_slots WHERE slot = p_slot;
     IF v_state IS DISTINCT FROM 'sealed' THEN
         RETURN 'not_sealed';
     END IF;
@@ -245,7 +270,7 @@ BEGIN
     END IF;
     SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
     FROM unnest(ARRAY['lease_claims', 'lease_claim_batches', 'lease_claim_closures',
-                      'lease_claim_closure_batches']) t;
+                      'lease_claim_closure_batches', 'claim_ring_ledger', 'claim_rescue_cursors']) t;
     PERFORM set_config('lock_timeout', p_lock_timeout, true);
     BEGIN
         EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE';
@@ -261,15 +286,9 @@ BEGIN
     IF v_blocker IS NOT NULL THEN
         RETURN v_blocker;
     END IF;
-    UPDATE __S__.claim_ring_slots
-    SET state = 'free', state_since = now(),
-        stale_cursor_claimed_at = NULL, stale_cursor_job_id = NULL, stale_cursor_run_lease = NULL,
-        deadline_cursor_at = NULL, deadline_cursor_job_id = NULL, deadline_cursor_run_lease = NULL,
-        batch_deadline_cursor_at = NULL, batch_deadline_cursor_batch_id = NULL,
-        stale_cursor_batch_id = NULL, stale_revisit_at = NULL, stale_revisit_batch_id = NULL,
-        stale_row_cursor_at = NULL, stale_row_revisit_at = NULL
-    WHERE slot = p_slot;
+    -- the truncate takes the slot's rescue cursors with it: that is their reset
     EXECUTE 'TRUNCATE ' || v_children;
+    INSERT INTO __S__.claim_ring_ledger (claim_slot, generation, event) VALUES (p_slot, v_generation, 'freed');
     RETURN 'pruned';
 END
 $$;
@@ -300,8 +319,8 @@ RETURNS TABLE (ring text, slot int, pid int, application text, backend_state tex
                lock_modes text, query text)
 LANGUAGE sql STABLE AS $$
     WITH held AS (
-        SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_)' THEN 'queue'
-                    WHEN c.relname ~ '^lease_claim' THEN 'claim'
+        SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_|queue_ring_ledger_)' THEN 'queue'
+                    WHEN c.relname ~ '^(lease_claim|claim_ring_ledger_|claim_rescue_cursors_)' THEN 'claim'
                     ELSE 'archive' END AS ring,
                substring(c.relname FROM '_([0-9]+)$')::int AS slot, l.pid, l.mode
         FROM pg_locks l

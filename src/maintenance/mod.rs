@@ -30,10 +30,10 @@ pub struct MaintenanceConfig {
     pub enabled: bool,
     /// Time between maintenance ticks.
     pub tick: Duration,
-    /// Minimum age of a ring's current slot before it rotates (default 5 s). Each rotation and
-    /// each prune rewrites a slot control row (`queue_ring_slots`, `claim_ring_slots`), so a short
-    /// interval leaves more dead control tuples for autovacuum; a long one keeps more history in
-    /// each slot and reclaims it later.
+    /// Minimum age of a ring's current slot before it rotates (default 5 s). A rotation appends
+    /// two ledger rows and a prune one, inside the slots they describe, so no interval leaves dead
+    /// tuples; a short one reclaims sooner but spreads each slot's rows thinner, a long one keeps
+    /// more rows in each slot and reclaims them later.
     pub rotate_interval: Duration,
     /// How long prune waits for its ACCESS EXCLUSIVE locks before skipping a slot this tick.
     pub prune_lock_timeout: Duration,

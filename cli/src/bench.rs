@@ -151,6 +151,13 @@ impl Scenario {
             duration: p,
             disturbance,
         };
+        // an undisturbed phase of at most a minute, beside a long disturbed one: a reference rate,
+        // or the time in which the system must recover
+        let short = |name: &'static str| Phase {
+            name,
+            duration: p.min(Duration::from_secs(60)),
+            disturbance: Disturbance::None,
+        };
         match self {
             Self::Saturation => vec![phase("saturation", Disturbance::None)],
             Self::FixedRate => vec![phase("fixed-rate", Disturbance::None)],
@@ -161,26 +168,14 @@ impl Scenario {
             // the issue-11 shape: a transaction pins the horizon for the whole (long) phase while
             // jobs flow at `rate`; the clean phase is only the reference rate
             Self::LongHold => vec![
-                Phase {
-                    name: "clean",
-                    duration: p.min(Duration::from_secs(60)),
-                    disturbance: Disturbance::None,
-                },
+                short("clean"),
                 phase("held-horizon", Disturbance::HoldHorizon),
             ],
             // dumps back to back for the phase, then a clean phase in which prune must catch up
             Self::PgDump => vec![
-                Phase {
-                    name: "clean",
-                    duration: p.min(Duration::from_secs(60)),
-                    disturbance: Disturbance::None,
-                },
+                short("clean"),
                 phase("pg-dump", Disturbance::PgDump),
-                Phase {
-                    name: "after",
-                    duration: p.min(Duration::from_secs(60)),
-                    disturbance: Disturbance::None,
-                },
+                short("after"),
             ],
             Self::ActiveReaders => vec![
                 phase("clean", Disturbance::None),
@@ -199,14 +194,7 @@ impl Scenario {
                 phase("open-tx", Disturbance::OpenProducerTxs),
             ],
             // a short clean phase: the paused one is the measurement, and it should be long
-            Self::PausedQueue => vec![
-                Phase {
-                    name: "clean",
-                    duration: p.min(Duration::from_secs(60)),
-                    disturbance: Disturbance::None,
-                },
-                phase("paused", Disturbance::PausedQueue),
-            ],
+            Self::PausedQueue => vec![short("clean"), phase("paused", Disturbance::PausedQueue)],
             Self::Soak => vec![Phase {
                 name: "soak",
                 duration: config.soak,

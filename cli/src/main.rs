@@ -639,7 +639,9 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                     s.slot,
                     s.generation,
                     s.state,
-                    s.state_since.format("%Y-%m-%d %H:%M:%S%.3f"),
+                    s.state_since
+                        .map(|t| t.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+                        .unwrap_or_else(|| "-".into()),
                     s.blocker.unwrap_or_default()
                 );
             }

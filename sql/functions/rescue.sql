@@ -49,7 +49,7 @@ CREATE OR REPLACE FUNCTION __S__.record_rescue_cursors(p_slot __S__.claim_ring_s
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_slot.state = 'free' OR (p_slot.stale_cursor_claimed_at, p_slot.stale_cursor_job_id, p_slot.stale_cursor_run_lease,
+    IF p_slot.state IS DISTINCT FROM 'current' AND p_slot.state IS DISTINCT FROM 'sealed' OR (p_slot.stale_cursor_claimed_at, p_slot.stale_cursor_job_id, p_slot.stale_cursor_run_lease,
         p_slot.deadline_cursor_at, p_slot.deadline_cursor_job_id, p_slot.deadline_cursor_run_lease,
         p_slot.batch_deadline_cursor_at, p_slot.batch_deadline_cursor_batch_id, p_slot.stale_cursor_batch_id,
         p_slot.stale_revisit_at, p_slot.stale_revisit_batch_id, p_slot.stale_row_cursor_at, p_slot.stale_row_revisit_at)
@@ -286,7 +286,7 @@ BEGIN
     -- Every slot, free ones included: a claim that read the current slot just before a rotation and
     -- a prune of that slot can commit into it after it was freed (found by the model, issue 4).
     -- A free slot is almost always empty, so sweeping it costs an index probe.
-    FOR v_slot IN SELECT slot FROM __S__.claim_ring_slots ORDER BY generation LOOP
+    FOR v_slot IN SELECT slot FROM __S__.claim_ring_slots ORDER BY generation, slot LOOP
         EXIT WHEN v_closed >= p_limit;
         v_closed := v_closed + __S__.rescue_deadline_slot(v_slot, p_limit - v_closed);
         EXIT WHEN v_closed >= p_limit;

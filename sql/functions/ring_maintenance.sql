@@ -85,11 +85,32 @@ BEGIN
 END
 $$;
 
--- The current slot, for the hot paths: a sequence read, no table and no lock on a ring child.
+-- The current slot, for the hot paths: a sequence read, no table and no lock on a ring child. A
+-- sequence that was never set (a database restored from a dump taken before its first setval) falls
+-- back to the ledger; PL/pgSQL plans that statement only when it runs, so the hot path never locks
+-- the ledger's children.
 CREATE OR REPLACE FUNCTION __S__.current_queue_slot() RETURNS int
-LANGUAGE sql STABLE AS $$ SELECT pg_sequence_last_value('__S__.queue_ring_current')::int $$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_slot int := pg_sequence_last_value('__S__.queue_ring_current');
+BEGIN
+    IF v_slot IS NULL THEN
+        SELECT s.slot INTO v_slot FROM __S__.queue_ring_slots s WHERE s.state = 'current';
+    END IF;
+    RETURN v_slot;
+END
+$$;
 CREATE OR REPLACE FUNCTION __S__.current_claim_slot() RETURNS int
-LANGUAGE sql STABLE AS $$ SELECT pg_sequence_last_value('__S__.claim_ring_current')::int $$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_slot int := pg_sequence_last_value('__S__.claim_ring_current');
+BEGIN
+    IF v_slot IS NULL THEN
+        SELECT s.slot INTO v_slot FROM __S__.claim_ring_slots s WHERE s.state = 'current';
+    END IF;
+    RETURN v_slot;
+END
+$$;
 
 -- ---------------------------------------------------------------------------------------------
 -- Prune proofs. Each returns NULL when the slot is provably dead, else the reason it is not.
@@ -163,7 +184,8 @@ LANGUAGE sql STABLE AS $$
     END
 $$;
 
--- Prune order (ADR-023 "Rotation and prune"): ring state FOR UPDATE -> slot row FOR UPDATE ->
+-- Prune order (ADR-023 "Rotation and prune"): ring state FOR UPDATE (which also stands for the
+-- slot row lock since migration 0005: the slot's ledger changes only under it) ->
 -- proof -> ACCESS EXCLUSIVE on the slot's children with a short lock timeout (skip when busy) ->
 -- re-check not-current and re-prove under the locks -> TRUNCATE all children in one statement.
 -- Before the truncate, the slot's terminal history goes to the archive (sql/functions/archive.sql):
@@ -203,8 +225,10 @@ BEGIN
         RETURN v_blocker;
     END IF;
     SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
-    FROM unnest(ARRAY['ready_entries', 'ready_segments', 'ready_tombstones', 'ready_claim_attempt_batches',
-                      'done_entries', 'receipt_completion_batches', 'queue_ring_ledger']) t;
+    -- the ledger child first: only maintenance and operators' views read it, never the hot path,
+    -- so while prune waits on a view reader it holds no lock a producer or claimer needs
+    FROM unnest(ARRAY['queue_ring_ledger', 'ready_entries', 'ready_segments', 'ready_tombstones',
+                      'ready_claim_attempt_batches', 'done_entries', 'receipt_completion_batches']) t;
     PERFORM set_config('lock_timeout', p_lock_timeout, true);
     BEGIN
         EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE';
@@ -269,8 +293,9 @@ BEGIN
         RETURN v_blocker;
     END IF;
     SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
-    FROM unnest(ARRAY['lease_claims', 'lease_claim_batches', 'lease_claim_closures',
-                      'lease_claim_closure_batches', 'claim_ring_ledger', 'claim_rescue_cursors']) t;
+    -- ledger and cursor children first, as in prune_queue_slot
+    FROM unnest(ARRAY['claim_ring_ledger', 'claim_rescue_cursors', 'lease_claims', 'lease_claim_batches',
+                      'lease_claim_closures', 'lease_claim_closure_batches']) t;
     PERFORM set_config('lock_timeout', p_lock_timeout, true);
     BEGIN
         EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE';

@@ -74,7 +74,9 @@ pub struct RingSlot {
     pub generation: i64,
     /// `current`, `sealed` or `free`.
     pub state: String,
-    pub state_since: DateTime<Utc>,
+    /// When the slot's latest ledger event was appended; `None` for a slot with no event (free
+    /// and never used: only seen in a snapshot older than a prune, or a database restored from one).
+    pub state_since: Option<DateTime<Utc>>,
     /// For a sealed slot, why its prune proof fails now (`pending_ready`, `open_claims`); `None`
     /// when it is provable (a lock holder may still make the prune `busy`: [`PruneBlocker`]).
     pub blocker: Option<String>,

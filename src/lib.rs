@@ -46,6 +46,6 @@ pub use runtime::{
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     ArchiveTable, AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
-    Inserted, JobRecord, JobState, Outcome, PruneBlocker, PruneResult, QueueCounts, QueueSlotPrune,
-    RingSlot, Storage,
+    HorizonHolder, Inserted, JobRecord, JobState, Outcome, PruneBlocker, PruneResult, QueueCounts,
+    QueueSlotPrune, RingSlot, Storage,
 };

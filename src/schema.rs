@@ -59,6 +59,7 @@ const FUNCTION_FILES: &[(&str, &str)] = &[
     ("read", include_str!("../sql/functions/read.sql")),
     ("backlog", include_str!("../sql/functions/backlog.sql")),
     ("control", include_str!("../sql/functions/control.sql")),
+    ("health", include_str!("../sql/functions/health.sql")),
 ];
 
 /// Highest schema version this binary can run against.

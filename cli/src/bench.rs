@@ -1268,8 +1268,15 @@ async fn run_phase(
         tx.rollback().await?;
     }
     stop_readers.notify_waiters();
-    for reader in readers {
-        reader.abort();
+    for mut reader in readers {
+        // a reader or dump loop that saw the notice ends by itself (the dump loop then reports
+        // its count); one that does not within 2 s is aborted
+        if tokio::time::timeout(Duration::from_secs(2), &mut reader)
+            .await
+            .is_err()
+        {
+            reader.abort();
+        }
     }
     // held transactions commit what they hold as soon as they are told to stop
     stop_holders.store(true, Ordering::Relaxed);

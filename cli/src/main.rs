@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod embedded;
+mod status;
 
 use std::time::Duration;
 
@@ -131,6 +132,24 @@ enum Command {
         #[arg(long, env = "DATABASE_URL", global = true)]
         database_url: Option<String>,
         #[arg(long, default_value = "ringwork", global = true)]
+        schema: String,
+    },
+    /// One screen for an operator: exact counts per queue, both rings and why a sealed slot is
+    /// not pruned, the backends whose locks make prune give up, and whoever holds back the
+    /// database's MVCC horizon (long transactions, replication slots, prepared transactions).
+    Status {
+        /// Print it again every this many seconds (clearing the screen).
+        #[arg(long, value_name = "SECS")]
+        watch: Option<u64>,
+        /// One JSON object per refresh, for scripts.
+        #[arg(long)]
+        json: bool,
+        /// List sessions whose transaction has been open at least this many seconds.
+        #[arg(long, default_value_t = 10)]
+        horizon_min_secs: u64,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
         schema: String,
     },
     /// Show both rings' slots, why a sealed slot is not pruned yet, and which backends hold
@@ -553,34 +572,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             schema,
         } => {
             let storage = open_storage(&database_url, &schema).await?;
-            println!(
-                "{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>6}",
-                "queue",
-                "paused",
-                "available",
-                "scheduled",
-                "retryable",
-                "running",
-                "completed",
-                "failed",
-                "cancelled",
-                "dlq"
-            );
-            for c in storage.queue_counts(queue.as_deref()).await? {
-                println!(
-                    "{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>6}",
-                    c.queue,
-                    if c.paused { "yes" } else { "no" },
-                    c.available,
-                    c.scheduled,
-                    c.retryable,
-                    c.running,
-                    c.completed,
-                    c.failed,
-                    c.cancelled,
-                    c.dead_lettered
-                );
-            }
+            let counts = storage.queue_counts(queue.as_deref()).await?;
+            print!("{}", status::counts_table(&counts, ""));
         }
         Command::Dlq {
             action,
@@ -622,6 +615,27 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                     println!("purged {n} dead-lettered job(s)");
                 }
             }
+        }
+        Command::Status {
+            watch,
+            json,
+            horizon_min_secs,
+            database_url,
+            schema,
+        } => {
+            if watch == Some(0) {
+                return Err(ringwork::Error::Config(
+                    "--watch must be at least 1 second".into(),
+                ));
+            }
+            let storage = open_storage(&database_url, &schema).await?;
+            status::run(
+                &storage,
+                json,
+                watch.map(Duration::from_secs),
+                Duration::from_secs(horizon_min_secs),
+            )
+            .await?;
         }
         Command::Ring {
             database_url,

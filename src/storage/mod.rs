@@ -9,6 +9,7 @@ mod archive;
 mod backlog;
 mod claim_ring;
 mod control;
+mod health;
 mod queue_ring;
 mod read;
 mod rescue;
@@ -25,6 +26,7 @@ pub use archive::ArchiveTable;
 pub use backlog::DeadLetter;
 pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::CancelOutcome;
+pub use health::HorizonHolder;
 pub use queue_ring::Inserted;
 pub use read::{HistoryEntry, JobRecord, JobState, QueueCounts};
 pub use ring_maintenance::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
@@ -40,6 +42,7 @@ struct Statements {
     archive: archive::Statements,
     control: control::Statements,
     read: read::Statements,
+    health: health::Statements,
 }
 
 /// Storage handle for one schema. Cheap to clone.
@@ -63,6 +66,7 @@ impl Storage {
             archive: archive::Statements::new(&schema),
             control: control::Statements::new(&schema),
             read: read::Statements::new(&schema),
+            health: health::Statements::new(&schema),
         });
         Self {
             pool,

@@ -50,7 +50,7 @@ pub struct JobState {
 
 /// Exact per-queue counts (see `Storage::queue_counts`). Terminal counts cover the history the
 /// queue ring still holds (failed and cancelled jobs at least `keep_failed`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueCounts {
     pub queue: String,
     pub paused: bool,

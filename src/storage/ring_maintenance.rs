@@ -66,7 +66,7 @@ pub struct QueueSlotPrune {
 }
 
 /// One slot of a ring, as `ringwork ring` shows it.
-#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow, serde::Serialize)]
 pub struct RingSlot {
     /// `queue` or `claim`.
     pub ring: String,
@@ -84,7 +84,7 @@ pub struct RingSlot {
 
 /// A backend holding a lock on a sealed slot's child or an archive bucket: what a prune (or an
 /// archive expiry) gives up on as `busy`.
-#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow, serde::Serialize)]
 pub struct PruneBlocker {
     /// `queue`, `claim` or `archive`.
     pub ring: String,

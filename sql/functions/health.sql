@@ -1,0 +1,42 @@
+-- Health: what an operator needs to know about the database around ringwork (issue 12).
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- ---------------------------------------------------------------------------------------------
+-- The horizon canary. ringwork's own tables do not bloat while something pins the MVCC horizon
+-- (rings are truncated, control rows are appended), so it can tell the operator who pins it for the
+-- rest of the database: every session whose snapshot or transaction holds back the horizon for at
+-- least p_min_age, every replication slot holding an xmin or catalog_xmin, and every prepared
+-- transaction. xmin_age is in transactions (age()), held_for in time; oldest first.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.horizon_holders(p_min_age interval)
+RETURNS TABLE (kind text, holder text, pid int, usename text, application text, client text,
+               backend_state text, held_since timestamptz, xmin_age int, query text)
+LANGUAGE sql STABLE AS $$
+    SELECT h.h_kind, h.h_holder, h.h_pid, h.h_user, h.h_application, h.h_client, h.h_state, h.h_since,
+           h.h_age, h.h_query
+    FROM (
+        SELECT 'session'::text AS h_kind, a.pid::text AS h_holder, a.pid AS h_pid, a.usename::text AS h_user,
+               a.application_name AS h_application, a.client_addr::text AS h_client, a.state AS h_state,
+               a.xact_start AS h_since, greatest(age(a.backend_xmin), age(a.backend_xid)) AS h_age,
+               left(a.query, 200) AS h_query
+        FROM pg_stat_activity a
+        WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+          AND a.pid <> pg_backend_pid()
+          AND a.xact_start <= now() - p_min_age
+        UNION ALL
+        SELECT 'replication_slot', s.slot_name::text, s.active_pid, NULL, s.plugin::text, s.database::text,
+               CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL,
+               greatest(age(s.xmin), age(s.catalog_xmin)), NULL
+        FROM pg_replication_slots s
+        WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+        UNION ALL
+        SELECT 'prepared_transaction', p.gid, NULL, p.owner::text, NULL, p.database::text, 'prepared',
+               p.prepared, age(p.transaction), NULL
+        FROM pg_prepared_xacts p
+        WHERE p.prepared <= now() - p_min_age
+    ) h
+    ORDER BY h.h_age DESC NULLS LAST
+$$;

@@ -30,22 +30,27 @@
 //! ```
 
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 mod job;
 pub mod maintenance;
 mod runtime;
 pub mod schema;
 mod storage;
+pub mod telemetry;
 
 pub use error::{Error, Result};
 pub use job::{JobArgs, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
 pub use runtime::handler::{JobContext, JobError};
 pub use runtime::{
-    check_reachable, Client, ClientBuilder, CompletionConfig, Metrics, QueueConfig, RunningClient,
+    check_reachable, Client, ClientBuilder, CompletionConfig, Liveness, Metrics, QueueConfig,
+    RunningClient,
 };
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     ArchiveTable, AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
     HorizonHolder, Inserted, JobRecord, JobState, Outcome, PruneBlocker, PruneResult, QueueCounts,
-    QueueSlotPrune, RingSlot, Storage,
+    QueueSlotPrune, Readiness, RingSlot, Storage, TableHealth,
 };
+pub use telemetry::Telemetry;

@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod embedded;
+mod serve;
 mod status;
 
 use std::time::Duration;
@@ -145,6 +146,29 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// List sessions whose transaction has been open at least this many seconds.
+        #[arg(long, default_value_t = 10)]
+        horizon_min_secs: u64,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
+    /// Serve /metrics (Prometheus text), /healthz and /readyz over HTTP, optionally push the same
+    /// metrics over OTLP, and take part in the maintenance election.
+    Serve {
+        /// Address to listen on (port 0: any free port, printed on start).
+        #[arg(long, default_value = "127.0.0.1:9464")]
+        listen: String,
+        /// Also push metrics to this OTLP/HTTP endpoint (e.g. http://collector:4318/v1/metrics).
+        #[arg(long, env = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")]
+        otlp_endpoint: Option<String>,
+        /// Seconds between OTLP pushes.
+        #[arg(long, default_value_t = 10)]
+        otlp_interval_secs: u64,
+        /// Do not run maintenance from this process, even when elected.
+        #[arg(long)]
+        no_maintenance: bool,
+        /// Count horizon holders whose transaction has been open at least this many seconds.
         #[arg(long, default_value_t = 10)]
         horizon_min_secs: u64,
         #[arg(long, env = "DATABASE_URL")]
@@ -309,8 +333,13 @@ async fn connect(url: &str, max: u32) -> ringwork::Result<sqlx::PgPool> {
 
 /// A storage handle on an installed schema this binary can run against.
 async fn open_storage(url: &str, schema: &str) -> ringwork::Result<Storage> {
+    open_storage_with(url, schema, 2).await
+}
+
+/// `open_storage` with a pool of `max` connections.
+async fn open_storage_with(url: &str, schema: &str, max: u32) -> ringwork::Result<Storage> {
     let schema = SchemaName::new(schema)?;
-    let pool = connect(url, 2).await?;
+    let pool = connect(url, max).await?;
     let mut conn = pool.acquire().await?;
     let version = schema::installed_version(&mut conn, &schema).await?;
     schema::check_not_newer(&schema, version)?;
@@ -634,6 +663,30 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 json,
                 watch.map(Duration::from_secs),
                 Duration::from_secs(horizon_min_secs),
+            )
+            .await?;
+        }
+        Command::Serve {
+            listen,
+            otlp_endpoint,
+            otlp_interval_secs,
+            no_maintenance,
+            horizon_min_secs,
+            database_url,
+            schema,
+        } => {
+            // refuses a schema that is not installed, or newer than this binary
+            let storage = open_storage_with(&database_url, &schema, 4).await?;
+            serve::run(
+                storage.pool().clone(),
+                serve::ServeOptions {
+                    listen,
+                    otlp_endpoint,
+                    otlp_interval: Duration::from_secs(otlp_interval_secs),
+                    maintenance: !no_maintenance,
+                    horizon_min_age: Duration::from_secs(horizon_min_secs),
+                    schema,
+                },
             )
             .await?;
         }

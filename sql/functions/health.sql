@@ -40,3 +40,40 @@ LANGUAGE sql STABLE AS $$
     ) h
     ORDER BY h.h_age DESC NULLS LAST
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- ringwork's own tables, each partitioned table summed over its partitions: live and dead tuples
+-- (the statistics collector's estimates) and bytes on disk, for metrics and status. Reads
+-- pg_stat_user_tables and the catalog only.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.table_health()
+RETURNS TABLE (table_name text, live_tuples bigint, dead_tuples bigint, total_bytes bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(parent.relname, c.relname)::text,
+           sum(coalesce(s.n_live_tup, 0))::bigint,
+           sum(coalesce(s.n_dead_tup, 0))::bigint,
+           sum(pg_total_relation_size(c.oid))::bigint
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+    LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+    LEFT JOIN pg_class parent ON parent.oid = i.inhparent
+    WHERE n.nspname = '__S__' AND c.relkind IN ('r', 'p')
+    GROUP BY 1
+    ORDER BY 1
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- The backend holding the maintenance leader's session advisory lock (p_key, see
+-- src/maintenance/runner.rs), or NULL when no process leads. A bigint advisory key shows in
+-- pg_locks as classid = its high 32 bits, objid = its low 32 bits, objsubid = 1. For /readyz, not
+-- for hot paths: pg_locks is a scan of the shared lock table.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.maintenance_leader(p_key bigint) RETURNS int
+LANGUAGE sql STABLE AS $$
+    SELECT l.pid FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid::bigint = (p_key >> 32) & 4294967295 AND l.objid::bigint = p_key & 4294967295
+    LIMIT 1
+$$;

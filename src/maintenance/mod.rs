@@ -64,6 +64,11 @@ pub struct MaintenanceConfig {
     /// Unique keys older than this whose job is no longer pending are forgotten (in batches of
     /// `promote_batch`); a pending job keeps its key however old.
     pub unique_key_retention: Duration,
+    /// The horizon canary's log line: the maintenance leader logs a warning, about every 30 s,
+    /// for each session, replication slot or prepared transaction that has held back the
+    /// database's MVCC horizon at least this long (default 5 min; `None`: never). ringwork's own
+    /// tables do not bloat meanwhile, the rest of the database does.
+    pub horizon_warn_after: Option<Duration>,
 }
 
 impl Default for MaintenanceConfig {
@@ -81,6 +86,7 @@ impl Default for MaintenanceConfig {
             rescue_batch: 200,
             dlq_retention: Duration::from_secs(30 * 24 * 3600),
             unique_key_retention: Duration::from_secs(72 * 3600),
+            horizon_warn_after: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -152,6 +158,8 @@ pub struct TickReport {
     pub dlq_expired: i32,
     pub unique_keys_expired: i32,
     pub archive_buckets_truncated: i32,
+    /// Sealed slots left for a later tick: (ring, reason), the reason as `PruneResult::Skipped`.
+    pub prune_skips: Vec<(&'static str, String)>,
 }
 
 /// One maintenance pass: every service once, in the order that lets each help the next. Public so

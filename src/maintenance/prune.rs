@@ -19,7 +19,10 @@ pub(super) async fn run(
             .await?
         {
             PruneResult::Pruned => report.pruned_claim_slots.push(slot),
-            PruneResult::Skipped(reason) => debug!(slot, reason, "claim slot kept"),
+            PruneResult::Skipped(reason) => {
+                debug!(slot, reason, "claim slot kept");
+                report.prune_skips.push(("claim", reason));
+            }
         }
     }
     for slot in storage.sealed_queue_slots().await? {
@@ -36,7 +39,10 @@ pub(super) async fn run(
             .await?
         {
             PruneResult::Pruned => report.pruned_queue_slots.push(slot),
-            PruneResult::Skipped(reason) => debug!(slot, reason, "queue slot kept"),
+            PruneResult::Skipped(reason) => {
+                debug!(slot, reason, "queue slot kept");
+                report.prune_skips.push(("queue", reason));
+            }
         }
     }
     Ok(())

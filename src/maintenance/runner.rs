@@ -30,6 +30,10 @@ use tracing::{debug, info, warn};
 use super::{tick, MaintenanceConfig};
 use crate::schema::SchemaName;
 use crate::storage::Storage;
+use crate::telemetry::Telemetry;
+
+/// How often the leader looks for horizon holders to warn about.
+const HORIZON_CHECK_EVERY: Duration = Duration::from_secs(30);
 
 /// The session advisory lock key the maintenance leader of `schema` holds. In `pg_locks` it shows
 /// as `locktype = 'advisory'`, `classid` = its high 32 bits, `objid` = its low 32 bits,
@@ -56,6 +60,7 @@ pub(crate) fn takeover_after(config: &MaintenanceConfig) -> Duration {
 pub(crate) async fn run(
     storage: Storage,
     config: MaintenanceConfig,
+    telemetry: Telemetry,
     mut stop: watch::Receiver<bool>,
 ) {
     let key = leader_key(&storage);
@@ -63,6 +68,7 @@ pub(crate) async fn run(
     // non-leaders look at the holder's liveness at most this often (a pg_locks scan)
     let check_every = (config.stale_after / 4).max(config.tick);
     let mut last_check: Option<Instant> = None;
+    let mut last_horizon_check: Option<Instant> = None;
     loop {
         match leader.as_mut() {
             None => {
@@ -100,12 +106,18 @@ pub(crate) async fn run(
                 }
             };
             match outcome {
-                Some(Ok(_)) => {}
+                Some(Ok(report)) => telemetry.tick(&report),
                 Some(Err(e)) => warn!(error = %e, "maintenance tick failed"),
                 None => {
                     warn!("maintenance leader fenced during a tick; stepping down");
                     step_down(leader.take()).await;
                 }
+            }
+        }
+        if let (Some(_), Some(warn_after)) = (leader.as_ref(), config.horizon_warn_after) {
+            if last_horizon_check.is_none_or(|at| at.elapsed() >= HORIZON_CHECK_EVERY) {
+                last_horizon_check = Some(Instant::now());
+                warn_horizon_holders(&storage, warn_after).await;
             }
         }
         tokio::select! {
@@ -114,6 +126,34 @@ pub(crate) async fn run(
         }
     }
     step_down(leader).await;
+}
+
+/// The horizon canary's log line: one warning per holder past the threshold.
+async fn warn_horizon_holders(storage: &Storage, warn_after: Duration) {
+    match storage.horizon_holders(warn_after).await {
+        Ok(holders) => {
+            for h in holders {
+                let held_s = h
+                    .held_since
+                    .map(|since| (chrono::Utc::now() - since).num_seconds());
+                warn!(
+                    kind = %h.kind,
+                    holder = %h.holder,
+                    pid = ?h.pid,
+                    user = ?h.usename,
+                    application = ?h.application,
+                    client = ?h.client,
+                    state = ?h.backend_state,
+                    held_s = ?held_s,
+                    xmin_age = ?h.xmin_age,
+                    query = ?h.query,
+                    "the MVCC horizon is held back: vacuum cannot reclaim rows deleted since; \
+                     ringwork's rings do not bloat, the rest of the database does"
+                );
+            }
+        }
+        Err(e) => debug!(error = %e, "horizon check failed"),
+    }
 }
 
 /// Leave leadership by ending the lock's session: the connection is detached from the pool and

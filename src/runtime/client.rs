@@ -14,12 +14,15 @@ use tracing::warn;
 use super::dispatcher::Dispatcher;
 use super::handler::{JobContext, JobError, Registry};
 use super::{completer, heartbeat, notifier};
-use super::{CompletionConfig, Finished, HandlerRuntime, Inner, Metrics, QueueConfig};
+use super::{
+    CompletionConfig, Finished, HandlerRuntime, Inner, Liveness, Metrics, QueueConfig, RunningGuard,
+};
 use crate::error::{Error, Result};
 use crate::job::{JobArgs, NewJob};
 use crate::maintenance::{self, MaintenanceConfig};
 use crate::schema::{self, RingSizes, SchemaName};
 use crate::storage::Storage;
+use crate::telemetry::Telemetry;
 
 pub struct ClientBuilder {
     pool: PgPool,
@@ -32,6 +35,7 @@ pub struct ClientBuilder {
     maintenance: MaintenanceConfig,
     migrate: bool,
     handler_threads: Option<usize>,
+    telemetry: Option<Telemetry>,
 }
 
 impl ClientBuilder {
@@ -88,6 +92,19 @@ impl ClientBuilder {
     /// Apply migrations at build (default true). Without it, build still refuses a newer schema.
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
+        self
+    }
+
+    /// Record metrics on `meter` (default: the global meter provider's `ringwork` meter, which
+    /// exports nothing until the application installs an OpenTelemetry SDK provider).
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.telemetry = Some(Telemetry::new(meter));
+        self
+    }
+
+    /// Record metrics on instruments already made (to share them with `http::Endpoints`).
+    pub fn telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = Some(telemetry);
         self
     }
 
@@ -148,6 +165,7 @@ impl ClientBuilder {
                 completion: self.completion,
                 maintenance: self.maintenance,
                 metrics: Arc::new(Metrics::default()),
+                telemetry: self.telemetry.unwrap_or_default(),
             }),
         })
     }
@@ -172,6 +190,7 @@ impl Client {
             maintenance: MaintenanceConfig::default(),
             migrate: true,
             handler_threads: None,
+            telemetry: None,
         }
     }
 
@@ -183,15 +202,30 @@ impl Client {
         Arc::clone(&self.inner.metrics)
     }
 
+    /// The OpenTelemetry instruments this client records on.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.inner.telemetry
+    }
+
+    fn count_enqueued(&self, jobs: &[NewJob]) {
+        self.inner
+            .telemetry
+            .enqueued(jobs.iter().map(|j| j.queue.as_str()));
+    }
+
     /// Insert one job in its own transaction.
     pub async fn insert(&self, job: NewJob) -> Result<i64> {
         let mut conn = self.inner.storage.pool().acquire().await?;
-        self.inner.storage.insert(&mut conn, &job).await
+        let id = self.inner.storage.insert(&mut conn, &job).await?;
+        self.count_enqueued(std::slice::from_ref(&job));
+        Ok(id)
     }
 
     /// Insert one job inside the caller's transaction (`&mut *tx`): it exists only if that commits.
     pub async fn insert_tx(&self, conn: &mut PgConnection, job: NewJob) -> Result<i64> {
-        self.inner.storage.insert(conn, &job).await
+        let id = self.inner.storage.insert(conn, &job).await?;
+        self.count_enqueued(std::slice::from_ref(&job));
+        Ok(id)
     }
 
     /// Insert many jobs (COPY for large lanes) on `conn`, the caller's transaction included.
@@ -200,7 +234,9 @@ impl Client {
         conn: &mut PgConnection,
         jobs: &[NewJob],
     ) -> Result<Vec<i64>> {
-        self.inner.storage.insert_many(conn, jobs).await
+        let ids = self.inner.storage.insert_many(conn, jobs).await?;
+        self.count_enqueued(jobs);
+        Ok(ids)
     }
 
     /// Insert many jobs in one transaction of their own.
@@ -208,6 +244,7 @@ impl Client {
         let mut tx = self.inner.storage.pool().begin().await?;
         let ids = self.inner.storage.insert_many(&mut tx, jobs).await?;
         tx.commit().await?;
+        self.count_enqueued(jobs);
         Ok(ids)
     }
 
@@ -223,6 +260,7 @@ impl Client {
             .insert_many_reporting(&mut tx, jobs)
             .await?;
         tx.commit().await?;
+        self.count_enqueued(jobs);
         Ok(inserted)
     }
 
@@ -265,9 +303,11 @@ impl Client {
             self.inner.engine.clone(),
             self.inner.completion.clone(),
             Arc::clone(&self.inner.metrics),
+            self.inner.telemetry.clone(),
             done_rx,
         ));
         let mut dispatchers = Vec::new();
+        let (liveness, running) = Liveness::new(self.inner.queues.len(), stop_rx.clone());
         for (queue, config) in &self.inner.queues {
             let dispatcher = Dispatcher {
                 inner: Arc::clone(&self.inner),
@@ -278,7 +318,12 @@ impl Client {
                 done: done_tx.clone(),
             };
             dispatchers.push((Arc::clone(&dispatcher.slots), config.max_workers));
-            tasks.push(tokio::spawn(dispatcher.run(stop_rx.clone())));
+            let guard = RunningGuard::new(&running);
+            let stop = stop_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let _running = guard;
+                dispatcher.run(stop).await
+            }));
         }
         // Heartbeats have a stop of their own: they go on through the shutdown drain, so a handler
         // still finishing its job is not rescued (and run again elsewhere) while it drains.
@@ -295,6 +340,7 @@ impl Client {
             tasks.push(tokio::spawn(maintenance::run(
                 self.inner.engine.clone(),
                 self.inner.maintenance.clone(),
+                self.inner.telemetry.clone(),
                 stop_rx.clone(),
             )));
         }
@@ -307,6 +353,7 @@ impl Client {
             dispatchers,
             done: Some(done_tx),
             batcher: Some(batcher),
+            liveness,
         })
     }
 }
@@ -321,9 +368,15 @@ pub struct RunningClient {
     dispatchers: Vec<(Arc<Semaphore>, usize)>,
     done: Option<mpsc::UnboundedSender<Finished>>,
     batcher: Option<JoinHandle<()>>,
+    liveness: Liveness,
 }
 
 impl RunningClient {
+    /// Whether this client's dispatchers all still run (for a liveness probe).
+    pub fn liveness(&self) -> Liveness {
+        self.liveness.clone()
+    }
+
     /// Graceful shutdown: stop claiming, wait up to `drain` for running handlers, flush completions.
     /// Heartbeats go on during the drain, so a long handler is not rescued while it finishes.
     /// Handlers still running after `drain` are told to stop (`JobContext::cancelled`) and are not

@@ -10,6 +10,7 @@ use tracing::warn;
 
 use super::{CompletionConfig, Finished, Metrics};
 use crate::storage::{CloseOutcome, Outcome, Storage};
+use crate::telemetry::Telemetry;
 
 /// Collects finished attempts and writes them in batches: one `complete_batch` call for the
 /// successes and one `close_batch` call for the rest per flush.
@@ -17,6 +18,7 @@ pub(super) async fn completion_batcher(
     storage: Storage,
     config: CompletionConfig,
     metrics: Arc<Metrics>,
+    telemetry: Telemetry,
     mut rx: mpsc::UnboundedReceiver<Finished>,
 ) {
     loop {
@@ -29,7 +31,9 @@ pub(super) async fn completion_batcher(
                 Ok(None) | Err(_) => break,
             }
         }
+        let stale_before = metrics.stale.load(Ordering::Relaxed);
         flush(&storage, &metrics, batch).await;
+        telemetry.stale(metrics.stale.load(Ordering::Relaxed) - stale_before);
     }
 }
 

@@ -79,6 +79,7 @@ impl Dispatcher {
                         .metrics
                         .claimed
                         .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                    self.inner.telemetry.claimed(&self.queue, jobs.len());
                     for (job, permit) in jobs.into_iter().zip(permits) {
                         let inner = Arc::clone(&self.inner);
                         let done = self.done.clone();

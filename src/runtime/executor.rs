@@ -74,6 +74,11 @@ async fn run_handler(
     poll_started: Arc<AtomicU64>,
 ) -> Finished {
     let attempt = job.attempt_ref();
+    let started = Instant::now();
+    if job.attempt == 1 {
+        let waited = (Utc::now() - job.created_at).to_std().unwrap_or_default();
+        inner.telemetry.pickup(queue, waited);
+    }
     if let Ok(mut samples) = inner.metrics.pickup_ms.lock() {
         if let Some(samples) = samples.as_mut() {
             let ms = (Utc::now() - job.created_at)
@@ -132,6 +137,15 @@ async fn run_handler(
         }
     };
     let result = result.map_err(|error| close_outcome(&job, error));
+    let outcome = match &result {
+        Ok(()) => "completed",
+        Err(CloseOutcome::Retry { .. }) => "retried",
+        Err(CloseOutcome::Snooze { .. }) => "snoozed",
+        Err(CloseOutcome::Failed { .. }) => "failed",
+    };
+    inner
+        .telemetry
+        .finished(queue, &job.kind, outcome, started.elapsed());
     Finished { attempt, result }
 }
 

@@ -140,6 +140,63 @@ impl Metrics {
     }
 }
 
+/// Whether a started client is alive: every dispatcher it started still runs and it is not
+/// shutting down. For `/healthz` (`http::Endpoints::liveness`) or a service's own probe.
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    running: Arc<std::sync::atomic::AtomicUsize>,
+    expected: usize,
+    stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Liveness {
+    pub(crate) fn new(
+        expected: usize,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> (Self, Arc<std::sync::atomic::AtomicUsize>) {
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        (
+            Self {
+                running: Arc::clone(&running),
+                expected,
+                stopping,
+            },
+            running,
+        )
+    }
+
+    /// `Ok` while alive; otherwise why not.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if *self.stopping.borrow() {
+            return Err("shutting down".into());
+        }
+        let running = self.running.load(std::sync::atomic::Ordering::Relaxed);
+        if running < self.expected {
+            return Err(format!(
+                "{running} of {} dispatchers running",
+                self.expected
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counts one running dispatcher while it lives (a panic included).
+pub(crate) struct RunningGuard(pub(crate) Arc<std::sync::atomic::AtomicUsize>);
+
+impl RunningGuard {
+    pub(crate) fn new(running: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        running.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(Arc::clone(running))
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// One attempt running in this process.
 pub(crate) struct RunningAttempt {
     pub(crate) attempt: AttemptRef,
@@ -202,6 +259,7 @@ pub(crate) struct Inner {
     pub(crate) completion: CompletionConfig,
     pub(crate) maintenance: MaintenanceConfig,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) telemetry: crate::telemetry::Telemetry,
 }
 
 /// A finished attempt on its way to the completion batcher.

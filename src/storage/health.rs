@@ -12,6 +12,8 @@ use crate::schema::SchemaName;
 #[derive(Debug)]
 pub(super) struct Statements {
     horizon_holders: String,
+    table_health: String,
+    maintenance_leader: String,
 }
 
 impl Statements {
@@ -21,6 +23,10 @@ impl Statements {
                 "SELECT kind, holder, pid, usename, application, client, backend_state, held_since, \
                  xmin_age, query FROM {s}.horizon_holders(make_interval(secs => $1))"
             ),
+            table_health: format!(
+                "SELECT table_name, live_tuples, dead_tuples, total_bytes FROM {s}.table_health()"
+            ),
+            maintenance_leader: format!("SELECT {s}.maintenance_leader($1)"),
         }
     }
 }
@@ -52,7 +58,97 @@ pub struct HorizonHolder {
     pub query: Option<String>,
 }
 
+/// One of ringwork's tables (a partitioned table summed over its partitions).
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct TableHealth {
+    pub table_name: String,
+    /// The statistics collector's estimates (`pg_stat_user_tables`).
+    pub live_tuples: i64,
+    pub dead_tuples: i64,
+    pub total_bytes: i64,
+}
+
+/// What `/readyz` reports: can this process do its work against this database?
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Readiness {
+    /// A connection was acquired and answered.
+    pub connected: bool,
+    /// The schema's installed version is the one this binary was built for.
+    pub migrated: bool,
+    pub installed_version: Option<i32>,
+    pub expected_version: i32,
+    /// The backend of the process leading maintenance (rotation, rescue, prune), if any.
+    pub leader_pid: Option<i32>,
+    /// Why a check failed, when one did.
+    pub error: Option<String>,
+}
+
+impl Readiness {
+    /// Connected, migrated to this binary's version, and some process leads maintenance.
+    pub fn ready(&self) -> bool {
+        self.connected && self.migrated && self.leader_pid.is_some()
+    }
+}
+
 impl Storage {
+    /// Readiness checks, each a cheap statement; never an error (a failed check says why).
+    pub async fn readiness(&self) -> Readiness {
+        let mut readiness = Readiness {
+            connected: false,
+            migrated: false,
+            installed_version: None,
+            expected_version: crate::schema::SCHEMA_VERSION,
+            leader_pid: None,
+            error: None,
+        };
+        let mut conn = match self.pool.acquire().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                readiness.error = Some(format!("no connection: {e}"));
+                return readiness;
+            }
+        };
+        readiness.connected = true;
+        match crate::schema::installed_version(&mut conn, &self.schema).await {
+            Ok(version) => {
+                readiness.installed_version = version;
+                readiness.migrated = version == Some(crate::schema::SCHEMA_VERSION);
+                if !readiness.migrated {
+                    readiness.error = Some(format!(
+                        "schema {} is at version {version:?}, this binary needs {}",
+                        self.schema,
+                        crate::schema::SCHEMA_VERSION
+                    ));
+                    return readiness;
+                }
+            }
+            Err(e) => {
+                readiness.error = Some(format!("cannot read the schema version: {e}"));
+                return readiness;
+            }
+        }
+        match sqlx::query_scalar::<_, Option<i32>>(&self.sql.health.maintenance_leader)
+            .bind(crate::maintenance::leader_lock_key(&self.schema))
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(Some(pid)) => readiness.leader_pid = Some(pid),
+            Ok(None) => {
+                readiness.error = Some("no process leads maintenance for this schema".into())
+            }
+            Err(e) => readiness.error = Some(format!("cannot look up the leader: {e}")),
+        }
+        readiness
+    }
+
+    /// Live and dead tuples and size of every table of the schema, partitions summed into their
+    /// parent. Dead tuples in a ring or backlog table are a defect of the storage contract.
+    pub async fn table_health(&self) -> Result<Vec<TableHealth>> {
+        Ok(sqlx::query_as(&self.sql.health.table_health)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     /// The horizon canary: every session whose transaction has been open at least `min_age` and
     /// holds an xmin or xid, every replication slot holding an xmin, every prepared transaction
     /// older than `min_age`; oldest xmin first. Reads only `pg_stat_activity`,

@@ -26,7 +26,7 @@ pub use archive::ArchiveTable;
 pub use backlog::DeadLetter;
 pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::CancelOutcome;
-pub use health::HorizonHolder;
+pub use health::{HorizonHolder, Readiness, TableHealth};
 pub use queue_ring::Inserted;
 pub use read::{HistoryEntry, JobRecord, JobState, QueueCounts};
 pub use ring_maintenance::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};

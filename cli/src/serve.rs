@@ -1,0 +1,106 @@
+//! `ringwork serve`: `/metrics` (Prometheus), `/healthz` and `/readyz` over HTTP (issue 12), an
+//! optional OTLP metrics export, and, unless told not to, a seat in the maintenance election (so a
+//! fleet whose workers are all down still rotates, rescues and prunes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry_otlp::{MetricExporter, WithExportConfig};
+use opentelemetry_sdk::metrics::PeriodicReader;
+use ringwork::http::{router, Endpoints, PrometheusExporter};
+use ringwork::{Client, MaintenanceConfig};
+use tracing::{info, warn};
+
+pub struct ServeOptions {
+    pub listen: String,
+    pub otlp_endpoint: Option<String>,
+    pub otlp_interval: Duration,
+    pub maintenance: bool,
+    pub horizon_min_age: Duration,
+    pub schema: String,
+}
+
+pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<()> {
+    if options.otlp_interval < Duration::from_secs(1) {
+        return Err(ringwork::Error::Config(
+            "--otlp-interval-secs must be at least 1".into(),
+        ));
+    }
+    let otlp = match &options.otlp_endpoint {
+        None => None,
+        Some(endpoint) => Some(
+            MetricExporter::builder()
+                .with_http()
+                .with_endpoint(endpoint.clone())
+                .build()
+                .map_err(|e| {
+                    ringwork::Error::Config(format!("cannot start the OTLP exporter: {e}"))
+                })?,
+        ),
+    };
+    let interval = options.otlp_interval;
+    let exporter = Arc::new(PrometheusExporter::new(move |provider| match otlp {
+        Some(otlp) => provider.with_reader(
+            PeriodicReader::builder(otlp)
+                .with_interval(interval)
+                .build(),
+        ),
+        None => provider,
+    })?);
+    let listener = tokio::net::TcpListener::bind(&options.listen)
+        .await
+        .map_err(|e| {
+            ringwork::Error::Config(format!("cannot listen on {}: {e}", options.listen))
+        })?;
+    let client = Client::builder(pool)
+        .schema(&options.schema)
+        .migrate(false)
+        .telemetry(exporter.telemetry())
+        .maintenance(MaintenanceConfig {
+            enabled: options.maintenance,
+            ..MaintenanceConfig::default()
+        })
+        .build()
+        .await?;
+    let running = client.start().await?;
+    // OTLP pushes on its own clock: refresh the state gauges on that clock too (a Prometheus
+    // scrape refreshes them itself)
+    let refresher = options.otlp_endpoint.as_ref().map(|_| {
+        let telemetry = exporter.telemetry();
+        let storage = client.storage().clone();
+        let min_age = options.horizon_min_age;
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = telemetry.record_storage(&storage, min_age).await {
+                    warn!(error = %e, "metrics: reading ringwork's state from the database failed");
+                }
+                tokio::time::sleep(interval / 2).await;
+            }
+        })
+    });
+    let app = router(
+        Endpoints::new(client.storage().clone())
+            .prometheus(Arc::clone(&exporter))
+            .liveness(running.liveness())
+            .horizon_min_age(options.horizon_min_age),
+    );
+    let local = listener
+        .local_addr()
+        .map_err(|e| ringwork::Error::Config(format!("listener has no address: {e}")))?;
+    info!(%local, "serving /metrics, /healthz, /readyz");
+    // the bound address on stdout, for scripts and tests that pass port 0
+    println!("listening on http://{local}");
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+    if let Some(refresher) = refresher {
+        refresher.abort();
+    }
+    running.shutdown(Duration::from_secs(5)).await;
+    if let Err(e) = exporter.provider().shutdown() {
+        warn!(error = %e, "metrics provider shutdown");
+    }
+    served.map_err(|e| ringwork::Error::Config(format!("HTTP server failed: {e}")))
+}

@@ -1,0 +1,174 @@
+//! HTTP endpoints for operators (feature `http`): `/metrics` (Prometheus text), `/healthz` and
+//! `/readyz`, as an axum `Router` a service mounts in its own server; `ringwork serve` runs the same
+//! router on its own.
+//!
+//! ```no_run
+//! # async fn demo(client: ringwork::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use ringwork::http::{router, Endpoints, PrometheusExporter};
+//! let prometheus = Arc::new(PrometheusExporter::new(|provider| provider)?);
+//! // build the client with `.telemetry(prometheus.telemetry())` so its events reach /metrics
+//! let running = client.start().await?;
+//! let app = router(
+//!     Endpoints::new(client.storage().clone())
+//!         .prometheus(prometheus)
+//!         .liveness(running.liveness()),
+//! );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9464").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use opentelemetry::metrics::MeterProvider;
+use opentelemetry_sdk::metrics::{MeterProviderBuilder, SdkMeterProvider};
+use tracing::warn;
+
+use crate::error::{Error, Result};
+use crate::runtime::Liveness;
+use crate::storage::Storage;
+use crate::telemetry::Telemetry;
+
+/// An OpenTelemetry SDK meter provider whose metrics a Prometheus registry renders, with
+/// ringwork's instruments made on it.
+pub struct PrometheusExporter {
+    registry: prometheus::Registry,
+    provider: SdkMeterProvider,
+    telemetry: Telemetry,
+}
+
+impl PrometheusExporter {
+    /// `configure` may add readers to the provider (an OTLP periodic reader, say) before it is
+    /// built; pass `|provider| provider` for Prometheus only.
+    pub fn new(
+        configure: impl FnOnce(MeterProviderBuilder) -> MeterProviderBuilder,
+    ) -> Result<Self> {
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()
+            .map_err(|e| Error::Config(format!("cannot start the Prometheus exporter: {e}")))?;
+        let provider = configure(SdkMeterProvider::builder().with_reader(exporter)).build();
+        let telemetry = Telemetry::new(&provider.meter("ringwork"));
+        Ok(Self {
+            registry,
+            provider,
+            telemetry,
+        })
+    }
+
+    /// The instruments to give `ClientBuilder::telemetry`.
+    pub fn telemetry(&self) -> Telemetry {
+        self.telemetry.clone()
+    }
+
+    pub fn provider(&self) -> &SdkMeterProvider {
+        &self.provider
+    }
+
+    /// Everything recorded so far, in the Prometheus text format.
+    pub fn render(&self) -> Result<String> {
+        prometheus::TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .map_err(|e| Error::Config(format!("cannot encode metrics: {e}")))
+    }
+}
+
+/// What the router serves.
+#[derive(Clone)]
+pub struct Endpoints {
+    storage: Storage,
+    prometheus: Option<Arc<PrometheusExporter>>,
+    liveness: Option<Liveness>,
+    horizon_min_age: Duration,
+}
+
+impl Endpoints {
+    pub fn new(storage: Storage) -> Self {
+        Self {
+            storage,
+            prometheus: None,
+            liveness: None,
+            horizon_min_age: Duration::from_secs(10),
+        }
+    }
+
+    /// Serve `/metrics` from this exporter; each scrape first reads the state gauges from the
+    /// database (`Telemetry::record_storage`).
+    pub fn prometheus(mut self, exporter: Arc<PrometheusExporter>) -> Self {
+        self.prometheus = Some(exporter);
+        self
+    }
+
+    /// `/healthz` answers 503 when this client's dispatchers stopped; without it, `/healthz`
+    /// says only that the process serves HTTP.
+    pub fn liveness(mut self, liveness: Liveness) -> Self {
+        self.liveness = Some(liveness);
+        self
+    }
+
+    /// Horizon holders younger than this are not counted in the metrics (default 10 s).
+    pub fn horizon_min_age(mut self, min_age: Duration) -> Self {
+        self.horizon_min_age = min_age;
+        self
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz`.
+pub fn router(endpoints: Endpoints) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(Arc::new(endpoints))
+}
+
+async fn metrics(State(e): State<Arc<Endpoints>>) -> Response {
+    let Some(prometheus) = &e.prometheus else {
+        return (StatusCode::NOT_FOUND, "no metrics exporter configured\n").into_response();
+    };
+    // A failed database read still serves the process's own counters (and says so in the log):
+    // the scrape that fails outright is the one that hides why.
+    if let Err(err) = prometheus
+        .telemetry
+        .record_storage(&e.storage, e.horizon_min_age)
+        .await
+    {
+        warn!(error = %err, "metrics: reading ringwork's state from the database failed");
+    }
+    match prometheus.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
+    }
+}
+
+async fn healthz(State(e): State<Arc<Endpoints>>) -> Response {
+    match e.liveness.as_ref().map(Liveness::check) {
+        None | Some(Ok(())) => (StatusCode::OK, "ok\n").into_response(),
+        Some(Err(why)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+async fn readyz(State(e): State<Arc<Endpoints>>) -> Response {
+    let readiness = e.storage.readiness().await;
+    let status = if readiness.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(readiness)).into_response()
+}

@@ -1,0 +1,365 @@
+//! Metrics through OpenTelemetry (issue 12).
+//!
+//! The library depends on the OpenTelemetry API only: instruments are made from the `Meter` the
+//! application gives `ClientBuilder::meter` (default: the global meter provider's `ringwork` meter,
+//! a no-op until the application installs an SDK provider). Exporting is the application's choice:
+//! OTLP, or the Prometheus registry of the `http` feature (`ringwork serve` wires both).
+//!
+//! Two kinds of instrument:
+//! - **events**, counted by the process where they happen: enqueued, claimed, finished (by
+//!   outcome), handler duration and pickup latency histograms, and what the maintenance leader did
+//!   (rotations, prunes, prune skips by reason, rescued, promoted);
+//! - **state**, gauges read from the database by `Telemetry::record_storage` (on a Prometheus
+//!   scrape, or on a timer for OTLP): exact depth per queue and state, paused queues, both rings'
+//!   slots, prune blockers, horizon holders and the live and dead tuples of ringwork's own tables.
+//!   Each is one cheap statement; none scans job rows except the terminal counts still in the ring.
+//!
+//! Attribute names are short on purpose (`queue`, `kind`, `outcome`, `state`, `ring`): they become
+//! Prometheus labels that operators type.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
+use opentelemetry::KeyValue;
+
+use crate::error::Result;
+use crate::storage::Storage;
+
+/// Seconds buckets for handler duration and pickup latency: 1 ms to 5 min.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// ringwork's instruments, cheap to clone.
+#[derive(Clone)]
+pub struct Telemetry {
+    i: Arc<Instruments>,
+}
+
+struct Instruments {
+    enqueued: Counter<u64>,
+    claimed: Counter<u64>,
+    finished: Counter<u64>,
+    stale: Counter<u64>,
+    duration: Histogram<f64>,
+    pickup: Histogram<f64>,
+    rescued: Counter<u64>,
+    promoted: Counter<u64>,
+    rotations: Counter<u64>,
+    prunes: Counter<u64>,
+    prune_skips: Counter<u64>,
+    archive_truncations: Counter<u64>,
+    queue_jobs: Gauge<i64>,
+    queue_paused: Gauge<i64>,
+    ring_slots: Gauge<i64>,
+    ring_current_slot: Gauge<i64>,
+    ring_sealed_waiting: Gauge<i64>,
+    prune_blockers: Gauge<i64>,
+    prune_blocker_age: Gauge<f64>,
+    horizon_holders: Gauge<i64>,
+    horizon_oldest: Gauge<f64>,
+    table_live: Gauge<i64>,
+    table_dead: Gauge<i64>,
+    table_bytes: Gauge<i64>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Telemetry")
+    }
+}
+
+impl Default for Telemetry {
+    /// The global meter provider's `ringwork` meter.
+    fn default() -> Self {
+        Self::new(&opentelemetry::global::meter("ringwork"))
+    }
+}
+
+impl Telemetry {
+    /// ringwork's instruments on `meter`.
+    pub fn new(meter: &Meter) -> Self {
+        let counter = |name: &'static str, description: &'static str| {
+            meter
+                .u64_counter(name)
+                .with_description(description)
+                .build()
+        };
+        let gauge = |name: &'static str, description: &'static str| {
+            meter.i64_gauge(name).with_description(description).build()
+        };
+        let seconds = |name: &'static str, description: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_description(description)
+                .with_unit("s")
+                .with_boundaries(SECONDS_BUCKETS.to_vec())
+                .build()
+        };
+        Self {
+            i: Arc::new(Instruments {
+                enqueued: counter(
+                    "ringwork.jobs.enqueued",
+                    "Jobs inserted by this process (counted when the insert statement succeeds; \
+                     a caller's transaction may still roll back)",
+                ),
+                claimed: counter("ringwork.jobs.claimed", "Jobs claimed by this process"),
+                finished: counter(
+                    "ringwork.jobs.finished",
+                    "Attempts finished by this process's handlers, by outcome: completed, \
+                     retried, snoozed, failed (failed includes dead-lettered)",
+                ),
+                stale: counter(
+                    "ringwork.completions.stale",
+                    "Completions refused by the (job_id, run_lease) guard: the attempt had been \
+                     rescued or cancelled under its handler",
+                ),
+                duration: seconds(
+                    "ringwork.job.duration",
+                    "Handler run time per attempt, by queue, kind and outcome",
+                ),
+                pickup: seconds(
+                    "ringwork.job.pickup_latency",
+                    "From insert to handler start, first attempts only (a scheduled job's delay \
+                     counts)",
+                ),
+                rescued: counter(
+                    "ringwork.jobs.rescued",
+                    "Attempts closed by rescue (stale heartbeat or past deadline) and re-queued",
+                ),
+                promoted: counter(
+                    "ringwork.jobs.promoted",
+                    "Scheduled and retryable jobs moved to the queue ring when due",
+                ),
+                rotations: counter("ringwork.ring.rotations", "Ring rotations, by ring"),
+                prunes: counter("ringwork.ring.prunes", "Slots truncated, by ring"),
+                prune_skips: counter(
+                    "ringwork.ring.prune_skips",
+                    "Sealed slots left for a later tick, by ring and reason (busy: a lock was \
+                     not granted within prune_lock_timeout; pending_ready, open_claims: the \
+                     proof failed)",
+                ),
+                archive_truncations: counter(
+                    "ringwork.archive.truncations",
+                    "Archive time buckets truncated by retention",
+                ),
+                queue_jobs: gauge(
+                    "ringwork.queue.jobs",
+                    "Exact jobs per queue and state (completed: those whose queue slot is not yet \
+                     pruned)",
+                ),
+                queue_paused: gauge("ringwork.queue.paused", "1 when the queue is paused"),
+                ring_slots: gauge("ringwork.ring.slots", "Slots per ring and state"),
+                ring_current_slot: gauge("ringwork.ring.current_slot", "The ring's write slot"),
+                ring_sealed_waiting: gauge(
+                    "ringwork.ring.sealed_waiting",
+                    "Sealed slots whose prune proof fails, by ring and reason",
+                ),
+                prune_blockers: gauge(
+                    "ringwork.prune.blockers",
+                    "Backends holding a lock on a sealed slot or an archive bucket",
+                ),
+                prune_blocker_age: gauge_f64(
+                    meter,
+                    "ringwork.prune.blocker_age",
+                    "Longest transaction among the prune blockers",
+                ),
+                horizon_holders: gauge(
+                    "ringwork.horizon.holders",
+                    "Sessions, replication slots and prepared transactions holding back the MVCC \
+                     horizon, by kind",
+                ),
+                horizon_oldest: gauge_f64(
+                    meter,
+                    "ringwork.horizon.oldest_age",
+                    "Age of the oldest horizon holder's transaction, by kind (0: none)",
+                ),
+                table_live: gauge(
+                    "ringwork.table.live_tuples",
+                    "Live tuples of ringwork's tables (estimates), by table",
+                ),
+                table_dead: gauge(
+                    "ringwork.table.dead_tuples",
+                    "Dead tuples of ringwork's tables (estimates), by table",
+                ),
+                table_bytes: gauge(
+                    "ringwork.table.bytes",
+                    "Size of ringwork's tables, by table",
+                ),
+            }),
+        }
+    }
+
+    pub(crate) fn enqueued<'a>(&self, queues: impl IntoIterator<Item = &'a str>) {
+        let mut counts: Vec<(&str, u64)> = Vec::new();
+        for queue in queues {
+            match counts.iter_mut().find(|(q, _)| *q == queue) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((queue, 1)),
+            }
+        }
+        for (queue, n) in counts {
+            self.i
+                .enqueued
+                .add(n, &[KeyValue::new("queue", queue.to_string())]);
+        }
+    }
+
+    pub(crate) fn claimed(&self, queue: &str, n: usize) {
+        self.i
+            .claimed
+            .add(n as u64, &[KeyValue::new("queue", queue.to_string())]);
+    }
+
+    pub(crate) fn pickup(&self, queue: &str, latency: Duration) {
+        self.i.pickup.record(
+            latency.as_secs_f64(),
+            &[KeyValue::new("queue", queue.to_string())],
+        );
+    }
+
+    pub(crate) fn finished(&self, queue: &str, kind: &str, outcome: &'static str, ran: Duration) {
+        let attributes = [
+            KeyValue::new("queue", queue.to_string()),
+            KeyValue::new("kind", kind.to_string()),
+            KeyValue::new("outcome", outcome),
+        ];
+        self.i.finished.add(1, &attributes);
+        self.i.duration.record(ran.as_secs_f64(), &attributes);
+    }
+
+    pub(crate) fn stale(&self, n: u64) {
+        if n > 0 {
+            self.i.stale.add(n, &[]);
+        }
+    }
+
+    /// What one maintenance tick did.
+    pub(crate) fn tick(&self, report: &crate::maintenance::TickReport) {
+        let i = &self.i;
+        for (ring, rotated) in [
+            ("queue", report.rotated_queue),
+            ("claim", report.rotated_claim),
+        ] {
+            if rotated {
+                i.rotations.add(1, &[KeyValue::new("ring", ring)]);
+            }
+        }
+        for (ring, pruned) in [
+            ("queue", report.pruned_queue_slots.len()),
+            ("claim", report.pruned_claim_slots.len()),
+        ] {
+            if pruned > 0 {
+                i.prunes.add(pruned as u64, &[KeyValue::new("ring", ring)]);
+            }
+        }
+        for (ring, reason) in &report.prune_skips {
+            i.prune_skips.add(
+                1,
+                &[
+                    KeyValue::new("ring", *ring),
+                    KeyValue::new("reason", reason.clone()),
+                ],
+            );
+        }
+        if report.rescued > 0 {
+            i.rescued.add(report.rescued as u64, &[]);
+        }
+        if report.promoted > 0 {
+            i.promoted.add(report.promoted as u64, &[]);
+        }
+        if report.archive_buckets_truncated > 0 {
+            i.archive_truncations
+                .add(report.archive_buckets_truncated as u64, &[]);
+        }
+    }
+
+    /// Read the state gauges from the database: five statements (queue counts, ring slots, prune
+    /// blockers, horizon holders at least `horizon_min_age` old, table statistics).
+    pub async fn record_storage(&self, storage: &Storage, horizon_min_age: Duration) -> Result<()> {
+        let i = &self.i;
+        for c in storage.queue_counts(None).await? {
+            let q = || KeyValue::new("queue", c.queue.clone());
+            i.queue_paused.record(i64::from(c.paused), &[q()]);
+            for (state, n) in [
+                ("available", c.available),
+                ("scheduled", c.scheduled),
+                ("retryable", c.retryable),
+                ("running", c.running),
+                ("completed", c.completed),
+                ("failed", c.failed),
+                ("cancelled", c.cancelled),
+                ("dead_lettered", c.dead_lettered),
+            ] {
+                i.queue_jobs
+                    .record(n, &[q(), KeyValue::new("state", state)]);
+            }
+        }
+        let slots = storage.ring_slots().await?;
+        for ring in ["queue", "claim"] {
+            let ring_slots: Vec<_> = slots.iter().filter(|s| s.ring == ring).collect();
+            for state in ["current", "sealed", "free"] {
+                let n = ring_slots.iter().filter(|s| s.state == state).count();
+                i.ring_slots.record(
+                    n as i64,
+                    &[KeyValue::new("ring", ring), KeyValue::new("state", state)],
+                );
+            }
+            if let Some(current) = ring_slots.iter().find(|s| s.state == "current") {
+                i.ring_current_slot
+                    .record(i64::from(current.slot), &[KeyValue::new("ring", ring)]);
+            }
+            for reason in ["pending_ready", "open_claims"] {
+                let n = ring_slots
+                    .iter()
+                    .filter(|s| s.state == "sealed" && s.blocker.as_deref() == Some(reason))
+                    .count();
+                i.ring_sealed_waiting.record(
+                    n as i64,
+                    &[KeyValue::new("ring", ring), KeyValue::new("reason", reason)],
+                );
+            }
+        }
+        let blockers = storage.prune_blockers().await?;
+        let mut pids: Vec<i32> = blockers.iter().map(|b| b.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        i.prune_blockers.record(pids.len() as i64, &[]);
+        let oldest = blockers
+            .iter()
+            .filter_map(|b| b.xact_age_secs)
+            .fold(0.0_f64, f64::max);
+        i.prune_blocker_age.record(oldest, &[]);
+        let holders = storage.horizon_holders(horizon_min_age).await?;
+        let now = chrono::Utc::now();
+        for kind in ["session", "replication_slot", "prepared_transaction"] {
+            let of_kind: Vec<_> = holders.iter().filter(|h| h.kind == kind).collect();
+            let oldest = of_kind
+                .iter()
+                .filter_map(|h| h.held_since)
+                .map(|since| (now - since).num_milliseconds() as f64 / 1000.0)
+                .fold(0.0_f64, f64::max);
+            i.horizon_holders
+                .record(of_kind.len() as i64, &[KeyValue::new("kind", kind)]);
+            i.horizon_oldest
+                .record(oldest, &[KeyValue::new("kind", kind)]);
+        }
+        for t in storage.table_health().await? {
+            let table = [KeyValue::new("table", t.table_name.clone())];
+            i.table_live.record(t.live_tuples, &table);
+            i.table_dead.record(t.dead_tuples, &table);
+            i.table_bytes.record(t.total_bytes, &table);
+        }
+        Ok(())
+    }
+}
+
+/// A gauge in seconds.
+fn gauge_f64(meter: &Meter, name: &'static str, description: &'static str) -> Gauge<f64> {
+    meter
+        .f64_gauge(name)
+        .with_description(description)
+        .with_unit("s")
+        .build()
+}

@@ -36,6 +36,10 @@ use crate::runtime::Liveness;
 use crate::storage::Storage;
 use crate::telemetry::Telemetry;
 
+/// How long a scrape waits for the state gauges before it serves what it has (Prometheus's default
+/// scrape timeout is 10 s).
+const STATE_READ_BUDGET: Duration = Duration::from_secs(4);
+
 /// An OpenTelemetry SDK meter provider whose metrics a Prometheus registry renders, with
 /// ringwork's instruments made on it.
 pub struct PrometheusExporter {
@@ -88,6 +92,7 @@ pub struct Endpoints {
     prometheus: Option<Arc<PrometheusExporter>>,
     liveness: Option<Liveness>,
     horizon_min_age: Duration,
+    require_leader: bool,
 }
 
 impl Endpoints {
@@ -97,6 +102,7 @@ impl Endpoints {
             prometheus: None,
             liveness: None,
             horizon_min_age: Duration::from_secs(10),
+            require_leader: false,
         }
     }
 
@@ -111,6 +117,13 @@ impl Endpoints {
     /// says only that the process serves HTTP.
     pub fn liveness(mut self, liveness: Liveness) -> Self {
         self.liveness = Some(liveness);
+        self
+    }
+
+    /// `/readyz` also requires some process to hold the maintenance leader lock (default off: see
+    /// `Readiness::ready`).
+    pub fn require_leader(mut self, require: bool) -> Self {
+        self.require_leader = require;
         self
     }
 
@@ -134,14 +147,25 @@ async fn metrics(State(e): State<Arc<Endpoints>>) -> Response {
     let Some(prometheus) = &e.prometheus else {
         return (StatusCode::NOT_FOUND, "no metrics exporter configured\n").into_response();
     };
-    // A failed database read still serves the process's own counters (and says so in the log):
-    // the scrape that fails outright is the one that hides why.
-    if let Err(err) = prometheus
-        .telemetry
-        .record_storage(&e.storage, e.horizon_min_age)
-        .await
+    // A failed or slow database read still serves the process's own counters within a scrape
+    // timeout (and says so: ringwork_state_read_ok 0, and the log): the scrape that fails outright
+    // is the one that hides why.
+    match tokio::time::timeout(
+        STATE_READ_BUDGET,
+        prometheus
+            .telemetry
+            .record_storage(&e.storage, e.horizon_min_age),
+    )
+    .await
     {
-        warn!(error = %err, "metrics: reading ringwork's state from the database failed");
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            warn!(error = %err, "metrics: reading ringwork's state from the database failed")
+        }
+        Err(_) => {
+            prometheus.telemetry.state_read_failed();
+            warn!("metrics: reading ringwork's state from the database took over {STATE_READ_BUDGET:?}; serving the last values");
+        }
     }
     match prometheus.render() {
         Ok(text) => (
@@ -165,7 +189,7 @@ async fn healthz(State(e): State<Arc<Endpoints>>) -> Response {
 
 async fn readyz(State(e): State<Arc<Endpoints>>) -> Response {
     let readiness = e.storage.readiness().await;
-    let status = if readiness.ready() {
+    let status = if readiness.ready(e.require_leader) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -33,6 +33,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "rotation_ledger",
         include_str!("../migrations/0005_rotation_ledger.sql"),
     ),
+    (
+        "terminal_totals",
+        include_str!("../migrations/0006_terminal_totals.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -207,6 +211,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     // terminal history: INSERT-only rings of time buckets, reclaimed by TRUNCATE of a whole bucket
     ("archived_completion_batches", ChurnClass::Ring),
     ("archived_jobs", ChurnClass::Ring),
+    // durable terminal totals: appended at prune, folded and truncated a time bucket at a time
+    ("terminal_totals", ChurnClass::Ring),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).
@@ -287,6 +293,20 @@ pub async fn installed_version(
     .fetch_one(&mut *conn)
     .await?;
     Ok(version)
+}
+
+/// The checksum of the function files last installed in the schema (see `functions_checksum`), or
+/// `None` when none were. Equal to this binary's `functions_checksum()` when its functions are the
+/// ones installed.
+pub async fn installed_functions_checksum(
+    conn: &mut PgConnection,
+    schema: &SchemaName,
+) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT checksum FROM {schema}.schema_functions ORDER BY install_id DESC LIMIT 1"
+    ))
+    .fetch_optional(&mut *conn)
+    .await?)
 }
 
 /// Refuse a schema written by a newer binary.
@@ -436,11 +456,7 @@ async fn migrate_locked(
     }
 
     let functions_checksum = functions_checksum();
-    let installed: Option<String> = sqlx::query_scalar(&format!(
-        "SELECT checksum FROM {schema}.schema_functions ORDER BY install_id DESC LIMIT 1"
-    ))
-    .fetch_optional(&mut *conn)
-    .await?;
+    let installed = installed_functions_checksum(&mut *conn, schema).await?;
     let functions_reloaded = installed.as_deref() != Some(functions_checksum.as_str());
     if functions_reloaded {
         for (_, sql) in FUNCTION_FILES {

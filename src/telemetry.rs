@@ -59,9 +59,11 @@ struct Instruments {
     prune_blocker_age: Gauge<f64>,
     horizon_holders: Gauge<i64>,
     horizon_oldest: Gauge<f64>,
+    horizon_xmin_age: Gauge<i64>,
     table_live: Gauge<i64>,
     table_dead: Gauge<i64>,
     table_bytes: Gauge<i64>,
+    state_read_ok: Gauge<i64>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -146,8 +148,8 @@ impl Telemetry {
                 ),
                 queue_jobs: gauge(
                     "ringwork.queue.jobs",
-                    "Exact jobs per queue and state (completed: those whose queue slot is not yet \
-                     pruned)",
+                    "Exact jobs per queue and state; completed, failed and cancelled are durable \
+                     totals since the schema gained them (migration 0006)",
                 ),
                 queue_paused: gauge("ringwork.queue.paused", "1 when the queue is paused"),
                 ring_slots: gauge("ringwork.ring.slots", "Slots per ring and state"),
@@ -175,6 +177,11 @@ impl Telemetry {
                     "ringwork.horizon.oldest_age",
                     "Age of the oldest horizon holder's transaction, by kind (0: none)",
                 ),
+                horizon_xmin_age: gauge(
+                    "ringwork.horizon.xmin_age",
+                    "Largest xmin age (in transactions) among the horizon holders, by kind: the \
+                     measure for replication slots, which have no start time",
+                ),
                 table_live: gauge(
                     "ringwork.table.live_tuples",
                     "Live tuples of ringwork's tables (estimates), by table",
@@ -186,6 +193,11 @@ impl Telemetry {
                 table_bytes: gauge(
                     "ringwork.table.bytes",
                     "Size of ringwork's tables, by table",
+                ),
+                state_read_ok: gauge(
+                    "ringwork.state.read_ok",
+                    "1 when the last read of the state gauges from the database succeeded; 0: \
+                     the other state gauges show older values",
                 ),
             }),
         }
@@ -276,8 +288,30 @@ impl Telemetry {
     }
 
     /// Read the state gauges from the database: five statements (queue counts, ring slots, prune
-    /// blockers, horizon holders at least `horizon_min_age` old, table statistics).
+    /// blockers, horizon holders at least `horizon_min_age` old, table statistics), each on its
+    /// own, so one failing leaves the others fresh. `ringwork.state.read_ok` says whether all
+    /// succeeded; the first error is returned.
     pub async fn record_storage(&self, storage: &Storage, horizon_min_age: Duration) -> Result<()> {
+        let results = [
+            self.record_counts(storage).await,
+            self.record_rings(storage).await,
+            self.record_prune_blockers(storage).await,
+            self.record_horizon(storage, horizon_min_age).await,
+            self.record_tables(storage).await,
+        ];
+        let first_error = results.into_iter().find_map(std::result::Result::err);
+        self.i
+            .state_read_ok
+            .record(i64::from(first_error.is_none()), &[]);
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Mark the state gauges stale (a read that did not finish in time).
+    pub fn state_read_failed(&self) {
+        self.i.state_read_ok.record(0, &[]);
+    }
+
+    async fn record_counts(&self, storage: &Storage) -> Result<()> {
         let i = &self.i;
         for c in storage.queue_counts(None).await? {
             let q = || KeyValue::new("queue", c.queue.clone());
@@ -296,6 +330,11 @@ impl Telemetry {
                     .record(n, &[q(), KeyValue::new("state", state)]);
             }
         }
+        Ok(())
+    }
+
+    async fn record_rings(&self, storage: &Storage) -> Result<()> {
+        let i = &self.i;
         let slots = storage.ring_slots().await?;
         for ring in ["queue", "claim"] {
             let ring_slots: Vec<_> = slots.iter().filter(|s| s.ring == ring).collect();
@@ -321,6 +360,11 @@ impl Telemetry {
                 );
             }
         }
+        Ok(())
+    }
+
+    async fn record_prune_blockers(&self, storage: &Storage) -> Result<()> {
+        let i = &self.i;
         let blockers = storage.prune_blockers().await?;
         let mut pids: Vec<i32> = blockers.iter().map(|b| b.pid).collect();
         pids.sort_unstable();
@@ -331,7 +375,12 @@ impl Telemetry {
             .filter_map(|b| b.xact_age_secs)
             .fold(0.0_f64, f64::max);
         i.prune_blocker_age.record(oldest, &[]);
-        let holders = storage.horizon_holders(horizon_min_age).await?;
+        Ok(())
+    }
+
+    async fn record_horizon(&self, storage: &Storage, min_age: Duration) -> Result<()> {
+        let i = &self.i;
+        let holders = storage.horizon_holders(min_age).await?;
         let now = chrono::Utc::now();
         for kind in ["session", "replication_slot", "prepared_transaction"] {
             let of_kind: Vec<_> = holders.iter().filter(|h| h.kind == kind).collect();
@@ -340,11 +389,17 @@ impl Telemetry {
                 .filter_map(|h| h.held_since)
                 .map(|since| (now - since).num_milliseconds() as f64 / 1000.0)
                 .fold(0.0_f64, f64::max);
-            i.horizon_holders
-                .record(of_kind.len() as i64, &[KeyValue::new("kind", kind)]);
-            i.horizon_oldest
-                .record(oldest, &[KeyValue::new("kind", kind)]);
+            let oldest_xmin_age = of_kind.iter().filter_map(|h| h.xmin_age).max().unwrap_or(0);
+            let k = [KeyValue::new("kind", kind)];
+            i.horizon_holders.record(of_kind.len() as i64, &k);
+            i.horizon_oldest.record(oldest, &k);
+            i.horizon_xmin_age.record(i64::from(oldest_xmin_age), &k);
         }
+        Ok(())
+    }
+
+    async fn record_tables(&self, storage: &Storage) -> Result<()> {
+        let i = &self.i;
         for t in storage.table_health().await? {
             let table = [KeyValue::new("table", t.table_name.clone())];
             i.table_live.record(t.live_tuples, &table);

@@ -117,8 +117,12 @@ async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
         storage.cancel_job(ids[0], "late").await.unwrap(),
         CancelOutcome::AlreadyFinished
     );
+    // durable totals: the ring no longer holds the four completions, terminal_totals does
     let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
-    assert_eq!((counts.failed, counts.cancelled), (1, 1));
+    assert_eq!(
+        (counts.completed, counts.failed, counts.cancelled),
+        (4, 1, 1)
+    );
     db.cleanup().await;
 }
 
@@ -146,6 +150,138 @@ async fn a_keep_of_zero_archives_nothing() {
         0
     );
     assert!(storage.job_state(ids[0]).await.unwrap().is_none());
+    // nothing archived, yet the total survives the prune
+    let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
+    assert_eq!(counts.completed, 3);
+    db.cleanup().await;
+}
+
+/// One synthetic totals row in a bucket other than the current one (test input: prune writes
+/// the real ones), `ahead` buckets after the current.
+async fn totals_row_elsewhere(db: &TestDb, ahead: i32, completed: i64, failed: i64) {
+    db.exec(&format!(
+        "INSERT INTO {{s}}.terminal_totals (totals_bucket, queue, completed, failed, cancelled)
+         VALUES (({{s}}.totals_bucket(now()) + {ahead}) % {{s}}.totals_buckets(), 'default', {completed},
+                 {failed}, 0)"
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn two_concurrent_folds_of_the_totals_keep_every_count_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..2).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    drop(conn);
+    let claimed = storage.claim("default", 2, None).await.unwrap();
+    storage
+        .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(
+        rotate_and_prune(&storage, DAY).await,
+        vec![PruneResult::Pruned]
+    );
+    for (ahead, completed, failed) in [(1, 10, 1), (3, 100, 2), (5, 1000, 3)] {
+        totals_row_elsewhere(&db, ahead, completed, failed).await;
+    }
+    let before = storage.queue_counts(Some("default")).await.unwrap()[0].clone();
+    assert_eq!((before.completed, before.failed), (1112, 6));
+
+    // two leaders' folds at once: the second waits for the first's locks and finds the buckets
+    // empty, so nothing is moved twice
+    let other = Storage::new(
+        support::TestDb::connect(&db.url, 2).await,
+        db.schema.clone(),
+    );
+    let wait = Duration::from_secs(10);
+    let (a, b) = tokio::join!(
+        storage.fold_terminal_totals(wait),
+        other.fold_terminal_totals(wait)
+    );
+    assert_eq!(a.unwrap() + b.unwrap(), 3, "each old bucket folded once");
+    let after = storage.queue_counts(Some("default")).await.unwrap()[0].clone();
+    assert_eq!((after.completed, after.failed), (1112, 6));
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT totals_bucket) FROM {s}.terminal_totals")
+            .await,
+        1,
+        "everything is in one bucket"
+    );
+    assert!(
+        db.scalar_i64("SELECT count(*) FROM {s}.terminal_totals")
+            .await
+            <= 4,
+        "a handful of rows: the prune's and one per folded bucket"
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn prunes_racing_folds_count_every_terminal_job_exactly_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let pruner = {
+        let storage = storage.clone();
+        tokio::spawn(async move {
+            for round in 0..10 {
+                let mut conn = storage.pool().acquire().await.unwrap();
+                storage
+                    .insert_many(
+                        &mut conn,
+                        &(0..5).map(|n| job(round * 10 + n)).collect::<Vec<_>>(),
+                    )
+                    .await
+                    .unwrap();
+                drop(conn);
+                let claimed = storage.claim("default", 5, None).await.unwrap();
+                let (done, failed) = claimed.split_at(4);
+                storage
+                    .complete_batch(&done.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+                    .await
+                    .unwrap();
+                storage
+                    .close_batch(&[(
+                        failed[0].attempt_ref(),
+                        CloseOutcome::Failed {
+                            error: "boom".into(),
+                        },
+                    )])
+                    .await
+                    .unwrap();
+                rotate_and_prune(&storage, DAY).await;
+            }
+        })
+    };
+    // meanwhile: rows keep landing in an old bucket and folds keep moving them
+    let mut injected = 0;
+    while !pruner.is_finished() {
+        totals_row_elsewhere(&db, 1 + injected % 7, 1, 0).await;
+        injected += 1;
+        storage.fold_terminal_totals(NO_WAIT).await.unwrap();
+    }
+    pruner.await.unwrap();
+    rotate_and_prune(&storage, DAY).await;
+    storage
+        .fold_terminal_totals(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
+    assert!(injected > 0);
+    assert_eq!(
+        (counts.completed, counts.failed),
+        (40 + i64::from(injected), 10),
+        "{injected} synthetic completions injected"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.done_entries").await,
+        0,
+        "every slot was pruned: the totals come from terminal_totals alone"
+    );
     db.cleanup().await;
 }
 

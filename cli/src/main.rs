@@ -2,6 +2,7 @@
 //! and operator actions by hand.
 
 mod bench;
+mod bench_counts;
 mod demo;
 mod embedded;
 mod serve;
@@ -191,6 +192,18 @@ enum Command {
         database_url: String,
         #[arg(long, default_value = "ringwork")]
         schema: String,
+    },
+    /// What an exact count costs: `queue_counts` for all queues with many jobs waiting and many
+    /// completions kept, before and after the ring is pruned (Markdown on stdout).
+    BenchCounts {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        #[arg(long, default_value_t = 1_000_000)]
+        waiting: usize,
+        #[arg(long, default_value_t = 100_000)]
+        completed: usize,
+        #[arg(long, default_value_t = 50)]
+        samples: usize,
     },
     /// Run benchmark scenarios (see docs/bench/README.md): R worker processes x W workers, one
     /// producer, metrics sampled from the database; JSON and Markdown results under --out.
@@ -411,6 +424,21 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 hold_horizon,
             })
             .await?;
+        }
+        Command::BenchCounts {
+            database_url,
+            waiting,
+            completed,
+            samples,
+        } => {
+            let report = bench_counts::run(bench_counts::CountsConfig {
+                database_url,
+                waiting,
+                completed,
+                samples: samples.max(1),
+            })
+            .await?;
+            print!("{report}");
         }
         Command::Bench {
             database_url,

@@ -52,6 +52,16 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
         .map_err(|e| {
             ringwork::Error::Config(format!("cannot listen on {}: {e}", options.listen))
         })?;
+    // the health functions this binary calls must be installed: refuse early, with the fix
+    let mut conn = pool.acquire().await?;
+    let schema = ringwork::SchemaName::new(&options.schema)?;
+    let installed = ringwork::schema::installed_functions_checksum(&mut conn, &schema).await?;
+    drop(conn);
+    if installed.as_deref() != Some(ringwork::schema::functions_checksum().as_str()) {
+        return Err(ringwork::Error::Config(format!(
+            "schema {schema}'s SQL functions are not this binary's; run `ringwork migrate` first"
+        )));
+    }
     let client = Client::builder(pool)
         .schema(&options.schema)
         .migrate(false)
@@ -82,7 +92,9 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
         Endpoints::new(client.storage().clone())
             .prometheus(Arc::clone(&exporter))
             .liveness(running.liveness())
-            .horizon_min_age(options.horizon_min_age),
+            .horizon_min_age(options.horizon_min_age)
+            // an operator's endpoint: unready when no process leads maintenance
+            .require_leader(true),
     );
     let local = listener
         .local_addr()
@@ -90,9 +102,22 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
     info!(%local, "serving /metrics, /healthz, /readyz");
     // the bound address on stdout, for scripts and tests that pass port 0
     println!("listening on http://{local}");
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| ringwork::Error::Config(format!("cannot handle SIGTERM: {e}")))?;
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
+        .with_graceful_shutdown(async move {
+            // SIGTERM is how containers and systemd stop a process; Ctrl-C at a terminal
+            tokio::select! {
+                _ = terminate.recv() => {}
+                result = tokio::signal::ctrl_c() => {
+                    if let Err(e) = result {
+                        warn!(error = %e, "cannot wait for Ctrl-C; stop with SIGTERM");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+            info!("stopping");
         })
         .await;
     if let Some(refresher) = refresher {

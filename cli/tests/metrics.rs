@@ -105,6 +105,8 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         .execute(&mut *holder)
         .await
         .unwrap();
+    // older than the endpoint's horizon_min_age (100 ms) by the time of the scrape
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
     let running = client.start().await.unwrap();
     let storage = db.storage();
@@ -226,18 +228,30 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
     assert_eq!(status, 200, "{body}");
     let readiness: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(readiness["migrated"], true);
-    assert!(readiness["leader_pid"].as_i64().is_some(), "{body}");
+    assert_eq!(readiness["functions_current"], true);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let (_, body) = get(addr, "/readyz").await;
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()["leader_pid"]
+                .as_i64()
+                .is_some()
+        })
+        .await,
+        "the client's maintenance leads"
+    );
 
-    // the client stops: liveness fails, and with no leader left readiness does too
+    // the client stops: liveness fails; a service's readiness does not hang on the leader
     running.shutdown(Duration::from_secs(5)).await;
     let (status, body) = get(addr, "/healthz").await;
     assert_eq!((status, body.as_str()), (503, "shutting down\n"));
     assert!(
         eventually(Duration::from_secs(5), || async {
-            get(addr, "/readyz").await.0 == 503
+            let (status, body) = get(addr, "/readyz").await;
+            status == 200
+                && serde_json::from_str::<serde_json::Value>(&body).unwrap()["leader_pid"].is_null()
         })
         .await,
-        "readyz still ready without a maintenance leader"
+        "without require_leader, readyz stays ready when no process leads"
     );
 
     server.abort();
@@ -424,8 +438,46 @@ async fn serve_answers_metrics_health_and_readiness_and_pushes_otlp() {
         received.lock().unwrap().len()
     );
 
-    serve.kill().await.unwrap();
+    // SIGTERM (how containers stop a process): a clean exit
+    let pid = serve.id().expect("running").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let exit = tokio::time::timeout(Duration::from_secs(15), serve.wait())
+        .await
+        .expect("serve stops on SIGTERM")
+        .unwrap();
+    assert!(exit.success(), "serve exited with {exit}");
     db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_scrape_with_the_database_unreachable_answers_in_time_and_marks_the_state_stale() {
+    // a pool on a port nothing listens on, with an acquire timeout longer than a scrape's
+    let options: sqlx::postgres::PgConnectOptions =
+        "postgres://postgres@127.0.0.1:1/none".parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_lazy_with(options);
+    let storage = ringwork::Storage::new(pool, ringwork::SchemaName::new("ringwork").unwrap());
+    let exporter = Arc::new(PrometheusExporter::new(|provider| provider).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(Endpoints::new(storage).prometheus(Arc::clone(&exporter)));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let started = std::time::Instant::now();
+    let (status, text) = get(addr, "/metrics").await;
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{text}");
+    assert!(took < Duration::from_secs(8), "the scrape took {took:?}");
+    assert_eq!(
+        sample(&text, "ringwork_state_read_ok", &[]),
+        Some(0.0),
+        "{text}"
+    );
+    server.abort();
 }
 
 #[tokio::test]

@@ -117,3 +117,74 @@ LANGUAGE sql STABLE AS $$
     SELECT j.state, j.queue, j.kind, j.args, j.attempt, j.run_lease, j.error, j.created_at, j.finalized_at
     FROM __S__.archived_jobs j WHERE j.job_id = p_job_id
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Durable terminal totals (migration 0006). A queue's completed, failed and cancelled totals are
+-- the sum of its terminal_totals rows plus what its ring slots still hold (queue_counts in
+-- read.sql). Rows come from prune (record_slot_totals) and from folds (fold_terminal_totals).
+-- ---------------------------------------------------------------------------------------------
+
+-- The number of totals buckets (the LIST partitions of migration 0006).
+CREATE OR REPLACE FUNCTION __S__.totals_buckets() RETURNS int
+LANGUAGE sql IMMUTABLE AS $$ SELECT 8 $$;
+
+-- The bucket written at p_at: five minutes each, round the ring in forty. A fold that cannot get its
+-- lock leaves its bucket to a later tick; writing into a bucket that still holds rows when the ring
+-- comes round is harmless, because a fold moves whatever a bucket holds.
+CREATE OR REPLACE FUNCTION __S__.totals_bucket(p_at timestamptz) RETURNS int
+LANGUAGE sql STABLE AS $$
+    SELECT (floor(extract(epoch FROM p_at) / 300)::bigint % __S__.totals_buckets())::int
+$$;
+
+-- Append a queue slot's terminal counts, one row per queue. Called by prune_queue_slot under the
+-- slot's ACCESS EXCLUSIVE locks, right before the TRUNCATE, so every terminal row of the slot is
+-- counted exactly once: here, or (before the prune) by queue_counts' read of the ring.
+CREATE OR REPLACE FUNCTION __S__.record_slot_totals(p_slot int) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO __S__.terminal_totals (totals_bucket, queue, completed, failed, cancelled)
+    SELECT __S__.totals_bucket(now()), t.queue, sum(t.completed), sum(t.failed), sum(t.cancelled)
+    FROM (
+        SELECT b.queue, b.completed_count::bigint AS completed, 0::bigint AS failed, 0::bigint AS cancelled
+        FROM __S__.receipt_completion_batches b WHERE b.ready_slot = p_slot
+        UNION ALL
+        SELECT d.queue, (d.state = 'completed')::int, (d.state = 'failed')::int, (d.state = 'cancelled')::int
+        FROM __S__.done_entries d WHERE d.ready_slot = p_slot
+    ) t
+    GROUP BY t.queue
+$$;
+
+-- Fold every totals bucket but the current one into one row per queue in the current bucket, and
+-- truncate it: insert and truncate commit together, under the bucket's ACCESS EXCLUSIVE lock
+-- (waited for at most p_lock_timeout; a busy bucket is tried again next tick). The sums are read
+-- after the lock is granted, so a second fold of the same bucket finds it empty. Returns the number
+-- of buckets folded.
+CREATE OR REPLACE FUNCTION __S__.fold_terminal_totals(p_lock_timeout text) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_current int := __S__.totals_bucket(now());
+    v_child text;
+    v_any boolean;
+    v_n int := 0;
+BEGIN
+    FOR v_bucket IN 0 .. __S__.totals_buckets() - 1 LOOP
+        CONTINUE WHEN v_bucket = v_current;
+        v_child := format('%I.%I', '__S__', 'terminal_totals_' || v_bucket);
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM ' || v_child || ')' INTO v_any;
+        CONTINUE WHEN NOT v_any;
+        BEGIN
+            PERFORM set_config('lock_timeout', p_lock_timeout, true);
+            EXECUTE 'LOCK TABLE ' || v_child || ' IN ACCESS EXCLUSIVE MODE';
+            PERFORM set_config('lock_timeout', '0', true);
+            EXECUTE 'INSERT INTO __S__.terminal_totals (totals_bucket, queue, completed, failed, cancelled) '
+                    'SELECT $1, queue, sum(completed), sum(failed), sum(cancelled) FROM ' || v_child
+                    || ' GROUP BY queue'
+            USING v_current;
+            EXECUTE 'TRUNCATE ' || v_child;
+            v_n := v_n + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN v_n;
+END
+$$;

@@ -61,15 +61,23 @@ LANGUAGE sql STABLE AS $$
            (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt = 0),
            (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt > 0),
            __S__.count_in_flight(q.queue)::bigint,
+           -- terminal counts are durable totals: what the ring still holds plus what prune recorded
+           -- in terminal_totals for the slots it truncated (archive.sql)
            (SELECT coalesce(sum(b.completed_count), 0)::bigint
             FROM __S__.receipt_completion_batches b WHERE b.queue = q.queue)
-           + (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'completed'),
+           + (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'completed')
+           + tt.completed,
            (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'failed')
-           + (SELECT count(*) FROM __S__.archived_jobs a WHERE a.queue = q.queue AND a.state = 'failed'),
+           + tt.failed,
            (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'cancelled')
-           + (SELECT count(*) FROM __S__.archived_jobs a WHERE a.queue = q.queue AND a.state = 'cancelled'),
+           + tt.cancelled,
            (SELECT count(*) FROM __S__.dlq_entries d WHERE d.queue = q.queue)
     FROM __S__.queues q
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(t.completed), 0)::bigint AS completed, coalesce(sum(t.failed), 0)::bigint AS failed,
+               coalesce(sum(t.cancelled), 0)::bigint AS cancelled
+        FROM __S__.terminal_totals t WHERE t.queue = q.queue
+    ) tt
     WHERE p_queue IS NULL OR q.queue = p_queue
     ORDER BY q.queue
 $$;

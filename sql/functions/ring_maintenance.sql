@@ -268,6 +268,7 @@ BEGIN
         RETURN v_blocker;
     END IF;
     PERFORM __S__.archive_slot(p_slot, p_keep_completed, p_keep_failed);
+    PERFORM __S__.record_slot_totals(p_slot);
     EXECUTE 'TRUNCATE ' || v_children;
     INSERT INTO __S__.queue_ring_ledger (ready_slot, generation, event) VALUES (p_slot, v_generation, 'freed');
     RETURN 'pruned';

@@ -158,6 +158,7 @@ pub struct TickReport {
     pub dlq_expired: i32,
     pub unique_keys_expired: i32,
     pub archive_buckets_truncated: i32,
+    pub totals_buckets_folded: i32,
     /// Sealed slots left for a later tick: (ring, reason), the reason as `PruneResult::Skipped`.
     pub prune_skips: Vec<(&'static str, String)>,
 }

@@ -1,7 +1,8 @@
 //! Retention of the backlog/hold tables, in bounded batches: dead-lettered jobs older than
 //! `dlq_retention`, and unique keys older than `unique_key_retention` whose job is no longer pending
 //! (a released key is re-taken by the next insert anyway; expiry only bounds the table); and the
-//! archive's time buckets, past `keep_completed` and `keep_failed`.
+//! archive's time buckets, past `keep_completed` and `keep_failed`; and the folding of the
+//! terminal totals' old time buckets.
 
 use super::{MaintenanceConfig, TickReport};
 use crate::error::Result;
@@ -33,5 +34,9 @@ pub(super) async fn run(
                 config.prune_lock_timeout,
             )
             .await?;
+    // the durable terminal totals: fold old time buckets into the current one
+    report.totals_buckets_folded = storage
+        .fold_terminal_totals(config.prune_lock_timeout)
+        .await?;
     Ok(())
 }

@@ -132,7 +132,11 @@ pub(crate) async fn run(
 async fn warn_horizon_holders(storage: &Storage, warn_after: Duration) {
     match storage.horizon_holders(warn_after).await {
         Ok(holders) => {
-            for h in holders {
+            // an active replication slot always holds a catalog_xmin: only an inactive one (its
+            // consumer is gone) is news
+            for h in holders.into_iter().filter(|h| {
+                h.kind != "replication_slot" || h.backend_state.as_deref() == Some("inactive")
+            }) {
                 let held_s = h
                     .held_since
                     .map(|since| (chrono::Utc::now() - since).num_seconds());

@@ -260,7 +260,12 @@ impl Client {
             .insert_many_reporting(&mut tx, jobs)
             .await?;
         tx.commit().await?;
-        self.count_enqueued(jobs);
+        self.inner.telemetry.enqueued(
+            jobs.iter()
+                .zip(&inserted)
+                .filter(|(_, i)| !i.duplicate)
+                .map(|(j, _)| j.queue.as_str()),
+        );
         Ok(inserted)
     }
 

@@ -31,13 +31,14 @@ pub(super) async fn completion_batcher(
                 Ok(None) | Err(_) => break,
             }
         }
-        let stale_before = metrics.stale.load(Ordering::Relaxed);
-        flush(&storage, &metrics, batch).await;
-        telemetry.stale(metrics.stale.load(Ordering::Relaxed) - stale_before);
+        let stale = flush(&storage, &metrics, batch).await;
+        telemetry.stale(stale);
     }
 }
 
-async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) {
+/// Write one batch; returns how many of its writes were refused as stale.
+async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) -> u64 {
+    let mut stale = 0;
     let mut successes = Vec::new();
     let mut closes = Vec::new();
     for item in batch {
@@ -51,7 +52,7 @@ async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) {
     for attempt in 0..8_u32 {
         match storage.complete_batch(&successes).await {
             Ok(outcomes) => {
-                count(metrics, &outcomes, &metrics.completed);
+                stale += count(metrics, &outcomes, &metrics.completed);
                 break;
             }
             Err(e) => {
@@ -70,7 +71,7 @@ async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) {
                         }
                         CloseOutcome::Failed { .. } => &metrics.failed,
                     };
-                    count(metrics, std::slice::from_ref(outcome), counter);
+                    stale += count(metrics, std::slice::from_ref(outcome), counter);
                 }
                 break;
             }
@@ -80,13 +81,20 @@ async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) {
             }
         }
     }
+    stale
 }
 
-fn count(metrics: &Metrics, outcomes: &[Outcome], applied: &AtomicU64) {
+/// Count outcomes into the process's counters; returns how many were stale.
+fn count(metrics: &Metrics, outcomes: &[Outcome], applied: &AtomicU64) -> u64 {
+    let mut stale = 0;
     for outcome in outcomes {
         match outcome {
             Outcome::Applied => applied.fetch_add(1, Ordering::Relaxed),
-            Outcome::Stale => metrics.stale.fetch_add(1, Ordering::Relaxed),
+            Outcome::Stale => {
+                stale += 1;
+                metrics.stale.fetch_add(1, Ordering::Relaxed)
+            }
         };
     }
+    stale
 }

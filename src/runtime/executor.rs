@@ -143,9 +143,15 @@ async fn run_handler(
         Err(CloseOutcome::Snooze { .. }) => "snoozed",
         Err(CloseOutcome::Failed { .. }) => "failed",
     };
+    // a kind no handler is registered for (another producer's) is one series, not one per kind
+    let kind = if inner.registry.get(&job.kind).is_some() {
+        job.kind.as_str()
+    } else {
+        "unregistered"
+    };
     inner
         .telemetry
-        .finished(queue, &job.kind, outcome, started.elapsed());
+        .finished(queue, kind, outcome, started.elapsed());
     Finished { attempt, result }
 }
 

@@ -11,12 +11,14 @@ use crate::schema::SchemaName;
 #[derive(Debug)]
 pub(super) struct Statements {
     archive_expire: String,
+    fold_terminal_totals: String,
 }
 
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
             archive_expire: format!("SELECT {s}.archive_expire($1, make_interval(secs => $2), $3)"),
+            fold_terminal_totals: format!("SELECT {s}.fold_terminal_totals($1)"),
         }
     }
 }
@@ -52,6 +54,17 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.archive.archive_expire)
             .bind(table.as_str())
             .bind(keep.as_secs_f64())
+            .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Fold every terminal-totals bucket but the current one into the current one (one row per
+    /// queue) and truncate it, so the durable totals stay a handful of rows per queue. A bucket
+    /// whose lock is not granted within `lock_timeout` is left for the next call. Returns the
+    /// number of buckets folded.
+    pub async fn fold_terminal_totals(&self, lock_timeout: Duration) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.archive.fold_terminal_totals)
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
             .fetch_one(&self.pool)
             .await?)

@@ -75,6 +75,8 @@ pub struct Readiness {
     pub connected: bool,
     /// The schema's installed version is the one this binary was built for.
     pub migrated: bool,
+    /// The installed SQL functions are this binary's (`ringwork migrate` installs them).
+    pub functions_current: bool,
     pub installed_version: Option<i32>,
     pub expected_version: i32,
     /// The backend of the process leading maintenance (rotation, rescue, prune), if any.
@@ -84,9 +86,15 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// Connected, migrated to this binary's version, and some process leads maintenance.
-    pub fn ready(&self) -> bool {
-        self.connected && self.migrated && self.leader_pid.is_some()
+    /// Connected, migrated to this binary's version with its functions installed, and, when
+    /// `require_leader`, some process leads maintenance. A service's own pods should not require
+    /// the leader: during a takeover (up to 2 x `stale_after`) every one of them would turn
+    /// unready at once; an operator's `ringwork serve` does, to be told nothing rescues or prunes.
+    pub fn ready(&self, require_leader: bool) -> bool {
+        self.connected
+            && self.migrated
+            && self.functions_current
+            && (!require_leader || self.leader_pid.is_some())
     }
 }
 
@@ -96,6 +104,7 @@ impl Storage {
         let mut readiness = Readiness {
             connected: false,
             migrated: false,
+            functions_current: false,
             installed_version: None,
             expected_version: crate::schema::SCHEMA_VERSION,
             leader_pid: None,
@@ -124,6 +133,23 @@ impl Storage {
             }
             Err(e) => {
                 readiness.error = Some(format!("cannot read the schema version: {e}"));
+                return readiness;
+            }
+        }
+        match crate::schema::installed_functions_checksum(&mut conn, &self.schema).await {
+            Ok(installed) => {
+                readiness.functions_current =
+                    installed.as_deref() == Some(crate::schema::functions_checksum().as_str());
+                if !readiness.functions_current {
+                    readiness.error = Some(format!(
+                        "schema {}'s SQL functions are not this binary's; run `ringwork migrate`",
+                        self.schema
+                    ));
+                    return readiness;
+                }
+            }
+            Err(e) => {
+                readiness.error = Some(format!("cannot read the functions' checksum: {e}"));
                 return readiness;
             }
         }

@@ -48,8 +48,9 @@ pub struct JobState {
     pub detail: Option<String>,
 }
 
-/// Exact per-queue counts (see `Storage::queue_counts`). Terminal counts cover the history the
-/// queue ring still holds (failed and cancelled jobs at least `keep_failed`).
+/// Exact per-queue counts (see `Storage::queue_counts`). `completed`, `failed` and `cancelled` are
+/// durable totals: every job of the queue that reached that state since migration 0006, whether its
+/// queue slot was pruned and its history archived or expired since.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueCounts {
     pub queue: String,

@@ -391,6 +391,8 @@ async fn counts_are_exact_in_every_state_and_stay_exact_across_prune() {
         1,
         "the running job is still in flight"
     );
+    // the per-queue count (one probe per claim batch) agrees with the global one (sums)
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 1);
     // and draining the rest makes the available count reach zero exactly
     let mut drained = 0;
     loop {
@@ -445,5 +447,43 @@ async fn old_unique_keys_of_finished_jobs_expire_and_pending_ones_stay() {
     let again = insert(&db, &[unique_job(json!({"k": "pending"}))]).await[0];
     assert!(again.duplicate && again.job_id == pending.job_id);
     assert_ne!(done.job_id, pending.job_id);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn in_flight_per_queue_is_exact_when_one_completion_batch_spans_queues_and_claim_batches() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    for queue in ["flight_a", "flight_b"] {
+        let jobs: Vec<NewJob> = (0..10).map(|n| job(n).queue(queue)).collect();
+        insert(&db, &jobs).await;
+    }
+    let a = storage.claim("flight_a", 10, None).await.unwrap();
+    let b = storage.claim("flight_b", 10, None).await.unwrap();
+    assert_eq!((a.len(), b.len()), (10, 10));
+    // one completion batch with jobs of both queues, not contiguous within either claim batch
+    let mixed: Vec<_> = [&a[1], &a[4], &a[7], &b[0], &b[2], &b[3], &b[9]]
+        .iter()
+        .map(|j| j.attempt_ref())
+        .collect();
+    storage.complete_batch(&mixed).await.unwrap();
+    storage
+        .complete_batch(&[a[0].attempt_ref(), a[9].attempt_ref()])
+        .await
+        .unwrap();
+    storage
+        .close_batch(&[(
+            b[5].attempt_ref(),
+            CloseOutcome::Retry {
+                at: Utc::now(),
+                error: "again".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    assert_eq!(storage.count_in_flight(Some("flight_a")).await.unwrap(), 5);
+    assert_eq!(storage.count_in_flight(Some("flight_b")).await.unwrap(), 5);
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 10);
+    assert_eq!(counts(&db, "flight_a").await.running, 5);
     db.cleanup().await;
 }

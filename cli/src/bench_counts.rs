@@ -16,6 +16,8 @@ pub struct CountsConfig {
     pub waiting: usize,
     pub completed: usize,
     pub samples: usize,
+    /// Leave the schema in place (to look at its plans afterwards).
+    pub keep_schema: bool,
 }
 
 pub async fn run(config: CountsConfig) -> Result<String> {
@@ -65,6 +67,9 @@ pub async fn run(config: CountsConfig) -> Result<String> {
         config.completed,
         started.elapsed().as_secs_f64()
     );
+    // the waiting jobs go to the next slot, so the completions' slot can be pruned below
+    storage.rotate_queue_ring(Duration::ZERO).await?;
+    storage.rotate_claim_ring(Duration::ZERO).await?;
     let started = Instant::now();
     let mut waiting = 0;
     while waiting < config.waiting {
@@ -107,9 +112,13 @@ pub async fn run(config: CountsConfig) -> Result<String> {
     let as_totals = time_counts(&storage, config.samples).await?;
     let counts_after = storage.queue_counts(None).await?;
 
-    let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-        .execute(&pool)
-        .await;
+    if config.keep_schema {
+        eprintln!("schema {schema} kept");
+    } else {
+        let _ = sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&pool)
+            .await;
+    }
     pool.close().await;
     drop(embedded);
 
@@ -162,6 +171,14 @@ async fn time_counts(storage: &Storage, samples: usize) -> Result<Vec<f64>> {
         storage.queue_counts(None).await?;
         times.push(started.elapsed().as_secs_f64() * 1000.0);
     }
+    eprintln!(
+        "queue_counts samples, in order (ms): {}",
+        times
+            .iter()
+            .map(|t| format!("{t:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     times.sort_by(f64::total_cmp);
     Ok(times)
 }

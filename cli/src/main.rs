@@ -204,6 +204,9 @@ enum Command {
         completed: usize,
         #[arg(long, default_value_t = 50)]
         samples: usize,
+        /// Leave the benchmark's schema in place afterwards (with DATABASE_URL), to inspect it.
+        #[arg(long)]
+        keep_schema: bool,
     },
     /// Run benchmark scenarios (see docs/bench/README.md): R worker processes x W workers, one
     /// producer, metrics sampled from the database; JSON and Markdown results under --out.
@@ -430,12 +433,14 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             waiting,
             completed,
             samples,
+            keep_schema,
         } => {
             let report = bench_counts::run(bench_counts::CountsConfig {
                 database_url,
                 waiting,
                 completed,
                 samples: samples.max(1),
+                keep_schema,
             })
             .await?;
             print!("{report}");

@@ -28,6 +28,12 @@ LANGUAGE sql STABLE AS $$
                       WHERE c.claim_slot = p_claim_slot AND c.receipt_id = p_receipt_id)
 $$;
 
+-- How many integers a multirange of int8 holds (its ranges are canonical: [lower, upper)).
+CREATE OR REPLACE FUNCTION __S__.multirange_size(p_ranges int8multirange) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(sum(upper(r) - lower(r)), 0)::bigint FROM unnest(p_ranges) r
+$$;
+
 -- In-flight attempts (compact members + row-local claims minus closures) over the claim ring.
 -- All queues: claim and closure counts (closures are unique per receipt, so counts subtract
 -- exactly). One queue: a closure batch can span queues, so count that queue's open items.
@@ -39,10 +45,18 @@ LANGUAGE sql STABLE AS $$
         - coalesce((SELECT sum(c.closed_count) FROM __S__.lease_claim_closure_batches c), 0)
         - (SELECT count(*) FROM __S__.lease_claim_closures c)
     ELSE
-        (SELECT count(*) FROM __S__.lease_claim_batches b, generate_subscripts(b.job_ids, 1) i
-         WHERE b.queue = p_queue AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
-           AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
-                           WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1)))
+        -- per claim batch of the queue: its receipts, less those covered by the closure batches
+        -- that overlap it (found through their GiST exclusion index; closures never overlap each
+        -- other, so the sizes of the intersections add up). One probe per claim batch, not one
+        -- per job: 100,000 completed claims were 0.9 s with a probe per job.
+        (SELECT coalesce(sum(__S__.multirange_size(b.receipt_ranges) - x.closed), 0)
+         FROM __S__.lease_claim_batches b
+         CROSS JOIN LATERAL (
+             SELECT coalesce(sum(__S__.multirange_size(c.receipt_ranges * b.receipt_ranges)), 0) AS closed
+             FROM __S__.lease_claim_closure_batches c
+             WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges && b.receipt_ranges
+         ) x
+         WHERE b.queue = p_queue)
         + (SELECT count(*) FROM __S__.lease_claims l
            WHERE l.queue = p_queue
              AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c

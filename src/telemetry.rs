@@ -52,6 +52,7 @@ struct Instruments {
     archive_truncations: Counter<u64>,
     queue_jobs: Gauge<i64>,
     queue_paused: Gauge<i64>,
+    queue_oldest_wait: Gauge<f64>,
     ring_slots: Gauge<i64>,
     ring_current_slot: Gauge<i64>,
     ring_sealed_waiting: Gauge<i64>,
@@ -152,6 +153,12 @@ impl Telemetry {
                      totals since the schema gained them (migration 0006)",
                 ),
                 queue_paused: gauge("ringwork.queue.paused", "1 when the queue is paused"),
+                queue_oldest_wait: gauge_f64(
+                    meter,
+                    "ringwork.queue.oldest_wait",
+                    "How long the queue's oldest available job has waited since it became \
+                     runnable (0: none available)",
+                ),
                 ring_slots: gauge("ringwork.ring.slots", "Slots per ring and state"),
                 ring_current_slot: gauge("ringwork.ring.current_slot", "The ring's write slot"),
                 ring_sealed_waiting: gauge(
@@ -287,9 +294,9 @@ impl Telemetry {
         }
     }
 
-    /// Read the state gauges from the database: five statements (queue counts, ring slots, prune
-    /// blockers, horizon holders at least `horizon_min_age` old, table statistics), each on its
-    /// own, so one failing leaves the others fresh. `ringwork.state.read_ok` says whether all
+    /// Read the state gauges from the database: five reads (queue counts, with the oldest wait of
+    /// each queue that has available jobs; ring slots; prune blockers; horizon holders at least
+    /// `horizon_min_age` old; table statistics), each on its own, so one failing leaves the others fresh. `ringwork.state.read_ok` says whether all
     /// succeeded; the first error is returned.
     pub async fn record_storage(&self, storage: &Storage, horizon_min_age: Duration) -> Result<()> {
         let results = [
@@ -329,6 +336,13 @@ impl Telemetry {
                 i.queue_jobs
                     .record(n, &[q(), KeyValue::new("state", state)]);
             }
+            let waited = if c.available > 0 {
+                storage.oldest_available_wait(&c.queue).await?
+            } else {
+                None
+            };
+            i.queue_oldest_wait
+                .record(waited.map_or(0.0, |w| w.as_secs_f64()), &[q()]);
         }
         Ok(())
     }

@@ -487,3 +487,46 @@ async fn in_flight_per_queue_is_exact_when_one_completion_batch_spans_queues_and
     assert_eq!(counts(&db, "flight_a").await.running, 5);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn oldest_available_wait_follows_the_queue_head_and_skips_open_transactions() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    assert_eq!(storage.oldest_available_wait("wait_q").await.unwrap(), None);
+    // a producer transaction still open: its job is not available yet
+    let mut open = db.pool.begin().await.unwrap();
+    storage
+        .insert(&mut open, &job(0).queue("wait_q"))
+        .await
+        .unwrap();
+    insert(&db, &[job(1).queue("wait_q"), job(2).queue("wait_q")]).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let waited = storage
+        .oldest_available_wait("wait_q")
+        .await
+        .unwrap()
+        .expect("two committed jobs are available");
+    assert!(
+        waited >= Duration::from_millis(1100) && waited < Duration::from_secs(30),
+        "{waited:?}"
+    );
+    let claimed = storage.claim("wait_q", 10, None).await.unwrap();
+    assert_eq!(
+        claimed.len(),
+        2,
+        "the open transaction's job is not claimable"
+    );
+    assert_eq!(
+        storage.oldest_available_wait("wait_q").await.unwrap(),
+        None,
+        "nothing committed is left"
+    );
+    open.commit().await.unwrap();
+    let waited = storage
+        .oldest_available_wait("wait_q")
+        .await
+        .unwrap()
+        .expect("committed now");
+    assert!(waited >= Duration::from_millis(1100), "{waited:?}");
+    db.cleanup().await;
+}

@@ -88,6 +88,14 @@ pub async fn run(config: CountsConfig) -> Result<String> {
 
     let in_ring = time_counts(&storage, config.samples).await?;
     let counts = storage.queue_counts(None).await?;
+    let mut wait_times = Vec::with_capacity(config.samples);
+    let mut oldest = None;
+    for _ in 0..config.samples {
+        let started = Instant::now();
+        oldest = storage.oldest_available_wait("counted_waiting").await?;
+        wait_times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    wait_times.sort_by(f64::total_cmp);
 
     // prune everything that can go: the completions become durable totals
     storage.rotate_queue_ring(Duration::ZERO).await?;
@@ -150,6 +158,15 @@ pub async fn run(config: CountsConfig) -> Result<String> {
             percentile(times, 1.0)
         ));
     }
+    out.push_str(&format!(
+        "\n`oldest_available_wait('counted_waiting')` ({} waiting, answered {:.1} s): p50 {:.2} ms, \
+         p95 {:.2} ms, max {:.2} ms.\n",
+        config.waiting,
+        oldest.map_or(0.0, |w| w.as_secs_f64()),
+        percentile(&wait_times, 0.5),
+        percentile(&wait_times, 0.95),
+        percentile(&wait_times, 1.0)
+    ));
     Ok(out)
 }
 

@@ -192,6 +192,11 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
     );
     assert_eq!(sample(&text, "ringwork_queue_paused", &[q]), Some(0.0));
     assert_eq!(
+        sample(&text, "ringwork_queue_oldest_wait_seconds", &[q]),
+        Some(0.0),
+        "nothing is waiting"
+    );
+    assert_eq!(
         sample(
             &text,
             "ringwork_ring_slots",

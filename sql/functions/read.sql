@@ -84,6 +84,25 @@ LANGUAGE sql STABLE SET jit = off AS $$
     ORDER BY q.queue
 $$;
 
+-- How long the queue's oldest available job has waited since its run_at, or NULL when none: one
+-- index probe (the head of the lane past its cursor) per shard that may hold work, plus the oldest
+-- parked job; never a scan of job rows. A cancelled job at a lane's head counts until a claim steps
+-- past it; a job still in its producer's open transaction is not visible, so it does not count.
+CREATE OR REPLACE FUNCTION __S__.oldest_available_wait(p_queue text) RETURNS interval
+LANGUAGE sql STABLE SET jit = off AS $$
+    SELECT now() - min(h.run_at) FROM (
+        SELECT (SELECT e.run_at FROM __S__.ready_entries e
+                WHERE e.lane_id = l.lane_id AND e.lane_pos > __S__.lane_cursor(l.lane_id)
+                ORDER BY e.lane_pos LIMIT 1) AS run_at
+        FROM __S__.queue_lanes l
+        WHERE l.queue = p_queue
+          AND __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq),
+                                        pg_sequence_last_value(l.cursor_seq))
+        UNION ALL
+        SELECT min(p.run_at) FROM __S__.parked_entries p WHERE p.queue = p_queue AND NOT p.cancelled
+    ) h
+$$;
+
 -- One job's recorded history, oldest attempt first: its terminal rows (completed, failed,
 -- cancelled), earlier failed attempts carried in deferred_jobs.last_error, and a dead-letter entry.
 CREATE OR REPLACE FUNCTION __S__.job_history(p_job_id bigint)

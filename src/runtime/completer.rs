@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tracing::warn;
+use tracing::{warn, Instrument};
 
 use super::{CompletionConfig, Finished, Metrics};
 use crate::storage::{CloseOutcome, Outcome, Storage};
@@ -31,7 +31,16 @@ pub(super) async fn completion_batcher(
                 Ok(None) | Err(_) => break,
             }
         }
-        let stale = flush(&storage, &metrics, batch).await;
+        let span = tracing::debug_span!(
+            "ringwork.complete",
+            otel.name = "settle ringwork",
+            otel.kind = "client",
+            messaging.system = "ringwork",
+            messaging.operation.type = "settle",
+            messaging.operation.name = "complete",
+            messaging.batch.message_count = batch.len(),
+        );
+        let stale = flush(&storage, &metrics, batch).instrument(span).await;
         telemetry.stale(stale);
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
-use tracing::warn;
+use tracing::{warn, Instrument};
 
 use super::executor::run_job;
 use super::{Finished, Inner, QueueConfig};
@@ -60,6 +60,16 @@ impl Dispatcher {
                 }
             }
             let asked = permits.len();
+            let span = tracing::debug_span!(
+                "ringwork.claim",
+                otel.name = %format_args!("receive {}", self.queue),
+                otel.kind = "client",
+                messaging.system = "ringwork",
+                messaging.operation.type = "receive",
+                messaging.operation.name = "claim",
+                messaging.destination.name = %self.queue,
+                messaging.batch.message_count = tracing::field::Empty,
+            );
             let claimed = self
                 .inner
                 .engine
@@ -69,7 +79,11 @@ impl Dispatcher {
                     self.config.deadline,
                     self.config.priority_aging,
                 )
+                .instrument(span.clone())
                 .await;
+            if let Ok(jobs) = &claimed {
+                span.record("messaging.batch.message_count", jobs.len());
+            }
             match claimed {
                 Ok(jobs) if !jobs.is_empty() => {
                     last_full = jobs.len() == asked;

@@ -11,6 +11,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use super::handler::{retry_backoff, CancelSignal, JobContext, JobError};
 use super::{Finished, Inner, RunningAttempt};
@@ -75,6 +77,23 @@ async fn run_handler(
 ) -> Finished {
     let attempt = job.attempt_ref();
     let started = Instant::now();
+    // One span per execution, named and attributed after OpenTelemetry's messaging conventions
+    // (with tracing-opentelemetry, `otel.name` and `otel.kind` become the span's name and kind).
+    let span = tracing::info_span!(
+        "ringwork.process",
+        otel.name = %format_args!("process {queue}"),
+        otel.kind = "consumer",
+        messaging.system = "ringwork",
+        messaging.operation.type = "process",
+        messaging.operation.name = "process",
+        messaging.destination.name = %queue,
+        messaging.message.id = job.job_id,
+        ringwork.job.kind = %job.kind,
+        ringwork.job.attempt = job.attempt,
+        ringwork.job.run_lease = job.run_lease,
+        ringwork.outcome = Empty,
+        error.type = Empty,
+    );
     if job.attempt == 1 {
         let waited = (Utc::now() - job.created_at).to_std().unwrap_or_default();
         inner.telemetry.pickup(queue, waited);
@@ -107,7 +126,7 @@ async fn run_handler(
             // A panicking handler is a failed attempt, not a dead worker; one past its deadline is
             // stopped (deadline rescue closes the claim if this process cannot).
             let watched = WatchedPolls {
-                future: handler(ctx, job.args.clone()),
+                future: handler(ctx, job.args.clone()).instrument(span.clone()),
                 poll_started,
             };
             let task = match inner.handlers.handle() {
@@ -143,6 +162,10 @@ async fn run_handler(
         Err(CloseOutcome::Snooze { .. }) => "snoozed",
         Err(CloseOutcome::Failed { .. }) => "failed",
     };
+    span.record("ringwork.outcome", outcome);
+    if matches!(outcome, "retried" | "failed") {
+        span.record("error.type", outcome);
+    }
     // a kind no handler is registered for (another producer's) is one series, not one per kind
     let kind = if inner.registry.get(&job.kind).is_some() {
         job.kind.as_str()

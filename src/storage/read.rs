@@ -12,6 +12,7 @@ use crate::schema::SchemaName;
 pub(super) struct Statements {
     available_count: String,
     queue_counts: String,
+    oldest_available_wait: String,
     job_state: String,
     job_history: String,
 }
@@ -25,6 +26,9 @@ impl Statements {
             queue_counts: format!(
                 "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
                  dead_lettered FROM {s}.queue_counts($1)"
+            ),
+            oldest_available_wait: format!(
+                "SELECT extract(epoch FROM {s}.oldest_available_wait($1))::float8"
             ),
 
             job_state: format!(
@@ -117,6 +121,16 @@ impl Storage {
                 })
             })
             .collect()
+    }
+
+    /// How long the queue's oldest available job has waited (since it became runnable), or
+    /// `None` when nothing is available. One index probe per shard that may hold work.
+    pub async fn oldest_available_wait(&self, queue: &str) -> Result<Option<std::time::Duration>> {
+        let secs: Option<f64> = sqlx::query_scalar(&self.sql.read.oldest_available_wait)
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(secs.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))))
     }
 
     /// Where a job is now: `available`, `running`, `scheduled`, `retryable`, `completed`,

@@ -42,7 +42,7 @@ pub mod telemetry;
 pub use error::{Error, Result};
 pub use job::{JobArgs, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
-pub use runtime::handler::{JobContext, JobError};
+pub use runtime::handler::{BoxError, JobContext, JobError};
 pub use runtime::{
     check_reachable, Client, ClientBuilder, CompletionConfig, Liveness, Metrics, QueueConfig,
     RunningClient,

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use super::dispatcher::Dispatcher;
-use super::handler::{JobContext, JobError, Registry};
+use super::handler::{JobContext, Registry};
 use super::{completer, heartbeat, notifier};
 use super::{
     CompletionConfig, Finished, HandlerRuntime, Inner, Liveness, Metrics, QueueConfig, RunningGuard,
@@ -68,14 +68,18 @@ impl ClientBuilder {
         self
     }
 
-    /// Run `handler` for jobs of kind `A::KIND`.
-    pub fn register<A, F, Fut>(mut self, handler: F) -> Self
+    /// Run `handler` for jobs of kind `A::KIND`. Its error may be of any type that converts into
+    /// a boxed error (`?` on `sqlx::Error`, `std::io::Error`, `anyhow::Error`, ...): the attempt is
+    /// retried with backoff and the error, with its sources, recorded. Return a `JobError` (also
+    /// through `?` or wrapped as a source) for an explicit outcome: retry after, snooze, terminal.
+    pub fn register<A, F, Fut, E>(mut self, handler: F) -> Self
     where
         A: JobArgs,
         F: Fn(JobContext, A) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<super::handler::BoxError> + 'static,
     {
-        self.registry.register::<A, F, Fut>(handler);
+        self.registry.register::<A, F, Fut, E>(handler);
         self
     }
 

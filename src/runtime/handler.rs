@@ -87,6 +87,50 @@ impl JobError {
     }
 }
 
+impl std::error::Error for JobError {}
+
+impl JobError {
+    /// The outcome of a handler's error of any type: a `JobError` (also one boxed or returned
+    /// through `?` into a boxed error) keeps its explicit outcome; any other error is retried with
+    /// backoff, recorded with its chain of sources (`top: cause: root cause`).
+    pub fn from_handler_error<E: Into<BoxError> + 'static>(error: E) -> Self {
+        // anyhow::Error boxes into a wrapper a downcast cannot see through: ask anyhow itself
+        let any: Box<dyn std::any::Any> = Box::new(error);
+        let error: BoxError = match any.downcast::<anyhow::Error>() {
+            Ok(error) => match error.downcast::<JobError>() {
+                Ok(explicit) => return explicit,
+                Err(error) => error.into(),
+            },
+            Err(any) => match any.downcast::<E>() {
+                Ok(error) => (*error).into(),
+                // cannot happen: the box was made from an E just above
+                Err(_) => return Self::Retry("a handler error of an unknown type".into()),
+            },
+        };
+        match error.downcast::<JobError>() {
+            Ok(explicit) => *explicit,
+            Err(other) => {
+                let mut text = other.to_string();
+                let mut source = other.source();
+                while let Some(cause) = source {
+                    // an explicit outcome wrapped by another error still decides
+                    if let Some(explicit) = cause.downcast_ref::<JobError>() {
+                        return explicit.clone();
+                    }
+                    text.push_str(&format!(": {cause}"));
+                    source = cause.source();
+                }
+                Self::Retry(text)
+            }
+        }
+    }
+}
+
+/// What a handler may return as its error: anything that converts into a boxed error, so `?` works
+/// on `sqlx::Error`, `std::io::Error`, `anyhow::Error`, `String`, your own error types, and
+/// `JobError` for an explicit outcome.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 impl std::fmt::Display for JobError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -109,11 +153,12 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub(crate) fn register<A, F, Fut>(&mut self, handler: F)
+    pub(crate) fn register<A, F, Fut, E>(&mut self, handler: F)
     where
         A: JobArgs,
         F: Fn(JobContext, A) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
     {
         let handler = Arc::new(handler);
         let erased: ErasedHandler = Arc::new(move |ctx, value| {
@@ -123,7 +168,9 @@ impl Registry {
                 let args: A = serde_json::from_value(value).map_err(|e| {
                     JobError::Terminal(format!("undecodable arguments for kind {:?}: {e}", A::KIND))
                 })?;
-                handler(ctx, args).await
+                handler(ctx, args)
+                    .await
+                    .map_err(JobError::from_handler_error)
             })
         });
         self.handlers.insert(A::KIND.to_string(), erased);

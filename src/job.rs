@@ -30,9 +30,9 @@ pub struct NewJob {
     pub(crate) unique: Option<Unique>,
 }
 
-/// A job state a unique key can be held in (see [`Unique::states`]).
+/// Where a job is: the states `job_state`, history entries, counts and unique keys speak of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum UniqueState {
+pub enum JobStatus {
     Available,
     Scheduled,
     Retryable,
@@ -43,7 +43,23 @@ pub enum UniqueState {
     DeadLettered,
 }
 
-impl UniqueState {
+/// A job state a unique key can be held in (see [`Unique::states`]): the same states.
+pub type UniqueState = JobStatus;
+
+impl JobStatus {
+    /// Every state, in the order of a job's life.
+    pub const ALL: [JobStatus; 8] = [
+        Self::Available,
+        Self::Scheduled,
+        Self::Retryable,
+        Self::Running,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+        Self::DeadLettered,
+    ];
+
+    /// The name the database and the command line use (`dead_lettered`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Available => "available",
@@ -55,6 +71,46 @@ impl UniqueState {
             Self::Cancelled => "cancelled",
             Self::DeadLettered => "dead_lettered",
         }
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // pad, so a width in a format string lines up tables
+        f.pad(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobStatus {
+    type Err = crate::Error;
+
+    /// A state name as the database writes it; an unknown one (a newer schema's) is an error.
+    fn from_str(name: &str) -> crate::Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+            .ok_or_else(|| crate::Error::SchemaMismatch {
+                schema: String::new(),
+                reason: format!("unknown job state {name:?} (a newer ringwork wrote it?)"),
+            })
+    }
+}
+
+impl PartialEq<str> for JobStatus {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for JobStatus {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl serde::Serialize for JobStatus {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -299,5 +355,21 @@ mod tests {
             .unwrap()
             .queue("");
         assert!(job.validate().is_err());
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::JobStatus;
+
+    #[test]
+    fn every_state_round_trips_through_its_database_name() {
+        for state in JobStatus::ALL {
+            let parsed: JobStatus = state.as_str().parse().unwrap();
+            assert_eq!(parsed, state);
+            assert_eq!(state, state.as_str());
+            assert_eq!(format!("{state:<14}|"), format!("{:<14}|", state.as_str()));
+        }
+        assert!("exploded".parse::<JobStatus>().is_err());
     }
 }

@@ -40,7 +40,7 @@ mod storage;
 pub mod telemetry;
 
 pub use error::{Error, Result};
-pub use job::{JobArgs, NewJob, Unique, UniqueState};
+pub use job::{JobArgs, JobStatus, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
 pub use runtime::handler::{BoxError, JobContext, JobError};
 pub use runtime::{

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringwork::{CancelOutcome, JobArgs, JobContext, JobError, NewJob, Outcome, QueueConfig};
+use ringwork::{
+    CancelOutcome, JobArgs, JobContext, JobError, JobStatus, NewJob, Outcome, QueueConfig,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use support::{eventually, TestDb};
@@ -26,7 +28,7 @@ async fn state(db: &TestDb, id: i64) -> String {
         .job_state(id)
         .await
         .unwrap()
-        .map(|s| s.state)
+        .map(|s| s.state.to_string())
         .unwrap_or_default()
 }
 
@@ -204,7 +206,7 @@ async fn a_running_handler_is_told_it_was_cancelled() {
         eventually(Duration::from_secs(10), || {
             let db_state = db.storage();
             async move {
-                db_state.job_state(id).await.unwrap().map(|s| s.state) == Some("running".into())
+                db_state.job_state(id).await.unwrap().map(|s| s.state) == Some(JobStatus::Running)
             }
         })
         .await;

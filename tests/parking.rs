@@ -47,7 +47,7 @@ async fn parked(db: &TestDb) -> i64 {
         .await
 }
 
-async fn state_of(storage: &Storage, job_id: i64) -> String {
+async fn state_of(storage: &Storage, job_id: i64) -> ringwork::JobStatus {
     storage.job_state(job_id).await.unwrap().unwrap().state
 }
 

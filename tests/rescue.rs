@@ -680,13 +680,8 @@ async fn a_rotation_killed_between_ledger_append_and_commit_loses_no_job() {
         vec![Outcome::Applied]
     );
     assert_eq!(
-        storage
-            .job_state(id)
-            .await
-            .unwrap()
-            .map(|s| s.state)
-            .as_deref(),
-        Some("completed")
+        storage.job_state(id).await.unwrap().map(|s| s.state),
+        Some(ringwork::JobStatus::Completed)
     );
     // and the ring keeps turning and pruning past the slots the dead rotation touched
     for _ in 0..4 {

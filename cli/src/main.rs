@@ -773,7 +773,20 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             let storage = open_storage(&database_url, &schema).await?;
             match storage.load_job(job_id).await? {
                 Some(record) => {
-                    println!("{:?}", record.state);
+                    let s = &record.state;
+                    println!(
+                        "job {}: {} (queue {}, kind {}, attempt {}, run_lease {}){}",
+                        s.job_id,
+                        s.state,
+                        s.queue,
+                        s.kind,
+                        s.attempt,
+                        s.run_lease,
+                        s.detail
+                            .as_deref()
+                            .map(|d| format!(": {d}"))
+                            .unwrap_or_default()
+                    );
                     for step in record.history {
                         println!(
                             "  run_lease {:>3}  {:<13} {}  {}",

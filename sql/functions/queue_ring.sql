@@ -219,8 +219,8 @@ $$;
 -- cursor, less tombstoned rows above it: a sum over ready_segments (one row per enqueue call, not
 -- per job) and tombstones, never a scan of ready_entries. Running is the in-flight anti-join over
 -- the active claim slots; scheduled/retryable and dlq count their backlog tables through an index;
--- completed/failed/cancelled count the terminal history still held by the queue ring (the retention
--- the ring and keep_failed give it).
+-- completed/failed/cancelled are durable totals: the terminal rows the queue ring still holds plus
+-- terminal_totals for the slots already pruned (queue_counts in read.sql, archive.sql).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.lane_available(p_lane_id int) RETURNS bigint
 LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$

@@ -43,7 +43,7 @@ impl Statements {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobState {
     pub job_id: i64,
-    pub state: String,
+    pub state: crate::JobStatus,
     pub queue: String,
     pub kind: String,
     pub attempt: i32,
@@ -73,8 +73,8 @@ pub struct QueueCounts {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HistoryEntry {
     pub run_lease: i64,
-    /// `completed`, `failed`, `cancelled`, `scheduled`, `retryable` or `dead_lettered`.
-    pub state: String,
+    /// `Completed`, `Failed`, `Cancelled`, `Scheduled`, `Retryable` or `DeadLettered`.
+    pub state: crate::JobStatus,
     pub error: Option<String>,
     /// When it ended, or (scheduled/retryable) when it is due.
     pub at: DateTime<Utc>,
@@ -141,17 +141,18 @@ impl Storage {
                 .bind(job_id)
                 .fetch_optional(&self.pool)
                 .await?;
-        Ok(row.map(
-            |(state, queue, kind, attempt, run_lease, detail)| JobState {
+        row.map(|(state, queue, kind, attempt, run_lease, detail)| {
+            Ok(JobState {
                 job_id,
-                state,
+                state: state.parse()?,
                 queue,
                 kind,
                 attempt,
                 run_lease,
                 detail,
-            },
-        ))
+            })
+        })
+        .transpose()
     }
 
     /// The job's current state and whatever history the schema still holds for it: terminal rows
@@ -167,13 +168,15 @@ impl Storage {
                 .await?;
         let history = rows
             .into_iter()
-            .map(|(run_lease, state, error, at)| HistoryEntry {
-                run_lease,
-                state,
-                error,
-                at,
+            .map(|(run_lease, state, error, at)| {
+                Ok(HistoryEntry {
+                    run_lease,
+                    state: state.parse()?,
+                    error,
+                    at,
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(Some(JobRecord { state, history }))
     }
 }

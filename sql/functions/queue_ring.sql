@@ -250,3 +250,46 @@ BEGIN
     RETURN v_total - v_spent;
 END
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- The stable SQL API for producers in other languages (docs/lifecycle.md, "Enqueue from SQL"):
+-- one job, validated like the Rust client validates it, in the caller's transaction (it exists only
+-- if that commits), available at once or scheduled for p_run_at. Its name and arguments are a
+-- promise: a later schema keeps them working. Unique jobs are not offered here.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.enqueue(p_queue text, p_kind text, p_args jsonb DEFAULT '{}',
+                                         p_priority int DEFAULT 2, p_max_attempts int DEFAULT 25,
+                                         p_run_at timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF p_queue IS NULL OR octet_length(p_queue) NOT BETWEEN 1 AND 128 OR p_queue ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'ringwork: invalid queue name %: must be 1..128 bytes without control characters',
+            quote_nullable(p_queue) USING ERRCODE = '22023';
+    END IF;
+    IF p_kind IS NULL OR octet_length(p_kind) NOT BETWEEN 1 AND 128 OR p_kind ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'ringwork: invalid job kind %: must be 1..128 bytes without control characters',
+            quote_nullable(p_kind) USING ERRCODE = '22023';
+    END IF;
+    IF p_args IS NULL THEN
+        RAISE EXCEPTION 'ringwork: job arguments must not be NULL (use ''{}'')' USING ERRCODE = '22023';
+    END IF;
+    IF p_priority IS NULL OR p_priority NOT BETWEEN 1 AND 4 THEN
+        RAISE EXCEPTION 'ringwork: priority must be 1..4, got %', p_priority USING ERRCODE = '22023';
+    END IF;
+    IF p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'ringwork: max_attempts must be 1..1000000, got %', p_max_attempts
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_run_at IS NOT NULL AND p_run_at > now() THEN
+        SELECT j INTO v_id FROM __S__.schedule_jobs(p_queue, p_priority::smallint, ARRAY[p_kind], ARRAY[p_args],
+                                                    ARRAY[p_max_attempts], ARRAY[p_run_at], ARRAY[NULL::int]) j;
+    ELSE
+        SELECT j INTO v_id FROM __S__.enqueue_jobs(p_queue, p_priority::smallint, ARRAY[p_kind], ARRAY[p_args],
+                                                   ARRAY[p_max_attempts], ARRAY[NULL::int]) j;
+    END IF;
+    RETURN v_id;
+END
+$$;

@@ -85,18 +85,12 @@ BEGIN
         v_child := format('%I.%I', '__S__', v_parent || '_' || v_bucket);
         EXECUTE 'SELECT max(finalized_at) FROM ' || v_child INTO v_newest;
         CONTINUE WHEN v_newest IS NULL OR v_newest >= now() - p_keep;
-        BEGIN
-            PERFORM set_config('lock_timeout', p_lock_timeout, true);
-            EXECUTE 'LOCK TABLE ' || v_child || ' IN ACCESS EXCLUSIVE MODE';
-            PERFORM set_config('lock_timeout', '0', true);
-            EXECUTE 'SELECT max(finalized_at) FROM ' || v_child INTO v_newest;
-            IF v_newest < now() - p_keep THEN
-                EXECUTE 'TRUNCATE ' || v_child;
-                v_n := v_n + 1;
-            END IF;
-        EXCEPTION WHEN lock_not_available THEN
-            NULL;
-        END;
+        CONTINUE WHEN NOT __S__.lock_exclusive_within(v_child, p_lock_timeout);
+        EXECUTE 'SELECT max(finalized_at) FROM ' || v_child INTO v_newest;
+        IF v_newest < now() - p_keep THEN
+            EXECUTE 'TRUNCATE ' || v_child;
+            v_n := v_n + 1;
+        END IF;
     END LOOP;
     RETURN v_n;
 END
@@ -171,19 +165,13 @@ BEGIN
         v_child := format('%I.%I', '__S__', 'terminal_totals_' || v_bucket);
         EXECUTE 'SELECT EXISTS (SELECT 1 FROM ' || v_child || ')' INTO v_any;
         CONTINUE WHEN NOT v_any;
-        BEGIN
-            PERFORM set_config('lock_timeout', p_lock_timeout, true);
-            EXECUTE 'LOCK TABLE ' || v_child || ' IN ACCESS EXCLUSIVE MODE';
-            PERFORM set_config('lock_timeout', '0', true);
-            EXECUTE 'INSERT INTO __S__.terminal_totals (totals_bucket, queue, completed, failed, cancelled) '
-                    'SELECT $1, queue, sum(completed), sum(failed), sum(cancelled) FROM ' || v_child
-                    || ' GROUP BY queue'
-            USING v_current;
-            EXECUTE 'TRUNCATE ' || v_child;
-            v_n := v_n + 1;
-        EXCEPTION WHEN lock_not_available THEN
-            NULL;
-        END;
+        CONTINUE WHEN NOT __S__.lock_exclusive_within(v_child, p_lock_timeout);
+        EXECUTE 'INSERT INTO __S__.terminal_totals (totals_bucket, queue, completed, failed, cancelled) '
+                'SELECT $1, queue, sum(completed), sum(failed), sum(cancelled) FROM ' || v_child
+                || ' GROUP BY queue'
+        USING v_current;
+        EXECUTE 'TRUNCATE ' || v_child;
+        v_n := v_n + 1;
     END LOOP;
     RETURN v_n;
 END

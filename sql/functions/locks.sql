@@ -12,3 +12,20 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('ringwork:__S__:' || p_kind) & 2147
 -- close, cancel, rescue), so that exactly one of them wins (ADR-023 "Complete").
 CREATE OR REPLACE FUNCTION __S__.lock_attempt(p_job_id bigint) RETURNS void
 LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock(__S__.lock_ns('attempt'), (p_job_id % 2147483647)::int) $$;
+
+-- Take ACCESS EXCLUSIVE on p_table (an already quoted name), waiting at most p_lock_timeout: true
+-- when granted (held until the transaction ends), false when another session holds a conflicting
+-- lock past the timeout. For maintenance truncating a time bucket, which tries again next tick
+-- rather than queueing hot statements behind its request.
+CREATE OR REPLACE FUNCTION __S__.lock_exclusive_within(p_table text, p_lock_timeout text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    EXECUTE 'LOCK TABLE ' || p_table || ' IN ACCESS EXCLUSIVE MODE';
+    PERFORM set_config('lock_timeout', '0', true);
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    -- the failed block's setting is undone with it
+    RETURN false;
+END
+$$;

@@ -1737,6 +1737,11 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
             QueueConfig {
                 max_workers: workers,
                 poll_interval: Duration::from_millis(50),
+                // RINGWORK_BENCH_CLAIM_AHEAD=N: the claim-ahead baseline (0 claims only for free
+                // workers, as before claim ahead existed)
+                claim_ahead: env_number("RINGWORK_BENCH_CLAIM_AHEAD")
+                    .unwrap_or(QueueConfig::default().claim_ahead as u64)
+                    as usize,
                 ..QueueConfig::default()
             },
         )
@@ -1803,6 +1808,11 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
     Ok(())
 }
 
+/// A number from the environment the bench process passes on to its children (baselines).
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 /// `ringwork bench-produce`: insert bench jobs at a fixed rate, or keep `depth` available.
 pub async fn producer_process(
     url: &str,
@@ -1837,7 +1847,14 @@ pub async fn producer_process(
                     due.saturating_sub(sent).min(10_000)
                 }
                 (None, Some(depth)) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // every 100 ms: the exact count is not free (one probe per shard), and the
+                    // harness should not spend the cores it measures; at 10k jobs/s, 5,000 ready
+                    // jobs last 500 ms
+                    // (RINGWORK_BENCH_DEPTH_PROBE_MS: the baseline of this interval, 20 before)
+                    tokio::time::sleep(Duration::from_millis(
+                        env_number("RINGWORK_BENCH_DEPTH_PROBE_MS").unwrap_or(100),
+                    ))
+                    .await;
                     match storage.available_count(BENCH_QUEUE).await {
                         Ok(available) => (depth as i64 - available).clamp(0, 5_000) as u64,
                         Err(_) => 0,

@@ -322,11 +322,16 @@ impl Client {
                 inner: Arc::clone(&self.inner),
                 queue: queue.clone(),
                 config: config.clone(),
-                slots: Arc::new(Semaphore::new(config.max_workers)),
+                workers: Arc::new(Semaphore::new(config.max_workers)),
+                claims: Arc::new(Semaphore::new(config.max_workers + config.claim_ahead)),
                 wake: Arc::clone(&wakers[queue]),
                 done: done_tx.clone(),
             };
-            dispatchers.push((Arc::clone(&dispatcher.slots), config.max_workers));
+            // idle when every claimed job (running or waiting for a worker) has finished
+            dispatchers.push((
+                Arc::clone(&dispatcher.claims),
+                config.max_workers + config.claim_ahead,
+            ));
             let guard = RunningGuard::new(&running);
             let stop = stop_rx.clone();
             tasks.push(tokio::spawn(async move {

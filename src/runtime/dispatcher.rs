@@ -1,24 +1,55 @@
-//! One dispatcher per queue: waits for a free worker slot, claims as many jobs as there are free
-//! slots in one round trip, and hands each to an executor task. An empty claim waits for a NOTIFY
-//! or the poll interval; a claim that found only busy lanes backs off briefly instead.
+//! One dispatcher per queue: waits for claim room, claims as many jobs as there is room for in one
+//! round trip, and hands each to an executor task, which runs it on a free worker. An empty claim
+//! waits for a NOTIFY or the poll interval; a claim that found only busy lanes backs off briefly.
+//!
+//! Two semaphores bound a queue in a process: `workers` (`max_workers` handlers running) and
+//! `claims` (`max_workers + claim_ahead` jobs claimed and not yet finished). While the queue's
+//! handlers are short, the dispatcher claims ahead: jobs wait in claim order for the next free
+//! worker, and the next claim's round trip overlaps the running handlers. While they are long, each
+//! claimed job first takes its worker, so nothing waits claimed behind a long handler.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{warn, Instrument};
 
 use super::executor::run_job;
-use super::{Finished, Inner, QueueConfig};
+use super::{Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER};
 
 pub(super) struct Dispatcher {
     pub(super) inner: Arc<Inner>,
     pub(super) queue: String,
     pub(super) config: QueueConfig,
-    pub(super) slots: Arc<Semaphore>,
+    /// `max_workers` permits: one per running handler.
+    pub(super) workers: Arc<Semaphore>,
+    /// `max_workers + claim_ahead` permits: one per claimed job not yet finished.
+    pub(super) claims: Arc<Semaphore>,
     pub(super) wake: Arc<Notify>,
     pub(super) done: mpsc::UnboundedSender<Finished>,
+}
+
+/// The handler-time average before any handler has run.
+const UNKNOWN: u64 = u64::MAX;
+
+/// Fold one handler's run time into the queue's average: a longer run than the average replaces
+/// it at once (one long handler stops claiming ahead), a shorter one pulls it down by an eighth.
+fn record_handler_time(average_us: &AtomicU64, took: Duration) {
+    let took = took.as_micros().min(u128::from(UNKNOWN - 1)) as u64;
+    let was = average_us.load(Ordering::Relaxed);
+    let now = if was == UNKNOWN || took >= was {
+        took
+    } else {
+        was - was / 8 + took / 8
+    };
+    average_us.store(now, Ordering::Relaxed);
+}
+
+/// Room for one claimed job: its claim permit, and its worker when it was taken before the claim.
+struct Room {
+    claim: OwnedSemaphorePermit,
+    worker: Option<OwnedSemaphorePermit>,
 }
 
 impl Dispatcher {
@@ -27,22 +58,29 @@ impl Dispatcher {
         let mut busy_rounds = 0_u32;
         let mut last_full = false;
         let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
+        // No handler has run yet: assume long ones, so a queue of long jobs never claims ahead.
+        let handler_us = Arc::new(AtomicU64::new(UNKNOWN));
         loop {
             if *stop.borrow() {
                 return;
             }
+            // A moving average of this queue's handler durations decides whether to claim ahead.
+            let average = handler_us.load(Ordering::Relaxed);
+            let ahead = self.config.claim_ahead > 0
+                && average != UNKNOWN
+                && Duration::from_micros(average) <= CLAIM_AHEAD_MAX_HANDLER;
             let first = tokio::select! {
-                permit = Arc::clone(&self.slots).acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => return,
+                room = self.room(ahead) => match room {
+                    Some(room) => room,
+                    None => return,
                 },
                 _ = stop.changed() => return,
             };
             let mut permits = vec![first];
             while permits.len() < self.config.claim_batch {
-                match Arc::clone(&self.slots).try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
+                match self.try_room(ahead) {
+                    Some(room) => permits.push(room),
+                    None => break,
                 }
             }
             // Under a backlog, gather a batch's worth of free workers (briefly) before claiming:
@@ -51,10 +89,8 @@ impl Dispatcher {
             if last_full && permits.len() < linger_target && !self.config.claim_linger.is_zero() {
                 let until = tokio::time::Instant::now() + self.config.claim_linger;
                 while permits.len() < linger_target {
-                    match tokio::time::timeout_at(until, Arc::clone(&self.slots).acquire_owned())
-                        .await
-                    {
-                        Ok(Ok(p)) => permits.push(p),
+                    match tokio::time::timeout_at(until, self.room(ahead)).await {
+                        Ok(Some(room)) => permits.push(room),
                         _ => break,
                     }
                 }
@@ -94,14 +130,20 @@ impl Dispatcher {
                         .claimed
                         .fetch_add(jobs.len() as u64, Ordering::Relaxed);
                     self.inner.telemetry.claimed(&self.queue, jobs.len());
-                    for (job, permit) in jobs.into_iter().zip(permits) {
+                    for (job, room) in jobs.into_iter().zip(permits) {
                         let inner = Arc::clone(&self.inner);
                         let done = self.done.clone();
                         let queue = self.queue.clone();
+                        let workers = Arc::clone(&self.workers);
+                        let handler_us = Arc::clone(&handler_us);
                         tokio::spawn(async move {
-                            let finished = run_job(&inner, &queue, job).await;
+                            let Room { claim, worker } = room;
+                            let finished = run_job(&inner, &queue, job, worker, workers).await;
+                            if let Some(took) = finished.handler_time {
+                                record_handler_time(&handler_us, took);
+                            }
                             let _ = done.send(finished);
-                            drop(permit);
+                            drop(claim);
                         });
                     }
                 }
@@ -150,5 +192,29 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// Wait for room for one more claimed job: a claim permit, and (not claiming ahead) a free
+    /// worker too. The claim permit comes first, so a dispatcher never holds a worker while it
+    /// waits for jobs claimed ahead to finish. None: the semaphores are closed.
+    async fn room(&self, ahead: bool) -> Option<Room> {
+        let claim = Arc::clone(&self.claims).acquire_owned().await.ok()?;
+        let worker = if ahead {
+            None
+        } else {
+            Some(Arc::clone(&self.workers).acquire_owned().await.ok()?)
+        };
+        Some(Room { claim, worker })
+    }
+
+    /// Room for one more claimed job if there is some now.
+    fn try_room(&self, ahead: bool) -> Option<Room> {
+        let claim = Arc::clone(&self.claims).try_acquire_owned().ok()?;
+        let worker = if ahead {
+            None
+        } else {
+            Some(Arc::clone(&self.workers).try_acquire_owned().ok()?)
+        };
+        Some(Room { claim, worker })
     }
 }

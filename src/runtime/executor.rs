@@ -7,8 +7,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use chrono::Utc;
 use tracing::field::Empty;
@@ -44,7 +46,16 @@ impl<F: Future + Unpin> Future for WatchedPolls<F> {
     }
 }
 
-pub(super) async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Finished {
+/// Run one claimed job. `worker` is its worker permit when the dispatcher took one before claiming;
+/// otherwise (claimed ahead) the job waits here, in claim order, for a free one. It is registered
+/// for heartbeats from the start, so a job that waits longer than expected is not rescued as stale.
+pub(super) async fn run_job(
+    inner: &Inner,
+    queue: &str,
+    job: ClaimedJob,
+    worker: Option<OwnedSemaphorePermit>,
+    workers: Arc<Semaphore>,
+) -> Finished {
     let key = (job.job_id, job.run_lease);
     let cancel = Arc::new(CancelSignal::default());
     let poll_started = Arc::new(AtomicU64::new(0));
@@ -61,7 +72,23 @@ pub(super) async fn run_job(inner: &Inner, queue: &str, job: ClaimedJob) -> Fini
             },
         );
     }
-    let finished = run_handler(inner, queue, job, cancel, poll_started).await;
+    let worker = match worker {
+        Some(worker) => Some(worker),
+        None => tokio::select! {
+            worker = workers.acquire_owned() => worker.ok(),
+            _ = cancel.wait() => None,
+        },
+    };
+    let finished = match worker {
+        Some(_worker) => run_handler(inner, queue, job, cancel, poll_started).await,
+        // Told to stop (shutdown ran out of drain, or the claim was closed under us) before a
+        // worker was free: hand the job back at once without using its attempt.
+        None => Finished {
+            attempt: job.attempt_ref(),
+            result: Err(CloseOutcome::Snooze { at: Utc::now() }),
+            handler_time: None,
+        },
+    };
     if let Ok(mut running) = inner.running.lock() {
         running.remove(&key);
     }
@@ -175,7 +202,11 @@ async fn run_handler(
     inner
         .telemetry
         .finished(queue, kind, outcome, started.elapsed());
-    Finished { attempt, result }
+    Finished {
+        attempt,
+        result,
+        handler_time: Some(started.elapsed()),
+    }
 }
 
 fn close_outcome(job: &ClaimedJob, error: JobError) -> CloseOutcome {

@@ -54,7 +54,7 @@ impl CancelSignal {
         self.set.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    async fn wait(&self) {
+    pub(crate) async fn wait(&self) {
         loop {
             let notified = self.notify.notified();
             if self.is_set() {

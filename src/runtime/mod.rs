@@ -45,6 +45,13 @@ pub struct QueueConfig {
     /// with few workers claims in batches instead of one job per round trip. Zero claims as soon as one worker is
     /// free. It never delays a job when the queue is not saturated.
     pub claim_linger: Duration,
+    /// Jobs this process may hold claimed beyond its busy workers, waiting for the next free one,
+    /// so that the next claim's round trip overlaps the running handlers instead of leaving the
+    /// workers idle while it runs. Used only while the queue's handlers are short (a moving
+    /// average at most `CLAIM_AHEAD_MAX_HANDLER`, 50 ms), so a claimed job waits a few
+    /// milliseconds at most; longer handlers claim only for free workers, as with 0. A waiting job
+    /// is heartbeated like a running one, and runs in claim order.
+    pub claim_ahead: usize,
     /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and
     /// deadline rescue closes the attempt if its worker cannot.
     pub deadline: Option<Duration>,
@@ -64,6 +71,7 @@ impl Default for QueueConfig {
             claim_batch: 128,
             poll_interval: Duration::from_millis(250),
             claim_linger: Duration::from_millis(2),
+            claim_ahead: 32,
             deadline: None,
             priority_aging: Some(Duration::from_secs(60)),
             dead_letter: false,
@@ -92,6 +100,12 @@ impl QueueConfig {
                 self.claim_linger
             )));
         }
+        if self.claim_ahead > 10_000 {
+            return Err(Error::Config(format!(
+                "queue {queue:?}: claim_ahead must be 0..=10000, got {}",
+                self.claim_ahead
+            )));
+        }
         if self.poll_interval.is_zero() {
             return Err(Error::Config(format!(
                 "queue {queue:?}: poll_interval must be > 0"
@@ -100,6 +114,10 @@ impl QueueConfig {
         Ok(())
     }
 }
+
+/// Claim ahead of free workers only while the queue's handlers take at most this long on average:
+/// a job claimed ahead then waits about one handler's run for its worker.
+pub const CLAIM_AHEAD_MAX_HANDLER: Duration = Duration::from_millis(50);
 
 /// How completions are batched.
 #[derive(Clone, Debug)]
@@ -266,4 +284,6 @@ pub(crate) struct Inner {
 pub(crate) struct Finished {
     pub(crate) attempt: AttemptRef,
     pub(crate) result: std::result::Result<(), CloseOutcome>,
+    /// How long its handler ran (None: handed back before it started).
+    pub(crate) handler_time: Option<std::time::Duration>,
 }

@@ -195,6 +195,68 @@ async fn shutdown_hands_back_jobs_claimed_ahead_without_using_their_attempt() {
     db.cleanup().await;
 }
 
+/// A handler that turns out long while jobs wait claimed behind it: they are handed back within a
+/// bounded wait and another process runs them, long before the long handler ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_waiting_behind_a_handler_that_turned_out_long_are_handed_back() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let seen = Arc::new(Observed::default());
+    let first = start(client(&db, 1, 40, &seen)).await;
+    // short handlers first, so the client claims ahead, and all finished (their room is free)
+    insert(&db, 20, 1).await;
+    assert!(all_ran(&seen, 20).await);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            storage.count_in_flight(Some("default")).await.unwrap() == 0
+        })
+        .await
+    );
+    // then one long job with 30 short ones behind it, in one segment: one claim takes all 31, and
+    // the short ones that start after the long one wait for the only worker
+    let mut jobs = vec![NewJob::new(&Sleep { ms: 4_000 }).unwrap()];
+    jobs.extend((0..30).map(|_| NewJob::new(&Sleep { ms: 1 }).unwrap()));
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
+    let inserted = std::time::Instant::now();
+    let long_started = eventually(Duration::from_secs(10), || {
+        let seen = Arc::clone(&seen);
+        let long = ids[0];
+        async move { seen.runs.lock().unwrap().contains_key(&long) }
+    });
+    assert!(long_started.await, "the long job did not start");
+    assert_eq!(
+        largest_claim(&db).await,
+        31,
+        "one claim did not take all 31 jobs"
+    );
+    // a second process, which also promotes the handed-back jobs
+    let second = start(client(&db, 4, 8, &seen).maintenance(fast_maintenance())).await;
+    let short_ran = eventually(Duration::from_secs(10), || {
+        let seen = Arc::clone(&seen);
+        let ids = ids.clone();
+        async move {
+            let runs = seen.runs.lock().unwrap();
+            ids[1..].iter().all(|id| runs.contains_key(id))
+        }
+    });
+    assert!(short_ran.await, "the short jobs never ran");
+    let waited = inserted.elapsed();
+    assert!(
+        waited < Duration::from_millis(3_500),
+        "the short jobs waited {waited:?}, behind the 4-s handler"
+    );
+    assert!(all_ran(&seen, 51).await);
+    first.shutdown(Duration::from_secs(10)).await;
+    second.shutdown(Duration::from_secs(10)).await;
+    assert_each_ran_once(&seen, &ids);
+    for id in &ids {
+        let state = storage.job_state(*id).await.unwrap().unwrap();
+        assert_eq!((state.state.as_str(), state.attempt), ("completed", 1));
+    }
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_claim_ahead_over_ten_thousand_is_refused() {
     let db = TestDb::new().await;

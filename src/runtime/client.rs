@@ -327,11 +327,11 @@ impl Client {
                 wake: Arc::clone(&wakers[queue]),
                 done: done_tx.clone(),
             };
-            // idle when every claimed job (running or waiting for a worker) has finished
-            dispatchers.push((
-                Arc::clone(&dispatcher.claims),
-                config.max_workers + config.claim_ahead,
-            ));
+            dispatchers.push(QueueRoom {
+                claims: Arc::clone(&dispatcher.claims),
+                claims_total: config.max_workers + config.claim_ahead,
+                workers: Arc::clone(&dispatcher.workers),
+            });
             let guard = RunningGuard::new(&running);
             let stop = stop_rx.clone();
             tasks.push(tokio::spawn(async move {
@@ -372,6 +372,15 @@ impl Client {
     }
 }
 
+/// One queue's semaphores, as shutdown sees them.
+struct QueueRoom {
+    /// Idle when all `claims_total` permits are back: every claimed job has finished.
+    claims: Arc<Semaphore>,
+    claims_total: usize,
+    /// Closed at shutdown: jobs claimed ahead and still waiting for a worker are handed back.
+    workers: Arc<Semaphore>,
+}
+
 /// A started client. `shutdown` stops claiming, drains running handlers and flushes completions.
 pub struct RunningClient {
     inner: Arc<Inner>,
@@ -379,7 +388,7 @@ pub struct RunningClient {
     tasks: Vec<JoinHandle<()>>,
     heartbeat_stop: watch::Sender<bool>,
     heartbeat: Option<JoinHandle<()>>,
-    dispatchers: Vec<(Arc<Semaphore>, usize)>,
+    dispatchers: Vec<QueueRoom>,
     done: Option<mpsc::UnboundedSender<Finished>>,
     batcher: Option<JoinHandle<()>>,
     liveness: Liveness,
@@ -395,15 +404,22 @@ impl RunningClient {
     /// Heartbeats go on during the drain, so a long handler is not rescued while it finishes.
     /// Handlers still running after `drain` are told to stop (`JobContext::cancelled`) and are not
     /// waited for; their heartbeats stop and their claims stay open for rescue unless they finish
-    /// while the completions flush.
+    /// while the completions flush. Jobs claimed ahead that have not started are handed back to
+    /// their queue at once (a snooze to now, which uses no attempt).
     pub async fn shutdown(mut self, drain: Duration) {
         let _ = self.stop.send(true);
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
+        // No new handler starts from here: jobs claimed ahead that still wait for a worker go
+        // back to their queue at once (a snooze to now, no attempt used) for another process,
+        // instead of starting now and perhaps outliving the drain.
+        for queue in &self.dispatchers {
+            queue.workers.close();
+        }
         let wait_idle = async {
-            for (slots, total) in &self.dispatchers {
-                let _ = slots.acquire_many(*total as u32).await;
+            for queue in &self.dispatchers {
+                let _ = queue.claims.acquire_many(queue.claims_total as u32).await;
             }
         };
         if tokio::time::timeout(drain, wait_idle).await.is_err() {

@@ -4,18 +4,19 @@
 //!
 //! Two semaphores bound a queue in a process: `workers` (`max_workers` handlers running) and
 //! `claims` (`max_workers + claim_ahead` jobs claimed and not yet finished). While the queue's
-//! handlers are short, the dispatcher claims ahead: jobs wait in claim order for the next free
-//! worker, and the next claim's round trip overlaps the running handlers. While they are long, each
-//! claimed job first takes its worker, so nothing waits claimed behind a long handler.
+//! handlers are short, the dispatcher claims ahead: jobs wait in about claim order for the next free
+//! worker, and the next claim's round trip overlaps the running handlers. While they are long (on
+//! average, or one is running long now), each claimed job first takes its worker; a job already
+//! waiting behind a handler that turned out long is handed back after a bounded wait.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{warn, Instrument};
 
-use super::executor::run_job;
+use super::executor::{run_job, WorkerWait};
 use super::{Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER};
 
 pub(super) struct Dispatcher {
@@ -37,13 +38,25 @@ const UNKNOWN: u64 = u64::MAX;
 /// it at once (one long handler stops claiming ahead), a shorter one pulls it down by an eighth.
 fn record_handler_time(average_us: &AtomicU64, took: Duration) {
     let took = took.as_micros().min(u128::from(UNKNOWN - 1)) as u64;
-    let was = average_us.load(Ordering::Relaxed);
-    let now = if was == UNKNOWN || took >= was {
-        took
-    } else {
-        was - was / 8 + took / 8
-    };
-    average_us.store(now, Ordering::Relaxed);
+    // a compare-and-swap loop: a short run finishing beside a long one must not undo it
+    let _ = average_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |was| {
+        Some(if was == UNKNOWN || took >= was {
+            took
+        } else {
+            was - was / 8 + took / 8
+        })
+    });
+}
+
+/// How long a job claimed ahead may wait for a worker before it is handed back: four times the
+/// wait the queue's handler average predicts, at least 100 ms (a hiccup is not a long handler), at
+/// most what handlers at `CLAIM_AHEAD_MAX_HANDLER` would cause, twice over.
+fn wait_limit(average_us: u64, runs_ahead: u32) -> Duration {
+    let average = Duration::from_micros(average_us.min(CLAIM_AHEAD_MAX_HANDLER.as_micros() as u64));
+    (average * 4 * runs_ahead).clamp(
+        Duration::from_millis(100),
+        (CLAIM_AHEAD_MAX_HANDLER * 2 * runs_ahead).max(Duration::from_millis(100)),
+    )
 }
 
 /// Room for one claimed job: its claim permit, and its worker when it was taken before the claim.
@@ -60,6 +73,12 @@ impl Dispatcher {
         let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
         // No handler has run yet: assume long ones, so a queue of long jobs never claims ahead.
         let handler_us = Arc::new(AtomicU64::new(UNKNOWN));
+        let wait = Arc::new(WorkerWait {
+            workers: Arc::clone(&self.workers),
+            long_running: Arc::new(AtomicUsize::new(0)),
+        });
+        // A job claimed ahead waits for about `claim_ahead / max_workers + 1` handler runs.
+        let runs_ahead = self.config.claim_ahead.div_ceil(self.config.max_workers) as u32 + 1;
         loop {
             if *stop.borrow() {
                 return;
@@ -68,7 +87,8 @@ impl Dispatcher {
             let average = handler_us.load(Ordering::Relaxed);
             let ahead = self.config.claim_ahead > 0
                 && average != UNKNOWN
-                && Duration::from_micros(average) <= CLAIM_AHEAD_MAX_HANDLER;
+                && Duration::from_micros(average) <= CLAIM_AHEAD_MAX_HANDLER
+                && wait.long_running.load(Ordering::Relaxed) == 0;
             let first = tokio::select! {
                 room = self.room(ahead) => match room {
                     Some(room) => room,
@@ -134,11 +154,13 @@ impl Dispatcher {
                         let inner = Arc::clone(&self.inner);
                         let done = self.done.clone();
                         let queue = self.queue.clone();
-                        let workers = Arc::clone(&self.workers);
+                        let wait = Arc::clone(&wait);
                         let handler_us = Arc::clone(&handler_us);
+                        let wait_limit = wait_limit(average, runs_ahead);
                         tokio::spawn(async move {
                             let Room { claim, worker } = room;
-                            let finished = run_job(&inner, &queue, job, worker, workers).await;
+                            let finished =
+                                run_job(&inner, &queue, job, worker, &wait, wait_limit).await;
                             if let Some(took) = finished.handler_time {
                                 record_handler_time(&handler_us, took);
                             }

@@ -5,19 +5,19 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use chrono::Utc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::handler::{retry_backoff, CancelSignal, JobContext, JobError};
-use super::{Finished, Inner, RunningAttempt};
+use super::{Finished, Inner, RunningAttempt, CLAIM_AHEAD_MAX_HANDLER};
 use crate::storage::{ClaimedJob, CloseOutcome};
 
 /// The zero of `RunningAttempt::poll_started`.
@@ -46,15 +46,26 @@ impl<F: Future + Unpin> Future for WatchedPolls<F> {
     }
 }
 
+/// How a job claimed ahead of free workers waits for one, and how its queue learns of long handlers.
+pub(super) struct WorkerWait {
+    /// The queue's `max_workers` permits.
+    pub(super) workers: Arc<Semaphore>,
+    /// This queue's handlers that have run longer than `CLAIM_AHEAD_MAX_HANDLER` and are still
+    /// running: while there are any, the dispatcher does not claim ahead.
+    pub(super) long_running: Arc<AtomicUsize>,
+}
+
 /// Run one claimed job. `worker` is its worker permit when the dispatcher took one before claiming;
-/// otherwise (claimed ahead) the job waits here, in claim order, for a free one. It is registered
-/// for heartbeats from the start, so a job that waits longer than expected is not rescued as stale.
+/// otherwise (claimed ahead) the job waits here for a free one, in about claim order (the
+/// semaphore is fair; tasks join its queue as they are first polled). It is registered for
+/// heartbeats from the start, so a job that waits is not rescued as stale.
 pub(super) async fn run_job(
     inner: &Inner,
     queue: &str,
     job: ClaimedJob,
     worker: Option<OwnedSemaphorePermit>,
-    workers: Arc<Semaphore>,
+    wait: &WorkerWait,
+    wait_limit: Duration,
 ) -> Finished {
     let key = (job.job_id, job.run_lease);
     let cancel = Arc::new(CancelSignal::default());
@@ -74,15 +85,33 @@ pub(super) async fn run_job(
     }
     let worker = match worker {
         Some(worker) => Some(worker),
-        None => tokio::select! {
-            worker = workers.acquire_owned() => worker.ok(),
-            _ = cancel.wait() => None,
-        },
+        None => {
+            // Hand the job back (a snooze to now: no attempt used) if no worker is free within
+            // `wait_limit`, or within half of what is left of its deadline: a handler that turned
+            // out long must not hold the jobs claimed behind it while other processes could run them.
+            let limit = match job.deadline_at {
+                Some(at) => {
+                    wait_limit.min((at - Utc::now()).to_std().unwrap_or(Duration::ZERO) / 2)
+                }
+                None => wait_limit,
+            };
+            // Cancellation first: a job told to stop never starts, even when a worker frees up at
+            // the same moment. A closed semaphore (shutdown) is an error: hand back.
+            tokio::select! {
+                biased;
+                _ = cancel.wait() => None,
+                worker = Arc::clone(&wait.workers).acquire_owned() => worker.ok(),
+                _ = tokio::time::sleep(limit) => None,
+            }
+        }
     };
+    let worker = worker.filter(|_| !cancel.is_set());
     let finished = match worker {
-        Some(_worker) => run_handler(inner, queue, job, cancel, poll_started).await,
-        // Told to stop (shutdown ran out of drain, or the claim was closed under us) before a
-        // worker was free: hand the job back at once without using its attempt.
+        Some(_worker) => {
+            run_handler(inner, queue, job, cancel, poll_started, &wait.long_running).await
+        }
+        // Told to stop (shutdown, or the claim was closed under us), or no worker came free in
+        // time: hand the job back at once without using its attempt.
         None => Finished {
             attempt: job.attempt_ref(),
             result: Err(CloseOutcome::Snooze { at: Utc::now() }),
@@ -101,6 +130,7 @@ async fn run_handler(
     job: ClaimedJob,
     cancel: Arc<CancelSignal>,
     poll_started: Arc<AtomicU64>,
+    long_running: &AtomicUsize,
 ) -> Finished {
     let attempt = job.attempt_ref();
     let started = Instant::now();
@@ -164,6 +194,7 @@ async fn run_handler(
             let limit = job
                 .deadline_at
                 .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO));
+            let task = count_while_long(task, long_running);
             let joined = match limit {
                 Some(limit) => match tokio::time::timeout(limit, task).await {
                     Ok(joined) => joined,
@@ -207,6 +238,27 @@ async fn run_handler(
         result,
         handler_time: Some(started.elapsed()),
     }
+}
+
+/// Await `run`; once it has taken longer than `CLAIM_AHEAD_MAX_HANDLER`, count it in `long` until it
+/// ends (or is dropped), so the dispatcher stops claiming ahead while a long handler runs, not only
+/// after it finished.
+async fn count_while_long<F: Future>(run: F, long: &AtomicUsize) -> F::Output {
+    struct Counted<'a>(&'a AtomicUsize);
+    impl Drop for Counted<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    tokio::pin!(run);
+    tokio::select! {
+        biased;
+        out = &mut run => return out,
+        _ = tokio::time::sleep(CLAIM_AHEAD_MAX_HANDLER) => {}
+    }
+    long.fetch_add(1, Ordering::Relaxed);
+    let _counted = Counted(long);
+    run.await
 }
 
 fn close_outcome(job: &ClaimedJob, error: JobError) -> CloseOutcome {

@@ -48,9 +48,11 @@ pub struct QueueConfig {
     /// Jobs this process may hold claimed beyond its busy workers, waiting for the next free one,
     /// so that the next claim's round trip overlaps the running handlers instead of leaving the
     /// workers idle while it runs. Used only while the queue's handlers are short (a moving
-    /// average at most `CLAIM_AHEAD_MAX_HANDLER`, 50 ms), so a claimed job waits a few
-    /// milliseconds at most; longer handlers claim only for free workers, as with 0. A waiting job
-    /// is heartbeated like a running one, and runs in claim order.
+    /// average of at most `CLAIM_AHEAD_MAX_HANDLER`, 50 ms, and none running longer right now):
+    /// a claimed job then waits about `claim_ahead / max_workers` handler runs. A job that waits
+    /// longer (a handler turned out long) is handed back to the queue after a bounded wait, and
+    /// never waits past half of its deadline. 0 claims only for free workers. A waiting job is
+    /// heartbeated like a running one, and runs in about claim order.
     pub claim_ahead: usize,
     /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and
     /// deadline rescue closes the attempt if its worker cannot.

@@ -49,13 +49,14 @@ fn record_handler_time(average_us: &AtomicU64, took: Duration) {
 }
 
 /// How long a job claimed ahead may wait for a worker before it is handed back: four times the
-/// wait the queue's handler average predicts, at least 100 ms (a hiccup is not a long handler), at
-/// most what handlers at `CLAIM_AHEAD_MAX_HANDLER` would cause, twice over.
+/// wait the queue's handler average predicts, at least 500 ms (a busy machine's hiccup is not a
+/// long handler, and a hand-back costs a trip through `deferred_jobs`), at most what handlers at
+/// `CLAIM_AHEAD_MAX_HANDLER` would cause, twice over.
 fn wait_limit(average_us: u64, runs_ahead: u32) -> Duration {
     let average = Duration::from_micros(average_us.min(CLAIM_AHEAD_MAX_HANDLER.as_micros() as u64));
     (average * 4 * runs_ahead).clamp(
-        Duration::from_millis(100),
-        (CLAIM_AHEAD_MAX_HANDLER * 2 * runs_ahead).max(Duration::from_millis(100)),
+        Duration::from_millis(500),
+        (CLAIM_AHEAD_MAX_HANDLER * 2 * runs_ahead).max(Duration::from_millis(500)),
     )
 }
 

@@ -28,6 +28,7 @@ pub struct NewJob {
     pub(crate) run_at: Option<DateTime<Utc>>,
     pub(crate) timeout: Option<std::time::Duration>,
     pub(crate) unique: Option<Unique>,
+    pub(crate) traceparent: Option<String>,
 }
 
 /// Where a job is: the states `job_state`, history entries, counts and unique keys speak of.
@@ -184,6 +185,7 @@ impl NewJob {
             run_at: None,
             timeout: None,
             unique: None,
+            traceparent: None,
         })
     }
 
@@ -253,6 +255,15 @@ impl NewJob {
         self
     }
 
+    /// The W3C `traceparent` of the producer's span (`00-<trace id>-<span id>-<flags>`), so each
+    /// execution's `ringwork.process` span is its child. Without it, an insert made inside a
+    /// `tracing` span that an OpenTelemetry layer (tracing-opentelemetry) exports, or inside an
+    /// active OpenTelemetry span, takes that span's. Checked on insert.
+    pub fn traceparent(mut self, traceparent: &str) -> Self {
+        self.traceparent = Some(traceparent.to_string());
+        self
+    }
+
     pub(crate) fn timeout_ms(&self) -> Option<i32> {
         self.timeout
             .map(|t| t.as_millis().min(i32::MAX as u128) as i32)
@@ -281,6 +292,13 @@ impl NewJob {
             {
                 return Err(Error::Config(format!(
                     "timeout must be 1 ms..=7 days, got {t:?}"
+                )));
+            }
+        }
+        if let Some(traceparent) = &self.traceparent {
+            if !crate::trace_context::is_valid(traceparent) {
+                return Err(Error::Config(format!(
+                    "traceparent {traceparent:?} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, ids not all zero)"
                 )));
             }
         }

@@ -38,6 +38,7 @@ mod runtime;
 pub mod schema;
 mod storage;
 pub mod telemetry;
+mod trace_context;
 
 pub use error::{Error, Result};
 pub use job::{JobArgs, JobStatus, NewJob, Unique, UniqueState};

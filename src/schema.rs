@@ -37,6 +37,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "terminal_totals",
         include_str!("../migrations/0006_terminal_totals.sql"),
     ),
+    (
+        "trace_context",
+        include_str!("../migrations/0007_trace_context.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -5,14 +5,15 @@
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 
 CREATE OR REPLACE FUNCTION __S__.schedule_jobs(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
-                                    p_max_attempts int[], p_run_at timestamptz[], p_timeouts_ms int[])
+                                    p_max_attempts int[], p_run_at timestamptz[], p_timeouts_ms int[],
+                                    p_traceparents text[])
 RETURNS SETOF bigint
 LANGUAGE sql AS $$
     SELECT __S__.ensure_lane(p_queue, p_priority);
     INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
-                                     run_at, created_at, timeout_ms)
-    SELECT nextval('__S__.job_ids'), p_queue, k, a, p_priority, 0, 0, m, r, now(), t
-    FROM unnest(p_kinds, p_args, p_max_attempts, p_run_at, p_timeouts_ms) AS u(k, a, m, r, t)
+                                     run_at, created_at, timeout_ms, traceparent)
+    SELECT nextval('__S__.job_ids'), p_queue, k, a, p_priority, 0, 0, m, r, now(), t, tp
+    FROM unnest(p_kinds, p_args, p_max_attempts, p_run_at, p_timeouts_ms, p_traceparents) AS u(k, a, m, r, t, tp)
     RETURNING job_id;
 $$;
 
@@ -41,10 +42,11 @@ BEGIN
             DELETE FROM __S__.deferred_jobs d WHERE d.job_id = ANY (v_ids) RETURNING d.*
         )
         INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
-                                         attempt, run_lease, max_attempts, run_at, created_at, timeout_ms)
+                                         attempt, run_lease, max_attempts, run_at, created_at, timeout_ms,
+                                         traceparent)
         SELECT v_seg.ready_slot, v_seg.lane_id, v_seg.base_pos + array_position(v_ids, p.job_id) - 1,
                p.job_id, p.queue, p.kind, p.args, p.priority, p.attempt, p.run_lease, p.max_attempts,
-               p.run_at, p.created_at, p.timeout_ms
+               p.run_at, p.created_at, p.timeout_ms, p.traceparent
         FROM due p;
         v_total := v_total + cardinality(v_ids);
     END LOOP;
@@ -57,7 +59,8 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(p_key, 'UTF8')) $$;
 
 CREATE OR REPLACE FUNCTION __S__.insert_unique(p_key text, p_states text[], p_queue text, p_priority smallint,
                                     p_kind text, p_args jsonb, p_max_attempts int, p_run_at timestamptz,
-                                    p_timeout_ms int, OUT o_job_id bigint, OUT o_inserted boolean)
+                                    p_timeout_ms int, p_traceparent text,
+                                    OUT o_job_id bigint, OUT o_inserted boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_hash bytea := __S__.unique_key_hash(p_key);
@@ -77,11 +80,11 @@ BEGIN
     IF p_run_at IS NOT NULL AND p_run_at > now() THEN
         SELECT j INTO o_job_id
         FROM __S__.schedule_jobs(p_queue, p_priority, ARRAY[p_kind], ARRAY[p_args], ARRAY[p_max_attempts],
-                                 ARRAY[p_run_at], ARRAY[p_timeout_ms]) j;
+                                 ARRAY[p_run_at], ARRAY[p_timeout_ms], ARRAY[p_traceparent]) j;
     ELSE
         SELECT j INTO o_job_id
         FROM __S__.enqueue_jobs(p_queue, p_priority, ARRAY[p_kind], ARRAY[p_args], ARRAY[p_max_attempts],
-                                ARRAY[p_timeout_ms]) j;
+                                ARRAY[p_timeout_ms], ARRAY[p_traceparent]) j;
     END IF;
     INSERT INTO __S__.unique_keys AS k (unique_key, job_id, queue, kind)
     VALUES (v_hash, o_job_id, p_queue, p_kind)
@@ -130,9 +133,9 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
-                                     run_at, created_at, last_error, timeout_ms)
+                                     run_at, created_at, last_error, timeout_ms, traceparent)
     VALUES (v.job_id, v.queue, v.kind, v.args, v.priority, 0, v.run_lease, v.max_attempts, now(),
-            v.created_at, v.error, v.timeout_ms);
+            v.created_at, v.error, v.timeout_ms, v.traceparent);
     RETURN true;
 END
 $$;

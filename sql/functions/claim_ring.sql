@@ -88,7 +88,7 @@ CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline inter
                             p_aging interval DEFAULT NULL)
 RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
                attempt int, max_attempts int, priority smallint, created_at timestamptz,
-               deadline_at timestamptz)
+               deadline_at timestamptz, traceparent text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_claim_slot int;
@@ -213,7 +213,7 @@ BEGIN
             -- so a segment missing below a visible one was rolled back or lost for good.
             FOR v_row IN
                 SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
-                       e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at,
+                       e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
                        EXISTS (SELECT 1 FROM __S__.ready_tombstones t
                                WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
                                  AND t.run_lease = e.run_lease) AS spent
@@ -249,6 +249,7 @@ BEGIN
                 max_attempts := v_row.max_attempts;
                 priority := v_row.priority;
                 created_at := v_row.created_at;
+                traceparent := v_row.traceparent;
                 v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
                 IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
                     deadline_at := v_own_deadline;
@@ -366,7 +367,7 @@ BEGIN
     ), open AS MATERIALIZED (
         -- DISTINCT: an attempt listed twice must be closed (and counted) once
         SELECT DISTINCT ON (i.claim_slot, i.receipt_id) i.*, o.shape, o.ready_slot, o.attempt, e.queue, e.kind, e.args, e.priority, e.max_attempts,
-               e.created_at, e.timeout_ms,
+               e.created_at, e.timeout_ms, e.traceparent,
                CASE WHEN i.outcome = 'cancelled' THEN 'cancelled'
                     WHEN i.outcome = 'snoozed' THEN 'snoozed'
                     WHEN i.outcome <> 'failed' AND i.retry_at IS NOT NULL THEN 'retry'
@@ -392,18 +393,18 @@ BEGIN
         RETURNING 1
     ), retried AS (
         INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
-                                         run_at, created_at, last_error, timeout_ms)
+                                         run_at, created_at, last_error, timeout_ms, traceparent)
         -- a snooze does not use an attempt: the next claim counts this attempt again
         SELECT o.job_id, o.queue, o.kind, o.args, o.priority,
                CASE WHEN o.route = 'snoozed' THEN o.attempt - 1 ELSE o.attempt END, o.run_lease, o.max_attempts,
-               o.retry_at, o.created_at, o.error, o.timeout_ms
+               o.retry_at, o.created_at, o.error, o.timeout_ms, o.traceparent
         FROM open o WHERE o.route IN ('retry', 'snoozed')
         RETURNING 1
     ), dead_lettered AS (
         INSERT INTO __S__.dlq_entries (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
-                                       error, created_at, timeout_ms)
+                                       error, created_at, timeout_ms, traceparent)
         SELECT o.job_id, o.queue, o.kind, o.args, o.priority, o.attempt, o.run_lease, o.max_attempts,
-               o.error, o.created_at, o.timeout_ms
+               o.error, o.created_at, o.timeout_ms, o.traceparent
         FROM open o WHERE o.route = 'dlq'
         RETURNING 1
     ), finished AS (

@@ -8,3 +8,18 @@ DROP FUNCTION IF EXISTS __S__.lane_gap_resolved(int, bigint);
 DROP FUNCTION IF EXISTS __S__.prune_queue_slot(int, text, interval);
 -- archive (migration 0004): prune_queue_slot gained p_keep_completed, and no argument has a default
 DROP FUNCTION IF EXISTS __S__.prune_queue_slot(int, text, interval, interval);
+-- trace context (migration 0007): enqueue paths gained a traceparent argument, claim returns it
+DROP FUNCTION IF EXISTS __S__.enqueue_jobs(text, smallint, text[], jsonb[], int[], int[]);
+DROP FUNCTION IF EXISTS __S__.schedule_jobs(text, smallint, text[], jsonb[], int[], timestamptz[], int[]);
+DROP FUNCTION IF EXISTS __S__.insert_unique(text, text[], text, smallint, text, jsonb, int, timestamptz, int);
+DROP FUNCTION IF EXISTS __S__.enqueue(text, text, jsonb, int, int, timestamptz);
+-- a changed result row cannot be replaced in place; drop claim only while it lacks the column
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.claim(text, int, interval, interval)')
+                 AND NOT ('traceparent' = ANY (p.proargnames))) THEN
+        DROP FUNCTION __S__.claim(text, int, interval, interval);
+    END IF;
+END
+$$;

@@ -56,9 +56,9 @@ BEGIN
     FROM __S__.ready_segments s
     WHERE s.ready_slot = p_slot AND s.lane_id = p_lane_id AND s.segment_no >= (p_cursor >> 20);
     INSERT INTO __S__.parked_entries (lane_id, lane_pos, job_id, queue, kind, args, priority, attempt, run_lease,
-                                      max_attempts, run_at, created_at, timeout_ms, cancelled)
+                                      max_attempts, run_at, created_at, timeout_ms, traceparent, cancelled)
     SELECT e.lane_id, e.lane_pos, e.job_id, e.queue, e.kind, e.args, e.priority, e.attempt, e.run_lease,
-           e.max_attempts, e.run_at, e.created_at, e.timeout_ms,
+           e.max_attempts, e.run_at, e.created_at, e.timeout_ms, e.traceparent,
            EXISTS (SELECT 1 FROM __S__.ready_tombstones t
                    WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id AND t.run_lease = e.run_lease)
     FROM __S__.ready_entries e
@@ -96,9 +96,10 @@ BEGIN
         DELETE FROM __S__.parked_entries p WHERE p.lane_id = p_lane_id RETURNING p.*
     ), back AS (
         INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
-                                         attempt, run_lease, max_attempts, run_at, created_at, timeout_ms)
+                                         attempt, run_lease, max_attempts, run_at, created_at, timeout_ms,
+                                         traceparent)
         SELECT v_slot, m.lane_id, m.lane_pos, m.job_id, m.queue, m.kind, m.args, m.priority, m.attempt,
-               m.run_lease, m.max_attempts, m.run_at, m.created_at, m.timeout_ms
+               m.run_lease, m.max_attempts, m.run_at, m.created_at, m.timeout_ms, m.traceparent
         FROM moved m WHERE m.lane_pos > v_cursor
         RETURNING 1
     ), tombstones AS (
@@ -107,9 +108,9 @@ BEGIN
         RETURNING 1
     ), stranded AS (
         INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
-                                         run_at, created_at, timeout_ms)
+                                         run_at, created_at, timeout_ms, traceparent)
         SELECT m.job_id, m.queue, m.kind, m.args, m.priority, m.attempt, m.run_lease, m.max_attempts, now(),
-               m.created_at, m.timeout_ms
+               m.created_at, m.timeout_ms, m.traceparent
         FROM moved m WHERE NOT m.cancelled AND m.lane_pos <= v_cursor
         RETURNING 1
     )

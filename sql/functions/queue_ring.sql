@@ -195,8 +195,18 @@ BEGIN
 END
 $$;
 
+-- A W3C traceparent (version 00, non-zero trace and span ids), or NULL (no trace). The Rust client
+-- checks the same rule (job.rs) before anything is sent.
+CREATE OR REPLACE FUNCTION __S__.valid_traceparent(p_traceparent text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_traceparent IS NULL
+        OR (p_traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+            AND substr(p_traceparent, 4, 32) <> repeat('0', 32)
+            AND substr(p_traceparent, 37, 16) <> repeat('0', 16))
+$$;
+
 CREATE OR REPLACE FUNCTION __S__.enqueue_jobs(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
-                                   p_max_attempts int[], p_timeouts_ms int[])
+                                   p_max_attempts int[], p_timeouts_ms int[], p_traceparents text[])
 RETURNS SETOF bigint
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -206,9 +216,9 @@ BEGIN
     SELECT * INTO v_seg FROM __S__.enqueue_segment(p_queue, p_priority, v_n);
     RETURN QUERY
     INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
-                                     attempt, run_lease, max_attempts, timeout_ms)
+                                     attempt, run_lease, max_attempts, timeout_ms, traceparent)
     SELECT v_seg.ready_slot, v_seg.lane_id, v_seg.base_pos + i - 1, nextval('__S__.job_ids'), p_queue,
-           p_kinds[i], p_args[i], p_priority, 0, 0, p_max_attempts[i], p_timeouts_ms[i]
+           p_kinds[i], p_args[i], p_priority, 0, 0, p_max_attempts[i], p_timeouts_ms[i], p_traceparents[i]
     FROM generate_series(1, v_n) i
     RETURNING job_id;
 END
@@ -255,11 +265,13 @@ $$;
 -- The stable SQL API for producers in other languages (docs/lifecycle.md, "Enqueue from SQL"):
 -- one job, validated like the Rust client validates it, in the caller's transaction (it exists only
 -- if that commits), available at once or scheduled for p_run_at. Its name and arguments are a
--- promise: a later schema keeps them working. Unique jobs are not offered here.
+-- promise: a later schema keeps them working (p_traceparent was added at the end, with a default, so
+-- every earlier call still binds). Unique jobs are not offered here. p_traceparent: the W3C
+-- traceparent of the producer's span, so the job's execution spans are its children.
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.enqueue(p_queue text, p_kind text, p_args jsonb DEFAULT '{}',
                                          p_priority int DEFAULT 2, p_max_attempts int DEFAULT 25,
-                                         p_run_at timestamptz DEFAULT NULL)
+                                         p_run_at timestamptz DEFAULT NULL, p_traceparent text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -283,12 +295,17 @@ BEGIN
         RAISE EXCEPTION 'ringwork: max_attempts must be 1..1000000, got %', p_max_attempts
             USING ERRCODE = '22023';
     END IF;
+    IF NOT __S__.valid_traceparent(p_traceparent) THEN
+        RAISE EXCEPTION 'ringwork: invalid traceparent %: expected 00-<32 hex>-<16 hex>-<2 hex> (W3C trace context)',
+            quote_nullable(p_traceparent) USING ERRCODE = '22023';
+    END IF;
     IF p_run_at IS NOT NULL AND p_run_at > now() THEN
         SELECT j INTO v_id FROM __S__.schedule_jobs(p_queue, p_priority::smallint, ARRAY[p_kind], ARRAY[p_args],
-                                                    ARRAY[p_max_attempts], ARRAY[p_run_at], ARRAY[NULL::int]) j;
+                                                    ARRAY[p_max_attempts], ARRAY[p_run_at], ARRAY[NULL::int],
+                                                    ARRAY[p_traceparent]) j;
     ELSE
         SELECT j INTO v_id FROM __S__.enqueue_jobs(p_queue, p_priority::smallint, ARRAY[p_kind], ARRAY[p_args],
-                                                   ARRAY[p_max_attempts], ARRAY[NULL::int]) j;
+                                                   ARRAY[p_max_attempts], ARRAY[NULL::int], ARRAY[p_traceparent]) j;
     END IF;
     RETURN v_id;
 END

@@ -151,6 +151,7 @@ async fn run_handler(
         ringwork.outcome = Empty,
         error.type = Empty,
     );
+    crate::trace_context::set_parent(&span, job.traceparent.as_deref());
     if job.attempt == 1 {
         let waited = (Utc::now() - job.created_at).to_std().unwrap_or_default();
         inner.telemetry.pickup(queue, waited);

@@ -27,7 +27,7 @@ impl Statements {
         Self {
             claim: format!(
                 "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args, attempt, max_attempts, priority, \
-                 created_at, deadline_at FROM {s}.claim($1, $2, make_interval(secs => $3), \
+                 created_at, deadline_at, traceparent FROM {s}.claim($1, $2, make_interval(secs => $3), \
                  make_interval(secs => $4))"
             ),
             queue_has_backlog: format!("SELECT {s}.queue_has_backlog($1)"),
@@ -55,6 +55,8 @@ pub struct ClaimedJob {
     pub created_at: DateTime<Utc>,
     /// When deadline rescue may close this attempt (queue deadline or the job's own timeout).
     pub deadline_at: Option<DateTime<Utc>>,
+    /// The W3C traceparent of the span that enqueued the job, if it was enqueued inside a trace.
+    pub traceparent: Option<String>,
 }
 
 /// The identity of one attempt, as every write on its behalf must name it.
@@ -138,6 +140,7 @@ impl Storage {
                     priority: r.try_get("priority")?,
                     created_at: r.try_get("created_at")?,
                     deadline_at: r.try_get("deadline_at")?,
+                    traceparent: r.try_get("traceparent")?,
                 })
             })
             .collect()

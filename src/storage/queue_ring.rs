@@ -30,8 +30,10 @@ pub(super) struct Statements {
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
-            enqueue_jobs: format!("SELECT * FROM {s}.enqueue_jobs($1, $2, $3, $4, $5, $6)"),
-            schedule_jobs: format!("SELECT * FROM {s}.schedule_jobs($1, $2, $3, $4, $5, $6, $7)"),
+            enqueue_jobs: format!("SELECT * FROM {s}.enqueue_jobs($1, $2, $3, $4, $5, $6, $7)"),
+            schedule_jobs: format!(
+                "SELECT * FROM {s}.schedule_jobs($1, $2, $3, $4, $5, $6, $7, $8)"
+            ),
             reserve_segment: format!(
                 "SELECT g.ready_slot, g.lane_id, g.base_pos,
                         ARRAY(SELECT nextval('{s}.job_ids') FROM generate_series(1, $3)) AS job_ids
@@ -39,7 +41,7 @@ impl Statements {
             ),
             copy_ready: format!(
                 "COPY {s}.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority, \
-                 attempt, run_lease, max_attempts, timeout_ms) FROM STDIN (FORMAT csv)"
+                 attempt, run_lease, max_attempts, timeout_ms, traceparent) FROM STDIN (FORMAT csv)"
             ),
             ensure_lanes: format!("SELECT count({s}.ensure_lane($1, p::smallint)) FROM generate_series(1, 4) p"),
             queue_lanes_exist: format!(
@@ -47,7 +49,7 @@ impl Statements {
                  WHERE queue = $1 AND shard < {s}.lane_base_shards()"
             ),
             insert_unique: format!(
-                "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
             ),
         }
     }
@@ -71,6 +73,12 @@ fn single_statement(jobs: &[NewJob], now: DateTime<Utc>) -> bool {
                 && (first.is_future(now) || jobs.len() <= COPY_THRESHOLD)
         }
     }
+}
+
+/// One job as an insert writes it: its validated args as JSON text, and its W3C traceparent.
+struct Encoded {
+    args: String,
+    traceparent: Option<String>,
 }
 
 /// What an insert did with one job: `duplicate` is true when a unique job's key was already held
@@ -157,9 +165,18 @@ impl Storage {
         conn: &mut PgConnection,
         jobs: &[NewJob],
     ) -> Result<Vec<Inserted>> {
+        // each job's args as JSON text, and its trace: its own, else the span this insert runs in
         let texts = jobs
             .iter()
-            .map(NewJob::validate)
+            .map(|job| {
+                Ok(Encoded {
+                    args: job.validate()?,
+                    traceparent: job
+                        .traceparent
+                        .clone()
+                        .or_else(crate::trace_context::current_traceparent),
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         for job in jobs {
             self.ensure_queue_from(conn, &job.queue).await?;
@@ -208,7 +225,7 @@ impl Storage {
         &self,
         conn: &mut PgConnection,
         jobs: &[NewJob],
-        texts: &[String],
+        texts: &[Encoded],
         now: DateTime<Utc>,
     ) -> Result<Vec<Inserted>> {
         let mut ids: Vec<Inserted> = (0..jobs.len())
@@ -236,6 +253,10 @@ impl Storage {
             let max_attempts: Vec<i32> = members.iter().map(|&i| jobs[i].max_attempts).collect();
             let timeouts: Vec<Option<i32>> =
                 members.iter().map(|&i| jobs[i].timeout_ms()).collect();
+            let traceparents: Vec<Option<&str>> = members
+                .iter()
+                .map(|&i| texts[i].traceparent.as_deref())
+                .collect();
             let group_ids: Vec<i64> = if future {
                 let args: Vec<serde_json::Value> =
                     members.iter().map(|&i| jobs[i].args.clone()).collect();
@@ -251,6 +272,7 @@ impl Storage {
                     .bind(&max_attempts)
                     .bind(&run_at)
                     .bind(&timeouts)
+                    .bind(&traceparents)
                     .fetch_all(&mut *conn)
                     .await?
             } else if members.len() <= COPY_THRESHOLD {
@@ -263,6 +285,7 @@ impl Storage {
                     .bind(&args)
                     .bind(&max_attempts)
                     .bind(&timeouts)
+                    .bind(&traceparents)
                     .fetch_all(&mut *conn)
                     .await?
             } else {
@@ -296,6 +319,7 @@ impl Storage {
                     .bind(job.max_attempts)
                     .bind(job.run_at)
                     .bind(job.timeout_ms())
+                    .bind(texts[index].traceparent.as_deref())
                     .fetch_one(&mut *conn)
                     .await?;
             ids[index] = Inserted {
@@ -313,7 +337,7 @@ impl Storage {
         priority: i16,
         members: &[usize],
         jobs: &[NewJob],
-        texts: &[String],
+        texts: &[Encoded],
     ) -> Result<Vec<i64>> {
         let row = sqlx::query(&self.sql.queue_ring.reserve_segment)
             .bind(queue)
@@ -329,14 +353,16 @@ impl Storage {
         for (ordinal, (&index, id)) in members.iter().zip(&ids).enumerate() {
             let job = &jobs[index];
             csv.push_str(&format!(
-                "{slot},{lane},{},{id},{},{},{},{priority},0,0,{},{}\n",
+                "{slot},{lane},{},{id},{},{},{},{priority},0,0,{},{},{}\n",
                 base + ordinal as i64,
                 csv_quote(queue),
                 csv_quote(&job.kind),
-                csv_quote(&texts[index]),
+                csv_quote(&texts[index].args),
                 job.max_attempts,
                 // an unquoted empty CSV field is NULL
-                job.timeout_ms().map(|t| t.to_string()).unwrap_or_default()
+                job.timeout_ms().map(|t| t.to_string()).unwrap_or_default(),
+                // validated: hex digits and dashes only, safe unquoted
+                texts[index].traceparent.as_deref().unwrap_or_default()
             ));
         }
         let mut copy = conn.copy_in_raw(&self.sql.queue_ring.copy_ready).await?;

@@ -34,6 +34,7 @@ use ringwork::Storage;
 use ringwork::{Client, JobContext, JobError, MaintenanceConfig, QueueConfig};
 use ringwork::{Error, Result};
 use ringwork::{JobArgs, NewJob};
+use tracing::Instrument;
 
 /// The queue every benchmark job goes to.
 pub const BENCH_QUEUE: &str = "default";
@@ -1729,7 +1730,21 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
         .await?;
     let pickups: Arc<Mutex<Vec<f64>>> = Arc::default();
     let recorder = Arc::clone(&pickups);
-    let client = Client::builder(pool)
+    let mut builder = Client::builder(pool);
+    if telemetry_part("metrics") {
+        let exporter = Arc::new(ringwork::http::PrometheusExporter::new(|provider| {
+            provider
+        })?);
+        builder = builder.telemetry(exporter.telemetry());
+        // a scrape every 10 s, as a Prometheus server would
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let _ = exporter.render();
+            }
+        });
+    }
+    let client = builder
         .schema(schema)
         .migrate(false)
         .queue(
@@ -1806,6 +1821,56 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
     // completions flushed during shutdown
     report_line();
     Ok(())
+}
+
+/// `RINGWORK_BENCH_TELEMETRY=1` (inherited by the bench's children): workers and producer pay for
+/// observability as a production deployment would: every metric recorded into a Prometheus
+/// registry (rendered every 10 s), and info-level spans (`ringwork.process`, the producer's
+/// `bench.produce`, whose traceparent every job carries) exported through tracing-opentelemetry and
+/// a batch span processor to an exporter that drops them. Unset: neither (the baseline).
+/// `metrics` or `traces` turns on only that half (to tell their costs apart).
+fn telemetry_part(part: &str) -> bool {
+    match std::env::var("RINGWORK_BENCH_TELEMETRY") {
+        Ok(value) => value != "metrics" && value != "traces" || value == part,
+        Err(_) => false,
+    }
+}
+
+/// Drops exported spans: the cost measured is recording and batching, not a collector's network.
+#[derive(Debug)]
+struct DiscardSpans;
+
+impl opentelemetry_sdk::trace::SpanExporter for DiscardSpans {
+    async fn export(
+        &self,
+        _batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The OpenTelemetry span layer of a bench child when telemetry is requested (see
+/// `telemetry_requested`); None otherwise.
+pub fn telemetry_trace_layer<S>() -> Option<impl tracing_subscriber::Layer<S>>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer as _;
+    if !telemetry_part("traces") {
+        return None;
+    }
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(DiscardSpans)
+        .build();
+    let tracer = provider.tracer("ringwork-bench");
+    // the provider lives as long as the process: its batch processor thread exports the spans
+    std::mem::forget(provider);
+    Some(
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+    )
 }
 
 /// A number from the environment the bench process passes on to its children (baselines).
@@ -1886,7 +1951,9 @@ pub async fn producer_process(
                     continue;
                 }
             };
-            match storage.insert_many(&mut conn, &jobs).await {
+            // a span per batch: with telemetry on, every job carries its traceparent
+            let span = tracing::info_span!("bench.produce", jobs = jobs.len());
+            match storage.insert_many(&mut conn, &jobs).instrument(span).await {
                 Ok(ids) => {
                     sent += ids.len() as u64;
                     counter.fetch_add(ids.len() as u64, Ordering::Relaxed);

@@ -370,12 +370,16 @@ async fn open_storage_with(url: &str, schema: &str, max: u32) -> ringwork::Resul
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
+    use tracing_subscriber::prelude::*;
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
+        );
+    tracing_subscriber::registry()
+        .with(log)
+        .with(bench::telemetry_trace_layer())
         .init();
     if let Err(e) = run(Cli::parse()).await {
         eprintln!("ringwork: {e}");

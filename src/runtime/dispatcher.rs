@@ -151,13 +151,13 @@ impl Dispatcher {
                         .claimed
                         .fetch_add(jobs.len() as u64, Ordering::Relaxed);
                     self.inner.telemetry.claimed(&self.queue, jobs.len());
+                    let wait_limit = wait_limit(average, runs_ahead);
                     for (job, room) in jobs.into_iter().zip(permits) {
                         let inner = Arc::clone(&self.inner);
                         let done = self.done.clone();
                         let queue = self.queue.clone();
                         let wait = Arc::clone(&wait);
                         let handler_us = Arc::clone(&handler_us);
-                        let wait_limit = wait_limit(average, runs_ahead);
                         tokio::spawn(async move {
                             let Room { claim, worker } = room;
                             let finished =

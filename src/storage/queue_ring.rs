@@ -166,15 +166,20 @@ impl Storage {
         jobs: &[NewJob],
     ) -> Result<Vec<Inserted>> {
         // each job's args as JSON text, and its trace: its own, else the span this insert runs in
+        // (the span is the same for the whole call: looked up once, and only if a job needs it)
+        let mut ambient: Option<Option<String>> = None;
         let texts = jobs
             .iter()
             .map(|job| {
+                let traceparent = match &job.traceparent {
+                    Some(own) => Some(own.clone()),
+                    None => ambient
+                        .get_or_insert_with(crate::trace_context::current_traceparent)
+                        .clone(),
+                };
                 Ok(Encoded {
                     args: job.validate()?,
-                    traceparent: job
-                        .traceparent
-                        .clone()
-                        .or_else(crate::trace_context::current_traceparent),
+                    traceparent,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

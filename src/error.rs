@@ -40,6 +40,14 @@ pub enum Error {
     #[error("cannot reach the database server at {target}: {reason}")]
     Unreachable { target: String, reason: String },
 
+    /// A write on behalf of an attempt that is no longer open: it was rescued, cancelled or
+    /// completed before this write, which changed nothing (the stale-writer guard).
+    #[error(
+        "attempt {run_lease} of job {job_id} is no longer open (rescued, cancelled or already \
+         completed); this write changed nothing"
+    )]
+    Stale { job_id: i64, run_lease: i64 },
+
     /// The database schema is not the one this binary's migrations describe.
     #[error("schema {schema:?} cannot be used: {reason}")]
     SchemaMismatch { schema: String, reason: String },

@@ -49,11 +49,19 @@ pub(super) async fn completion_batcher(
 async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) -> u64 {
     let mut stale = 0;
     let mut successes = Vec::new();
+    let mut success_in_tx = Vec::new();
     let mut closes = Vec::new();
+    let mut close_in_tx = Vec::new();
     for item in batch {
         match item.result {
-            Ok(()) => successes.push(item.attempt),
-            Err(close) => closes.push((item.attempt, close)),
+            Ok(()) => {
+                successes.push(item.attempt);
+                success_in_tx.push(item.completed_in_tx);
+            }
+            Err(close) => {
+                closes.push((item.attempt, close));
+                close_in_tx.push(item.completed_in_tx);
+            }
         }
     }
     // A lost connection must not lose completions: retry with backoff. If the database stays
@@ -61,7 +69,9 @@ async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) -> u6
     for attempt in 0..8_u32 {
         match storage.complete_batch(&successes).await {
             Ok(outcomes) => {
-                stale += count(metrics, &outcomes, &metrics.completed);
+                for (outcome, in_tx) in outcomes.iter().zip(&success_in_tx) {
+                    stale += count(metrics, outcome, *in_tx, &metrics.completed);
+                }
                 break;
             }
             Err(e) => {
@@ -73,14 +83,15 @@ async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) -> u6
     for attempt in 0..8_u32 {
         match storage.close_batch(&closes).await {
             Ok(outcomes) => {
-                for ((_, close), outcome) in closes.iter().zip(&outcomes) {
+                for (((_, close), outcome), in_tx) in closes.iter().zip(&outcomes).zip(&close_in_tx)
+                {
                     let counter = match close {
                         CloseOutcome::Retry { .. } | CloseOutcome::Snooze { .. } => {
                             &metrics.retried
                         }
                         CloseOutcome::Failed { .. } => &metrics.failed,
                     };
-                    stale += count(metrics, std::slice::from_ref(outcome), counter);
+                    stale += count(metrics, outcome, *in_tx, counter);
                 }
                 break;
             }
@@ -93,17 +104,23 @@ async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) -> u6
     stale
 }
 
-/// Count outcomes into the process's counters; returns how many were stale.
-fn count(metrics: &Metrics, outcomes: &[Outcome], applied: &AtomicU64) -> u64 {
-    let mut stale = 0;
-    for outcome in outcomes {
-        match outcome {
-            Outcome::Applied => applied.fetch_add(1, Ordering::Relaxed),
-            Outcome::Stale => {
-                stale += 1;
-                metrics.stale.fetch_add(1, Ordering::Relaxed)
-            }
-        };
+/// Count one outcome into the process's counters; returns 1 when it was an unexpected stale write.
+/// An attempt the handler completed in its own transaction counts as completed whatever the
+/// runtime's own write for it found: refused because that transaction committed, or applied
+/// because it rolled back (then `applied` counts it).
+fn count(metrics: &Metrics, outcome: &Outcome, completed_in_tx: bool, applied: &AtomicU64) -> u64 {
+    match (outcome, completed_in_tx) {
+        (Outcome::Applied, _) => {
+            applied.fetch_add(1, Ordering::Relaxed);
+            0
+        }
+        (Outcome::Stale, true) => {
+            metrics.completed.fetch_add(1, Ordering::Relaxed);
+            0
+        }
+        (Outcome::Stale, false) => {
+            metrics.stale.fetch_add(1, Ordering::Relaxed);
+            1
+        }
     }
-    stale
 }

@@ -16,7 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use super::handler::{retry_backoff, CancelSignal, JobContext, JobError};
+use super::handler::{retry_backoff, AttemptWrites, CancelSignal, JobContext, JobError};
 use super::{Finished, Inner, RunningAttempt, CLAIM_AHEAD_MAX_HANDLER};
 use crate::storage::{ClaimedJob, CloseOutcome};
 
@@ -116,6 +116,7 @@ pub(super) async fn run_job(
             attempt: job.attempt_ref(),
             result: Err(CloseOutcome::Snooze { at: Utc::now() }),
             handler_time: None,
+            completed_in_tx: false,
         },
     };
     if let Ok(mut running) = inner.running.lock() {
@@ -165,6 +166,7 @@ async fn run_handler(
             samples.push(ms);
         }
     }
+    let writes = Arc::new(AttemptWrites::new(attempt, inner.storage.clone()));
     let result = match inner.registry.get(&job.kind) {
         None => Err(JobError::Terminal(format!(
             "unknown job kind {:?}: no handler is registered for it in this process",
@@ -180,6 +182,7 @@ async fn run_handler(
                 queue: queue.to_string(),
                 created_at: job.created_at,
                 cancel,
+                writes: Arc::clone(&writes),
             };
             // A panicking handler is a failed attempt, not a dead worker; one past its deadline is
             // stopped (deadline rescue closes the claim if this process cannot).
@@ -238,6 +241,7 @@ async fn run_handler(
         attempt,
         result,
         handler_time: Some(started.elapsed()),
+        completed_in_tx: writes.completed_in_tx.load(Ordering::SeqCst),
     }
 }
 

@@ -7,8 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
 
+use crate::error::{Error, Result};
 use crate::job::JobArgs;
+use crate::storage::{AttemptRef, Outcome, Storage};
 
 /// What a handler knows about the attempt it runs.
 #[derive(Clone, Debug)]
@@ -21,6 +24,27 @@ pub struct JobContext {
     pub queue: String,
     pub created_at: DateTime<Utc>,
     pub(crate) cancel: Arc<CancelSignal>,
+    pub(crate) writes: Arc<AttemptWrites>,
+}
+
+/// The writes a handler makes on behalf of its own attempt.
+#[derive(Debug)]
+pub(crate) struct AttemptWrites {
+    pub(crate) attempt: AttemptRef,
+    pub(crate) storage: Storage,
+    /// Set once `complete_in` applied: the runtime's own completion of this attempt will then be
+    /// refused as stale (the transaction committed) or apply (it rolled back), both as expected.
+    pub(crate) completed_in_tx: std::sync::atomic::AtomicBool,
+}
+
+impl AttemptWrites {
+    pub(crate) fn new(attempt: AttemptRef, storage: Storage) -> Self {
+        Self {
+            attempt,
+            storage,
+            completed_in_tx: Default::default(),
+        }
+    }
 }
 
 impl JobContext {
@@ -34,6 +58,40 @@ impl JobContext {
     /// Resolves when this attempt is cancelled (for `tokio::select!` in long handlers).
     pub async fn cancelled(&self) {
         self.cancel.wait().await
+    }
+
+    /// Complete this attempt inside the caller's transaction (`&mut *tx`), so that the handler's
+    /// own writes and the job's completion commit or roll back together:
+    ///
+    /// ```no_run
+    /// # async fn handler(ctx: ringwork::JobContext, pool: sqlx::PgPool) -> Result<(), ringwork::BoxError> {
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("INSERT INTO invoices (id) VALUES (1)").execute(&mut *tx).await?;
+    /// ctx.complete_in(&mut tx).await?; // Error::Stale if the attempt was rescued or cancelled
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Guarded by `(job_id, run_lease)` like every write for an attempt: when the attempt was
+    /// already closed (rescued, cancelled), this returns `Error::Stale` and writes nothing, so `?`
+    /// drops (rolls back) the transaction with the effect. Until the transaction ends it holds the
+    /// attempt's lock: a rescue or cancel of this attempt waits for it, so commit promptly. When the
+    /// handler then returns `Ok`, the runtime's own completion finds the job completed; if the
+    /// transaction rolled back instead, the handler's result decides as usual.
+    pub async fn complete_in(&self, conn: &mut PgConnection) -> Result<()> {
+        let writes = &self.writes;
+        match writes.storage.complete_on(conn, &writes.attempt).await? {
+            Outcome::Applied => {
+                writes
+                    .completed_in_tx
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+            Outcome::Stale => Err(Error::Stale {
+                job_id: self.job_id,
+                run_lease: self.run_lease,
+            }),
+        }
     }
 }
 

@@ -288,4 +288,8 @@ pub(crate) struct Finished {
     pub(crate) result: std::result::Result<(), CloseOutcome>,
     /// How long its handler ran (None: handed back before it started).
     pub(crate) handler_time: Option<std::time::Duration>,
+    /// The handler completed the attempt in its own transaction (`JobContext::complete_in`): the
+    /// runtime's write for it is expected to be refused (that transaction committed), and applies
+    /// only if that transaction rolled back. Either way it is not a stale write.
+    pub(crate) completed_in_tx: bool,
 }

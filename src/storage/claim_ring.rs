@@ -17,6 +17,7 @@ pub(super) struct Statements {
     claim: String,
     queue_has_backlog: String,
     complete_batch: String,
+    complete_one: String,
     close_batch: String,
     heartbeat_batch: String,
     count_in_flight: String,
@@ -32,6 +33,10 @@ impl Statements {
             ),
             queue_has_backlog: format!("SELECT {s}.queue_has_backlog($1)"),
             complete_batch: format!("SELECT job_id, accepted FROM {s}.complete_batch($1, $2, $3, $4)"),
+            complete_one: format!(
+                "SELECT accepted FROM {s}.complete_batch(ARRAY[$1::int], ARRAY[$2::int8], ARRAY[$3::int8], \
+                 ARRAY[$4::int8])"
+            ),
             close_batch: format!("SELECT job_id, accepted FROM {s}.close_batch($1, $2, $3, $4, $5, $6, $7)"),
             heartbeat_batch: format!("SELECT job_id, accepted FROM {s}.heartbeat_batch($1, $2, $3, $4, $5)"),
             count_in_flight: format!("SELECT {s}.count_in_flight($1)::int8"),
@@ -168,6 +173,26 @@ impl Storage {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
+    }
+
+    /// Complete one attempt on the caller's connection, inside the caller's transaction: the
+    /// completion commits or rolls back with the caller's own writes. The attempt's lock is held
+    /// until that transaction ends, so a racing rescue or cancel waits for it and then finds the
+    /// attempt closed (or open again, after a rollback). `Stale`: the attempt was already closed
+    /// (rescued, cancelled, completed), and nothing was written.
+    pub async fn complete_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        attempt: &AttemptRef,
+    ) -> Result<Outcome> {
+        let accepted: Option<bool> = sqlx::query_scalar(&self.sql.claim_ring.complete_one)
+            .bind(attempt.claim_slot)
+            .bind(attempt.receipt_id)
+            .bind(attempt.job_id)
+            .bind(attempt.run_lease)
+            .fetch_optional(conn)
+            .await?;
+        Ok(outcome(accepted.unwrap_or(false)))
     }
 
     /// Close a batch of attempts without success (retry or terminal failure).

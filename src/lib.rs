@@ -38,12 +38,14 @@ mod runtime;
 pub mod schema;
 mod storage;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod trace_context;
 
 pub use error::{Error, Result};
 pub use job::{JobArgs, JobStatus, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
-pub use runtime::handler::{BoxError, JobContext, JobError};
+pub use runtime::handler::{BoxError, JobContext, JobError, RetryPolicy};
 pub use runtime::{
     check_reachable, Client, ClientBuilder, CompletionConfig, Liveness, Metrics, QueueConfig,
     RunningClient,
@@ -51,7 +53,8 @@ pub use runtime::{
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     ArchiveTable, AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
-    HorizonHolder, Inserted, JobRecord, JobState, Outcome, PruneBlocker, PruneResult, QueueCounts,
-    QueueSlotPrune, Readiness, RingSlot, Storage, TableHealth,
+    HorizonHolder, Inserted, JobRecord, JobState, Outcome, PendingJob, Progress, ProgressRecord,
+    PruneBlocker, PruneResult, QueueCounts, QueueSlotPrune, Readiness, RingSlot, Storage,
+    TableHealth,
 };
 pub use telemetry::Telemetry;

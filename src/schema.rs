@@ -353,6 +353,14 @@ pub fn migrate<'a>(
     Box::pin(migrate_inner(pool, schema, rings))
 }
 
+/// Drop a schema and everything in it (ringwork's tables and functions, and any others in it).
+pub async fn drop_schema(pool: &PgPool, schema: &SchemaName) -> Result<()> {
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 async fn migrate_inner(
     pool: &PgPool,
     schema: &SchemaName,

@@ -110,22 +110,27 @@ async fn a_fresh_heartbeat_keeps_a_claim_alive_and_the_cursor_wraps_back_to_it()
             .unwrap(),
         vec![Outcome::Stale]
     );
+    // the rescued attempt's row stays only because it holds progress: the checkpoint the job's
+    // next attempt resumes from (tests/progress.rs); without progress it goes with the attempt
+    let kept = "SELECT count(*) FROM {s}.attempt_state WHERE progress = '{\"done\": 50}'";
+    assert_eq!(db.scalar_i64(kept).await, 1, "kept as the checkpoint");
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM {s}.attempt_state")
             .await,
-        0,
-        "deleted with the attempt"
+        1,
+        "nothing else is left"
     );
     // a heartbeat for a closed attempt changes nothing
     let late = storage
-        .heartbeat_batch(&[(claimed[0].attempt_ref(), None)])
+        .heartbeat_batch(&[(claimed[0].attempt_ref(), Some(json!({"done": 90})))])
         .await
         .unwrap();
     assert_eq!(late, vec![Outcome::Stale]);
+    assert_eq!(db.scalar_i64(kept).await, 1);
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM {s}.attempt_state")
             .await,
-        0
+        1
     );
     db.cleanup().await;
 }

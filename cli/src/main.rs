@@ -791,6 +791,20 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                             .map(|d| format!(": {d}"))
                             .unwrap_or_default()
                     );
+                    if let Some(p) = &record.progress {
+                        println!(
+                            "  progress {:.1} % (run_lease {}, {}): {}{}",
+                            p.progress.percent,
+                            p.run_lease,
+                            p.recorded_at.to_rfc3339(),
+                            p.progress.message,
+                            p.progress
+                                .checkpoint
+                                .as_ref()
+                                .map(|c| format!("  checkpoint {c}"))
+                                .unwrap_or_default()
+                        );
+                    }
                     for step in record.history {
                         println!(
                             "  run_lease {:>3}  {:<13} {}  {}",

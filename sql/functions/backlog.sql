@@ -54,6 +54,15 @@ BEGIN
 END
 $$;
 
+-- Make a queue's scheduled and retryable jobs due now (the next promotion moves them to ready):
+-- an operator's "run now", and how a test drains retries without waiting out their backoff.
+CREATE OR REPLACE FUNCTION __S__.run_deferred_now(p_queue text) RETURNS int
+LANGUAGE sql AS $$
+    WITH due AS (
+        UPDATE __S__.deferred_jobs d SET run_at = now() WHERE d.queue = p_queue AND d.run_at > now() RETURNING 1
+    ) SELECT count(*)::int FROM due
+$$;
+
 CREATE OR REPLACE FUNCTION __S__.unique_key_hash(p_key text) RETURNS bytea
 LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(p_key, 'UTF8')) $$;
 

@@ -340,8 +340,9 @@ BEGIN
         FROM open o GROUP BY o.ready_slot, o.queue
         RETURNING 1
     ), heartbeat AS (
+        -- the job is done: its heartbeat row and the progress its earlier attempts left go with it
         DELETE FROM __S__.attempt_state a USING open o
-        WHERE a.job_id = o.job_id AND a.run_lease = o.run_lease
+        WHERE a.job_id = o.job_id
         RETURNING 1
     )
     SELECT i.job_id, i.run_lease,
@@ -415,8 +416,12 @@ BEGIN
         FROM open o WHERE o.route IN ('failed', 'cancelled')
         RETURNING 1
     ), heartbeat AS (
+        -- A job that runs again (retry, snooze, rescue) keeps the last progress an attempt recorded,
+        -- for the next attempt to resume from; a job that ends takes all of its rows with it. So the
+        -- table holds at most one kept row per pending job plus one per running long attempt.
         DELETE FROM __S__.attempt_state a USING open o
-        WHERE a.job_id = o.job_id AND a.run_lease = o.run_lease
+        WHERE a.job_id = o.job_id
+          AND (o.route NOT IN ('retry', 'snoozed') OR (a.run_lease = o.run_lease AND a.progress IS NULL))
         RETURNING 1
     )
     SELECT i.job_id, i.run_lease,
@@ -448,6 +453,11 @@ BEGIN
         SELECT o.job_id, o.run_lease, now(), o.progress FROM open o
         ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE
             SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
+        RETURNING 1
+    ), superseded AS (
+        -- new progress replaces what an earlier attempt of the job left
+        DELETE FROM __S__.attempt_state a USING open o
+        WHERE o.progress IS NOT NULL AND a.job_id = o.job_id AND a.run_lease < o.run_lease
         RETURNING 1
     )
     SELECT i.job_id, i.run_lease,

@@ -122,3 +122,41 @@ LANGUAGE sql STABLE AS $$
     ) h
     ORDER BY h.run_lease, h.at
 $$;
+
+-- Jobs waiting to run (available, scheduled, retryable; parked ones as available), optionally of
+-- one queue and one kind, oldest first. Seen from the caller's transaction, so it lists jobs that
+-- transaction enqueued and has not committed (what a test asserts). Reads the ready rows above each
+-- lane's cursor: for tests and small inspections, not for scraping a large queue.
+CREATE OR REPLACE FUNCTION __S__.pending_jobs(p_queue text DEFAULT NULL, p_kind text DEFAULT NULL,
+                                             p_limit int DEFAULT 1000)
+RETURNS TABLE (job_id bigint, state text, queue text, kind text, args jsonb, priority smallint, attempt int,
+               run_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT p.job_id, p.state, p.queue, p.kind, p.args, p.priority, p.attempt, p.run_at FROM (
+        SELECT e.job_id, 'available' AS state, e.queue, e.kind, e.args, e.priority, e.attempt, e.run_at
+        FROM __S__.queue_lanes l
+        JOIN __S__.ready_entries e ON e.lane_id = l.lane_id AND e.lane_pos > __S__.lane_cursor(l.lane_id)
+        WHERE (p_queue IS NULL OR l.queue = p_queue) AND (p_kind IS NULL OR e.kind = p_kind)
+          AND NOT EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                          WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id AND t.run_lease = e.run_lease)
+        UNION ALL
+        SELECT d.job_id, CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.args,
+               d.priority, d.attempt, d.run_at
+        FROM __S__.deferred_jobs d
+        WHERE (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
+        UNION ALL
+        SELECT x.job_id, 'available', x.queue, x.kind, x.args, x.priority, x.attempt, x.run_at
+        FROM __S__.parked_entries x
+        WHERE NOT x.cancelled AND (p_queue IS NULL OR x.queue = p_queue) AND (p_kind IS NULL OR x.kind = p_kind)
+    ) p ORDER BY p.run_at, p.job_id LIMIT p_limit
+$$;
+
+-- The last progress recorded for a job (by its running attempt, or left by an earlier attempt that
+-- was retried, snoozed or rescued), with the run_lease that recorded it and when.
+CREATE OR REPLACE FUNCTION __S__.job_progress(p_job_id bigint)
+RETURNS TABLE (run_lease bigint, progress jsonb, recorded_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT a.run_lease, a.progress, a.heartbeat_at FROM __S__.attempt_state a
+    WHERE a.job_id = p_job_id AND a.progress IS NOT NULL
+    ORDER BY a.run_lease DESC LIMIT 1
+$$;

@@ -83,6 +83,13 @@ impl ClientBuilder {
         self
     }
 
+    /// How long retried attempts of jobs of kind `A::KIND` wait before they run again (see
+    /// `RetryPolicy`); it wins over the queue's `QueueConfig::retry_policy`.
+    pub fn retry_policy<A: JobArgs>(mut self, policy: super::handler::RetryPolicy) -> Self {
+        self.registry.set_retry_policy(A::KIND, policy);
+        self
+    }
+
     pub fn completion(mut self, config: CompletionConfig) -> Self {
         self.completion = config;
         self
@@ -120,6 +127,7 @@ impl ClientBuilder {
             config.validate(queue)?;
         }
         self.maintenance.validate()?;
+        self.registry.validate()?;
         let handler_threads = self.handler_threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -200,6 +208,11 @@ impl Client {
 
     pub fn storage(&self) -> &Storage {
         &self.inner.storage
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {

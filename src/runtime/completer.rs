@@ -46,7 +46,7 @@ pub(super) async fn completion_batcher(
 }
 
 /// Write one batch; returns how many of its writes were refused as stale.
-async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) -> u64 {
+pub(super) async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finished>) -> u64 {
     let mut stale = 0;
     let mut successes = Vec::new();
     let mut success_in_tx = Vec::new();

@@ -16,7 +16,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use super::handler::{retry_backoff, AttemptWrites, CancelSignal, JobContext, JobError};
+use super::handler::{
+    retry_backoff, AttemptWrites, CancelSignal, JobContext, JobError, RetryPolicy,
+};
 use super::{Finished, Inner, RunningAttempt, CLAIM_AHEAD_MAX_HANDLER};
 use crate::storage::{ClaimedJob, CloseOutcome};
 
@@ -70,6 +72,7 @@ pub(super) async fn run_job(
     let key = (job.job_id, job.run_lease);
     let cancel = Arc::new(CancelSignal::default());
     let poll_started = Arc::new(AtomicU64::new(0));
+    let writes = Arc::new(AttemptWrites::new(job.attempt_ref(), inner.storage.clone()));
     if let Ok(mut running) = inner.running.lock() {
         running.insert(
             key,
@@ -80,6 +83,7 @@ pub(super) async fn run_job(
                 cancel: Arc::clone(&cancel),
                 poll_started: Arc::clone(&poll_started),
                 reported_poll: 0,
+                writes: Arc::clone(&writes),
             },
         );
     }
@@ -108,7 +112,16 @@ pub(super) async fn run_job(
     let worker = worker.filter(|_| !cancel.is_set());
     let finished = match worker {
         Some(_worker) => {
-            run_handler(inner, queue, job, cancel, poll_started, &wait.long_running).await
+            run_handler(
+                inner,
+                queue,
+                job,
+                cancel,
+                poll_started,
+                writes,
+                &wait.long_running,
+            )
+            .await
         }
         // Told to stop (shutdown, or the claim was closed under us), or no worker came free in
         // time: hand the job back at once without using its attempt.
@@ -125,12 +138,13 @@ pub(super) async fn run_job(
     finished
 }
 
-async fn run_handler(
+pub(super) async fn run_handler(
     inner: &Inner,
     queue: &str,
     job: ClaimedJob,
     cancel: Arc<CancelSignal>,
     poll_started: Arc<AtomicU64>,
+    writes: Arc<AttemptWrites>,
     long_running: &AtomicUsize,
 ) -> Finished {
     let attempt = job.attempt_ref();
@@ -166,7 +180,6 @@ async fn run_handler(
             samples.push(ms);
         }
     }
-    let writes = Arc::new(AttemptWrites::new(attempt, inner.storage.clone()));
     let result = match inner.registry.get(&job.kind) {
         None => Err(JobError::Terminal(format!(
             "unknown job kind {:?}: no handler is registered for it in this process",
@@ -217,7 +230,26 @@ async fn run_handler(
             }
         }
     };
-    let result = result.map_err(|error| close_outcome(&job, error));
+    let result = result.map_err(|error| {
+        let policy = match &error {
+            JobError::Retry(_) => Some(inner.retry_policy(queue, &job.kind)),
+            _ => None,
+        };
+        close_outcome(&job, error, policy.as_ref())
+    });
+    if let (Err(CloseOutcome::Retry { .. } | CloseOutcome::Snooze { .. }), Some(progress)) =
+        (&result, writes.take_progress())
+    {
+        // the job runs again: what it reported since its last heartbeat is the next attempt's
+        // checkpoint, so write it before the attempt closes (a refusal means it closed already)
+        if let Err(e) = inner
+            .engine
+            .heartbeat_batch(&[(attempt, Some(progress))])
+            .await
+        {
+            tracing::warn!(job_id = attempt.job_id, error = %e, "could not write the progress of an attempt that ends to run again");
+        }
+    }
     let outcome = match &result {
         Ok(()) => "completed",
         Err(CloseOutcome::Retry { .. }) => "retried",
@@ -266,7 +298,8 @@ async fn count_while_long<F: Future>(run: F, long: &AtomicUsize) -> F::Output {
     run.await
 }
 
-fn close_outcome(job: &ClaimedJob, error: JobError) -> CloseOutcome {
+/// `policy`: the job's retry policy, for a `JobError::Retry` (default curve when `None`).
+fn close_outcome(job: &ClaimedJob, error: JobError, policy: Option<&RetryPolicy>) -> CloseOutcome {
     let exhausted = job.attempt >= job.max_attempts;
     match error {
         JobError::Terminal(e) => CloseOutcome::Failed { error: e },
@@ -277,7 +310,11 @@ fn close_outcome(job: &ClaimedJob, error: JobError) -> CloseOutcome {
             ),
         },
         JobError::Retry(e) => CloseOutcome::Retry {
-            at: Utc::now() + chrono_duration(retry_backoff(job.attempt)),
+            at: Utc::now()
+                + chrono_duration(match policy {
+                    Some(policy) => policy.delay(job.attempt),
+                    None => retry_backoff(job.attempt),
+                }),
             error: e,
         },
         JobError::Snooze(delay) => CloseOutcome::Snooze {

@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 
 use crate::error::{Error, Result};
 use crate::job::JobArgs;
-use crate::storage::{AttemptRef, Outcome, Storage};
+use crate::storage::{AttemptRef, Outcome, Progress, ProgressRecord, Storage};
 
 /// What a handler knows about the attempt it runs.
 #[derive(Clone, Debug)]
@@ -35,6 +35,9 @@ pub(crate) struct AttemptWrites {
     /// Set once `complete_in` applied: the runtime's own completion of this attempt will then be
     /// refused as stale (the transaction committed) or apply (it rolled back), both as expected.
     pub(crate) completed_in_tx: std::sync::atomic::AtomicBool,
+    /// Progress set since it was last written: the next heartbeat writes it (or the executor, when
+    /// the attempt ends to run again).
+    pending_progress: std::sync::Mutex<Option<serde_json::Value>>,
 }
 
 impl AttemptWrites {
@@ -43,7 +46,27 @@ impl AttemptWrites {
             attempt,
             storage,
             completed_in_tx: Default::default(),
+            pending_progress: Default::default(),
         }
+    }
+
+    /// Take the progress not yet written.
+    pub(crate) fn take_progress(&self) -> Option<serde_json::Value> {
+        self.pending_progress.lock().ok().and_then(|mut p| p.take())
+    }
+
+    /// Put back progress whose write failed, unless newer progress was set meanwhile.
+    pub(crate) fn restore_progress(&self, progress: serde_json::Value) {
+        if let Ok(mut pending) = self.pending_progress.lock() {
+            pending.get_or_insert(progress);
+        }
+    }
+
+    pub(crate) fn has_progress(&self) -> bool {
+        self.pending_progress
+            .lock()
+            .map(|p| p.is_some())
+            .unwrap_or(false)
     }
 }
 
@@ -58,6 +81,71 @@ impl JobContext {
     /// Resolves when this attempt is cancelled (for `tokio::select!` in long handlers).
     pub async fn cancelled(&self) {
         self.cancel.wait().await
+    }
+
+    /// Report progress: a percentage (0 to 100), a message, and optionally a checkpoint (any JSON)
+    /// from which a later attempt can resume. Buffered: written with the attempt's next heartbeat
+    /// (every `MaintenanceConfig::stale_after / 4`), or at once with `flush_progress`, and when the
+    /// attempt ends to run again (retry, snooze). Kept across retries, snoozes and rescues until the
+    /// job ends; `ringwork job <id>` shows it. An invalid value (a percentage outside 0..=100, a NUL
+    /// character) is refused and the last valid progress stays.
+    pub fn set_progress(
+        &self,
+        percent: f64,
+        message: &str,
+        checkpoint: Option<serde_json::Value>,
+    ) -> Result<()> {
+        let invalid = |reason: String| Error::InvalidArgs {
+            kind: self.kind.clone(),
+            reason: format!("progress of job {}: {reason}", self.job_id),
+        };
+        if !(0.0..=100.0).contains(&percent) {
+            return Err(invalid(format!("percent must be 0..=100, got {percent}")));
+        }
+        let progress = serde_json::to_value(Progress {
+            percent,
+            message: message.to_string(),
+            checkpoint,
+        })
+        .map_err(|e| invalid(e.to_string()))?;
+        // PostgreSQL's jsonb cannot hold U+0000 anywhere (message, keys or values)
+        if progress.to_string().contains("\\u0000") {
+            return Err(invalid("it contains a NUL character".into()));
+        }
+        if let Ok(mut pending) = self.writes.pending_progress.lock() {
+            *pending = Some(progress);
+        }
+        Ok(())
+    }
+
+    /// Write the progress set with `set_progress` now, instead of with the next heartbeat.
+    /// `Error::Stale` when this attempt was closed under the handler.
+    pub async fn flush_progress(&self) -> Result<()> {
+        let Some(progress) = self.writes.take_progress() else {
+            return Ok(());
+        };
+        let outcome = self
+            .writes
+            .storage
+            .heartbeat_batch(&[(self.writes.attempt, Some(progress.clone()))])
+            .await;
+        match outcome {
+            Ok(outcomes) if outcomes.first() == Some(&Outcome::Applied) => Ok(()),
+            Ok(_) => Err(Error::Stale {
+                job_id: self.job_id,
+                run_lease: self.run_lease,
+            }),
+            Err(e) => {
+                self.writes.restore_progress(progress);
+                Err(e)
+            }
+        }
+    }
+
+    /// The last progress recorded for this job: by an earlier attempt that was retried, snoozed
+    /// or rescued (resume from its checkpoint), or by this attempt once written.
+    pub async fn last_progress(&self) -> Result<Option<ProgressRecord>> {
+        self.writes.storage.job_progress(self.job_id).await
     }
 
     /// Complete this attempt inside the caller's transaction (`&mut *tx`), so that the handler's
@@ -208,6 +296,7 @@ pub(crate) type ErasedHandler =
 #[derive(Clone, Default)]
 pub(crate) struct Registry {
     handlers: HashMap<String, ErasedHandler>,
+    retry_policies: HashMap<String, RetryPolicy>,
 }
 
 impl Registry {
@@ -237,14 +326,162 @@ impl Registry {
     pub(crate) fn get(&self, kind: &str) -> Option<&ErasedHandler> {
         self.handlers.get(kind)
     }
+
+    pub(crate) fn set_retry_policy(&mut self, kind: &str, policy: RetryPolicy) {
+        self.retry_policies.insert(kind.to_string(), policy);
+    }
+
+    pub(crate) fn retry_policy(&self, kind: &str) -> Option<&RetryPolicy> {
+        self.retry_policies.get(kind)
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        for (kind, policy) in &self.retry_policies {
+            policy.validate(&format!("kind {kind:?}"))?;
+        }
+        Ok(())
+    }
 }
 
 /// Delay before retry number `attempt` (1-based): 2^attempt seconds, capped at one hour, plus up to
-/// 10 % jitter so that a burst of failures does not come back as a burst.
+/// 10 % jitter so that a burst of failures does not come back as a burst. The default
+/// `RetryPolicy`.
 pub fn retry_backoff(attempt: i32) -> Duration {
-    let base = 2_f64.powi(attempt.clamp(0, 30)).min(3600.0);
-    let jitter = rand::random::<f64>() * 0.1 * base;
-    Duration::from_secs_f64(base + jitter)
+    RetryPolicy::default().delay(attempt)
+}
+
+/// How long a retried attempt waits before its job runs again, per kind
+/// (`ClientBuilder::retry_policy`) or per queue (`QueueConfig::retry_policy`); the kind's policy
+/// wins. `JobError::RetryAfter` still sets its own delay. The default is 2^attempt seconds, capped
+/// at one hour, plus up to 10 % jitter. (Rescue of a crashed or silent worker's attempt, which the
+/// maintenance leader does in SQL without the handler's code, always uses the default curve.)
+#[derive(Clone)]
+pub enum RetryPolicy {
+    /// `base × factor^(attempt − 1)`, capped at `cap`, plus a random share of up to `jitter` of it
+    /// (0.1 adds up to 10 %).
+    Exponential {
+        base: Duration,
+        factor: f64,
+        cap: Duration,
+        jitter: f64,
+    },
+    /// Your own curve: the delay before retry number `attempt` (1 after the first attempt failed).
+    Custom(Arc<dyn Fn(i32) -> Duration + Send + Sync>),
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self::Exponential {
+            base: Duration::from_secs(2),
+            factor: 2.0,
+            cap: Duration::from_secs(3600),
+            jitter: 0.1,
+        }
+    }
+}
+
+impl std::fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exponential {
+                base,
+                factor,
+                cap,
+                jitter,
+            } => f
+                .debug_struct("Exponential")
+                .field("base", base)
+                .field("factor", factor)
+                .field("cap", cap)
+                .field("jitter", jitter)
+                .finish(),
+            Self::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// The longest delay a policy may give (a longer one is cut to it): a year.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+impl RetryPolicy {
+    /// `base × factor^(attempt − 1)`, capped at `cap`, plus up to `jitter` of it at random.
+    pub fn exponential(base: Duration, factor: f64, cap: Duration, jitter: f64) -> Self {
+        Self::Exponential {
+            base,
+            factor,
+            cap,
+            jitter,
+        }
+    }
+
+    /// A curve of your own: `delay(attempt)` before retry number `attempt` (1-based).
+    pub fn custom(delay: impl Fn(i32) -> Duration + Send + Sync + 'static) -> Self {
+        Self::Custom(Arc::new(delay))
+    }
+
+    /// The delay before retry number `attempt` (1-based). A custom curve that panics gets the
+    /// default curve's delay, with a warning.
+    pub fn delay(&self, attempt: i32) -> Duration {
+        match self {
+            Self::Exponential {
+                base,
+                factor,
+                cap,
+                jitter,
+            } => {
+                let exponent = attempt.clamp(1, 10_000) - 1;
+                let raw = base.as_secs_f64() * factor.powi(exponent);
+                let capped = if raw.is_finite() {
+                    raw.min(cap.as_secs_f64())
+                } else {
+                    cap.as_secs_f64()
+                };
+                let with_jitter = capped * (1.0 + rand::random::<f64>() * jitter);
+                Duration::from_secs_f64(with_jitter.clamp(0.0, MAX_RETRY_DELAY.as_secs_f64()))
+            }
+            Self::Custom(delay) => {
+                let delay = Arc::clone(delay);
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| delay(attempt))) {
+                    Ok(d) => d.min(MAX_RETRY_DELAY),
+                    Err(_) => {
+                        tracing::warn!(
+                            attempt,
+                            "a custom retry policy panicked; using the default curve"
+                        );
+                        Self::default().delay(attempt)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Refuse values that make no curve: a factor below 1 (or not finite), a cap below the base,
+    /// jitter outside 0..=1, a base or cap above a year.
+    pub(crate) fn validate(&self, whose: &str) -> Result<()> {
+        if let Self::Exponential {
+            base,
+            factor,
+            cap,
+            jitter,
+        } = self
+        {
+            let bad =
+                |reason: String| Err(Error::Config(format!("retry policy of {whose}: {reason}")));
+            if !factor.is_finite() || *factor < 1.0 {
+                return bad(format!("factor must be a finite number >= 1, got {factor}"));
+            }
+            if !(0.0..=1.0).contains(jitter) {
+                return bad(format!("jitter must be 0..=1, got {jitter}"));
+            }
+            if cap < base {
+                return bad(format!("cap ({cap:?}) must be at least base ({base:?})"));
+            }
+            if *cap > MAX_RETRY_DELAY {
+                return bad(format!("cap must be at most a year, got {cap:?}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::executor::millis_since_epoch;
+use super::handler::AttemptWrites;
 use super::notifier::signal_cancel;
 use super::Inner;
 use crate::storage::{AttemptRef, Outcome};
@@ -23,17 +24,23 @@ pub(super) async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool
             _ = tokio::time::sleep(every) => {}
             _ = stop.changed() => return,
         }
-        let due: Vec<(AttemptRef, Option<serde_json::Value>)> = match inner.running.lock() {
-            Ok(running) => running
-                .values()
-                .filter(|r| r.started.elapsed() >= every)
-                .map(|r| (r.attempt, None))
-                .collect(),
-            Err(_) => continue,
-        };
-        match inner.engine.heartbeat_batch(&due).await {
+        // long attempts, and any attempt with progress to write
+        let due: Vec<(AttemptRef, Option<serde_json::Value>, Arc<AttemptWrites>)> =
+            match inner.running.lock() {
+                Ok(running) => running
+                    .values()
+                    .filter(|r| r.started.elapsed() >= every || r.writes.has_progress())
+                    .map(|r| (r.attempt, r.writes.take_progress(), Arc::clone(&r.writes)))
+                    .collect(),
+                Err(_) => continue,
+            };
+        let writes: Vec<(AttemptRef, Option<serde_json::Value>)> = due
+            .iter()
+            .map(|(attempt, progress, _)| (*attempt, progress.clone()))
+            .collect();
+        match inner.engine.heartbeat_batch(&writes).await {
             Ok(outcomes) => {
-                for ((attempt, _), outcome) in due.iter().zip(outcomes) {
+                for ((attempt, _, _), outcome) in due.iter().zip(outcomes) {
                     if outcome == Outcome::Stale {
                         // closed under us (rescued or cancelled): tell the handler to stop
                         signal_cancel(&inner, &format!("{}:{}", attempt.job_id, attempt.run_lease));
@@ -42,7 +49,14 @@ pub(super) async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool
                     }
                 }
             }
-            Err(e) => warn!(error = %e, "heartbeat failed"),
+            Err(e) => {
+                warn!(error = %e, "heartbeat failed");
+                for (_, progress, writes) in due {
+                    if let Some(progress) = progress {
+                        writes.restore_progress(progress);
+                    }
+                }
+            }
         }
     }
 }

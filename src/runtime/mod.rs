@@ -16,6 +16,8 @@ mod dispatcher;
 mod executor;
 pub(crate) mod handler;
 mod heartbeat;
+#[cfg(feature = "testing")]
+pub(crate) mod inline;
 mod notifier;
 
 use std::collections::HashMap;
@@ -64,6 +66,9 @@ pub struct QueueConfig {
     /// failed history, for an operator to inspect, retry or purge. Switched on for the queue when
     /// the client is built; never switched off by a client (use `Storage::set_queue_dead_letter`).
     pub dead_letter: bool,
+    /// How long this queue's retried attempts wait (default: 2^attempt s, capped at 1 h, + up to
+    /// 10 % jitter). A kind's own policy (`ClientBuilder::retry_policy`) wins over it.
+    pub retry_policy: Option<handler::RetryPolicy>,
 }
 
 impl Default for QueueConfig {
@@ -77,6 +82,7 @@ impl Default for QueueConfig {
             deadline: None,
             priority_aging: Some(Duration::from_secs(60)),
             dead_letter: false,
+            retry_policy: None,
         }
     }
 }
@@ -107,6 +113,9 @@ impl QueueConfig {
                 "queue {queue:?}: claim_ahead must be 0..=10000, got {}",
                 self.claim_ahead
             )));
+        }
+        if let Some(policy) = &self.retry_policy {
+            policy.validate(&format!("queue {queue:?}"))?;
         }
         if self.poll_interval.is_zero() {
             return Err(Error::Config(format!(
@@ -229,6 +238,8 @@ pub(crate) struct RunningAttempt {
     /// The `poll_started` value of the last poll reported as blocking (0: none), so each blocking
     /// poll is reported once, however close together they come.
     pub(crate) reported_poll: u64,
+    /// The handler's own writes for this attempt (buffered progress, for the heartbeats).
+    pub(crate) writes: Arc<handler::AttemptWrites>,
 }
 
 /// Attempts running in this process, for heartbeats and the blocking watchdog.
@@ -261,6 +272,20 @@ impl Drop for HandlerRuntime {
         if let Some(rt) = self.0.take() {
             rt.shutdown_background();
         }
+    }
+}
+
+impl Inner {
+    /// The retry policy of a job: its kind's, else its queue's, else the default curve.
+    pub(crate) fn retry_policy(&self, queue: &str, kind: &str) -> handler::RetryPolicy {
+        if let Some(policy) = self.registry.retry_policy(kind) {
+            return policy.clone();
+        }
+        self.queues
+            .iter()
+            .find(|(name, _)| name == queue)
+            .and_then(|(_, config)| config.retry_policy.clone())
+            .unwrap_or_default()
     }
 }
 

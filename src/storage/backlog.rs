@@ -14,6 +14,7 @@ use crate::schema::SchemaName;
 #[derive(Debug)]
 pub(super) struct Statements {
     promote_due: String,
+    run_deferred_now: String,
     unique_keys_expire: String,
     dlq_list: String,
     dlq_retry: String,
@@ -25,6 +26,7 @@ impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
             promote_due: format!("SELECT {s}.promote_due($1)"),
+            run_deferred_now: format!("SELECT {s}.run_deferred_now($1)"),
             unique_keys_expire: format!("SELECT {s}.unique_keys_expire(make_interval(secs => $1), $2)"),
             dlq_list: format!(
                 "SELECT job_id, queue, kind, args, attempt, run_lease, error, failed_at FROM {s}.dlq_entries
@@ -54,6 +56,15 @@ pub struct DeadLetter {
 }
 
 impl Storage {
+    /// Make the queue's scheduled and retryable jobs due now; the next promotion moves them to
+    /// ready. Returns how many were made due.
+    pub async fn run_deferred_now(&self, queue: &str) -> Result<i32> {
+        Ok(sqlx::query_scalar(&self.sql.backlog.run_deferred_now)
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     /// Move up to `limit` due `deferred_jobs` to ready. Returns how many moved.
     pub async fn promote_due(&self, limit: i32) -> Result<i32> {
         Ok(sqlx::query_scalar(&self.sql.backlog.promote_due)

@@ -28,7 +28,9 @@ pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::CancelOutcome;
 pub use health::{HorizonHolder, Readiness, TableHealth};
 pub use queue_ring::Inserted;
-pub use read::{HistoryEntry, JobRecord, JobState, QueueCounts};
+pub use read::{
+    HistoryEntry, JobRecord, JobState, PendingJob, Progress, ProgressRecord, QueueCounts,
+};
 pub use ring_maintenance::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
 
 /// Every plane's named statements, rendered once per schema.

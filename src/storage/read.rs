@@ -15,6 +15,8 @@ pub(super) struct Statements {
     oldest_available_wait: String,
     job_state: String,
     job_history: String,
+    pending_jobs: String,
+    job_progress: String,
 }
 
 impl Statements {
@@ -35,6 +37,10 @@ impl Statements {
                 "SELECT state, queue, kind, attempt, run_lease, detail FROM {s}.job_state($1)"
             ),
             job_history: format!("SELECT run_lease, state, error, at FROM {s}.job_history($1)"),
+            job_progress: format!("SELECT run_lease, progress, recorded_at FROM {s}.job_progress($1)"),
+            pending_jobs: format!(
+                "SELECT job_id, state, queue, kind, args, priority, attempt, run_at FROM {s}.pending_jobs($1, $2, $3)"
+            ),
         }
     }
 }
@@ -81,13 +87,81 @@ pub struct HistoryEntry {
 }
 
 /// A job's current state with its recorded history (see `Storage::load_job`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct JobRecord {
     pub state: JobState,
     pub history: Vec<HistoryEntry>,
+    /// The last progress an attempt recorded, while the job runs or waits to run again.
+    pub progress: Option<ProgressRecord>,
+}
+
+/// What a handler reported with `JobContext::set_progress`, stored with its attempt's heartbeat.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// 0 to 100.
+    pub percent: f64,
+    pub message: String,
+    /// What the handler needs to resume where it was (read back with `JobContext::last_progress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<serde_json::Value>,
+}
+
+/// A job's last recorded progress: which attempt recorded it, and when it was written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgressRecord {
+    pub run_lease: i64,
+    pub progress: Progress,
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// A job waiting to run (see `Storage::pending_jobs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingJob {
+    pub job_id: i64,
+    /// `Available`, `Scheduled` or `Retryable`.
+    pub state: crate::JobStatus,
+    pub queue: String,
+    pub kind: String,
+    pub args: serde_json::Value,
+    pub priority: i16,
+    pub attempt: i32,
+    pub run_at: DateTime<Utc>,
 }
 
 impl Storage {
+    /// Jobs waiting to run (available, scheduled, retryable), optionally of one queue and kind,
+    /// oldest first, at most `limit`, read on `conn`: inside a transaction this includes the jobs
+    /// that transaction enqueued and has not committed. It reads job rows; for tests and small
+    /// inspections, not for scraping a large queue.
+    pub async fn pending_jobs(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        limit: i32,
+    ) -> Result<Vec<PendingJob>> {
+        let rows = sqlx::query(&self.sql.read.pending_jobs)
+            .bind(queue)
+            .bind(kind)
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(PendingJob {
+                    job_id: row.try_get("job_id")?,
+                    state: row.try_get::<String, _>("state")?.parse()?,
+                    queue: row.try_get("queue")?,
+                    kind: row.try_get("kind")?,
+                    args: row.try_get("args")?,
+                    priority: row.try_get("priority")?,
+                    attempt: row.try_get("attempt")?,
+                    run_at: row.try_get("run_at")?,
+                })
+            })
+            .collect()
+    }
+
     /// Available (claimable, uncancelled) jobs of one queue; the `available` of `queue_counts`
     /// alone, for producers that keep a target depth.
     pub async fn available_count(&self, queue: &str) -> Result<i64> {
@@ -177,6 +251,35 @@ impl Storage {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Some(JobRecord { state, history }))
+        let progress = self.job_progress(job_id).await?;
+        Ok(Some(JobRecord {
+            state,
+            history,
+            progress,
+        }))
+    }
+
+    /// The last progress recorded for the job: by its running attempt (as of its last heartbeat),
+    /// or left by an earlier attempt that was retried, snoozed or rescued. `None` once the job
+    /// ended, or when no attempt reported any.
+    pub async fn job_progress(&self, job_id: i64) -> Result<Option<ProgressRecord>> {
+        let row: Option<(i64, serde_json::Value, DateTime<Utc>)> =
+            sqlx::query_as(&self.sql.read.job_progress)
+                .bind(job_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|(run_lease, progress, recorded_at)| {
+            Ok(ProgressRecord {
+                run_lease,
+                progress: serde_json::from_value(progress).map_err(|e| {
+                    crate::error::Error::SchemaMismatch {
+                        schema: self.schema.as_str().to_string(),
+                        reason: format!("job {job_id} has progress this binary cannot read: {e}"),
+                    }
+                })?,
+                recorded_at,
+            })
+        })
+        .transpose()
     }
 }

@@ -34,6 +34,7 @@ mod error;
 pub mod http;
 mod job;
 pub mod maintenance;
+pub mod periodic;
 mod runtime;
 pub mod schema;
 mod storage;
@@ -45,6 +46,7 @@ mod trace_context;
 pub use error::{Error, Result};
 pub use job::{JobArgs, JobStatus, NewJob, Unique, UniqueState};
 pub use maintenance::MaintenanceConfig;
+pub use periodic::{MissedFires, Periodic};
 pub use runtime::handler::{BoxError, JobContext, JobError, RetryPolicy};
 pub use runtime::{
     check_reachable, Client, ClientBuilder, CompletionConfig, Liveness, Metrics, QueueConfig,
@@ -54,7 +56,7 @@ pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     ArchiveTable, AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
     HorizonHolder, Inserted, JobRecord, JobState, Outcome, PendingJob, Progress, ProgressRecord,
-    PruneBlocker, PruneResult, QueueCounts, QueueSlotPrune, Readiness, RingSlot, Storage,
-    TableHealth,
+    PruneBlocker, PruneResult, QueueCounts, QueueSlotPrune, Readiness, RingSlot, ScheduleRecord,
+    Storage, TableHealth,
 };
 pub use telemetry::Telemetry;

@@ -41,6 +41,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "trace_context",
         include_str!("../migrations/0007_trace_context.sql"),
     ),
+    ("periodic", include_str!("../migrations/0008_periodic.sql")),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -68,6 +69,7 @@ const FUNCTION_FILES: &[(&str, &str)] = &[
     ("backlog", include_str!("../sql/functions/backlog.sql")),
     ("control", include_str!("../sql/functions/control.sql")),
     ("health", include_str!("../sql/functions/health.sql")),
+    ("periodic", include_str!("../sql/functions/periodic.sql")),
 ];
 
 /// Highest schema version this binary can run against.
@@ -217,6 +219,10 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("archived_jobs", ChurnClass::Ring),
     // durable terminal totals: appended at prune, folded and truncated a time bucket at a time
     ("terminal_totals", ChurnClass::Ring),
+    // one INSERT per fire of a schedule; a schedule's fires older than a week deleted with a newer one
+    ("periodic_fires", ChurnClass::Backlog),
+    // one row per paused schedule
+    ("periodic_paused", ChurnClass::Warm),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

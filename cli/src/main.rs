@@ -27,6 +27,16 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum CronAction {
+    /// Every schedule that fired in about the last week, or is paused.
+    List,
+    /// Stop a schedule firing (in every process) until it is resumed.
+    Pause { schedule: String },
+    /// Let a paused schedule fire again.
+    Resume { schedule: String },
+}
+
+#[derive(Subcommand)]
 enum DlqAction {
     /// List dead-lettered jobs, oldest failure first.
     List {
@@ -125,6 +135,16 @@ enum Command {
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
+    /// Periodic schedules: list their fires, pause or resume one. Schedules are declared in code
+    /// (`ClientBuilder::periodic`); the maintenance leader fires them.
+    Cron {
+        #[command(subcommand)]
+        action: CronAction,
+        #[arg(long, env = "DATABASE_URL", global = true)]
+        database_url: Option<String>,
+        #[arg(long, default_value = "ringwork", global = true)]
         schema: String,
     },
     /// Inspect and act on the dead-letter queue.
@@ -640,6 +660,57 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             let storage = open_storage(&database_url, &schema).await?;
             let counts = storage.queue_counts(queue.as_deref()).await?;
             print!("{}", status::counts_table(&counts, ""));
+        }
+        Command::Cron {
+            action,
+            database_url,
+            schema,
+        } => {
+            let url = database_url.ok_or_else(|| {
+                ringwork::Error::Config("set --database-url or DATABASE_URL".into())
+            })?;
+            let storage = open_storage(&url, &schema).await?;
+            match action {
+                CronAction::List => {
+                    println!("schedule\tpaused\tlast fire\tlast job\tfires kept");
+                    for s in storage.schedules().await? {
+                        println!(
+                            "{}\t{}\t{}\t{}\t{}",
+                            s.schedule,
+                            s.paused,
+                            s.last_fire_at
+                                .map(|t| t.to_rfc3339())
+                                .unwrap_or_else(|| "-".into()),
+                            s.last_job_id
+                                .map(|id| id.to_string())
+                                .unwrap_or_else(|| "-".into()),
+                            s.fires
+                        );
+                    }
+                }
+                CronAction::Pause { schedule } => {
+                    let changed = storage.set_schedule_paused(&schedule, true).await?;
+                    println!(
+                        "schedule {schedule:?} {}",
+                        if changed {
+                            "paused"
+                        } else {
+                            "was paused already"
+                        }
+                    );
+                }
+                CronAction::Resume { schedule } => {
+                    let changed = storage.set_schedule_paused(&schedule, false).await?;
+                    println!(
+                        "schedule {schedule:?} {}",
+                        if changed {
+                            "resumed (missed fires follow its policy)"
+                        } else {
+                            "was not paused"
+                        }
+                    );
+                }
+            }
         }
         Command::Dlq {
             action,

@@ -36,6 +36,7 @@ pub struct ClientBuilder {
     migrate: bool,
     handler_threads: Option<usize>,
     telemetry: Option<Telemetry>,
+    periodic: Vec<crate::periodic::Periodic>,
 }
 
 impl ClientBuilder {
@@ -90,6 +91,14 @@ impl ClientBuilder {
         self
     }
 
+    /// Enqueue a job on a schedule (see `Periodic`). Evaluated by whichever process is the
+    /// maintenance leader, so declare the same schedules in every process that may lead; a schedule
+    /// removed from the code stops firing once no leader declares it.
+    pub fn periodic(mut self, schedule: crate::periodic::Periodic) -> Self {
+        self.periodic.push(schedule);
+        self
+    }
+
     pub fn completion(mut self, config: CompletionConfig) -> Self {
         self.completion = config;
         self
@@ -128,6 +137,15 @@ impl ClientBuilder {
         }
         self.maintenance.validate()?;
         self.registry.validate()?;
+        let mut names = std::collections::HashSet::new();
+        for schedule in &self.periodic {
+            if !names.insert(schedule.name()) {
+                return Err(Error::Config(format!(
+                    "two periodic schedules are named {:?}: a name identifies a schedule's fires",
+                    schedule.name()
+                )));
+            }
+        }
         let handler_threads = self.handler_threads.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -178,6 +196,7 @@ impl ClientBuilder {
                 maintenance: self.maintenance,
                 metrics: Arc::new(Metrics::default()),
                 telemetry: self.telemetry.unwrap_or_default(),
+                periodic: self.periodic.into(),
             }),
         })
     }
@@ -203,6 +222,7 @@ impl Client {
             migrate: true,
             handler_threads: None,
             telemetry: None,
+            periodic: Vec::new(),
         }
     }
 
@@ -368,6 +388,7 @@ impl Client {
                 self.inner.engine.clone(),
                 self.inner.maintenance.clone(),
                 self.inner.telemetry.clone(),
+                Arc::clone(&self.inner.periodic),
                 stop_rx.clone(),
             )));
         }

@@ -305,6 +305,8 @@ pub(crate) struct Inner {
     pub(crate) maintenance: MaintenanceConfig,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) telemetry: crate::telemetry::Telemetry,
+    /// Schedules this process fires while it is the maintenance leader.
+    pub(crate) periodic: Arc<[crate::periodic::Periodic]>,
 }
 
 /// A finished attempt on its way to the completion batcher.

@@ -10,6 +10,7 @@ mod backlog;
 mod claim_ring;
 mod control;
 mod health;
+mod periodic;
 mod queue_ring;
 mod read;
 mod rescue;
@@ -27,6 +28,7 @@ pub use backlog::DeadLetter;
 pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::CancelOutcome;
 pub use health::{HorizonHolder, Readiness, TableHealth};
+pub use periodic::ScheduleRecord;
 pub use queue_ring::Inserted;
 pub use read::{
     HistoryEntry, JobRecord, JobState, PendingJob, Progress, ProgressRecord, QueueCounts,
@@ -45,6 +47,7 @@ struct Statements {
     control: control::Statements,
     read: read::Statements,
     health: health::Statements,
+    periodic: periodic::Statements,
 }
 
 /// Storage handle for one schema. Cheap to clone.
@@ -69,6 +72,7 @@ impl Storage {
             control: control::Statements::new(&schema),
             read: read::Statements::new(&schema),
             health: health::Statements::new(&schema),
+            periodic: periodic::Statements::new(&schema),
         });
         Self {
             pool,

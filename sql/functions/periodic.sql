@@ -1,0 +1,57 @@
+-- Periodic jobs: what the maintenance leader reads and writes to fire schedules exactly once.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- The latest fire of a schedule, and whether it is paused.
+CREATE OR REPLACE FUNCTION __S__.periodic_state(p_schedule text)
+RETURNS TABLE (last_fire_at timestamptz, paused boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT max(f.fire_at) FROM __S__.periodic_fires f WHERE f.schedule = p_schedule),
+           EXISTS (SELECT 1 FROM __S__.periodic_paused p WHERE p.schedule = p_schedule)
+$$;
+
+-- Record a fire in the transaction that inserted its job. False: this fire was recorded already (by
+-- an overlapping leader); the caller rolls back, and its job with it. Fires of the schedule a week
+-- older than this one are deleted with it, so the table stays at about a week of fires.
+CREATE OR REPLACE FUNCTION __S__.periodic_record_fire(p_schedule text, p_fire_at timestamptz, p_job_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO __S__.periodic_fires (schedule, fire_at, job_id) VALUES (p_schedule, p_fire_at, p_job_id)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM __S__.periodic_fires f
+    WHERE f.schedule = p_schedule AND f.fire_at < p_fire_at - interval '7 days';
+    RETURN true;
+END
+$$;
+
+-- Pause or resume a schedule by name; true when that changed something.
+CREATE OR REPLACE FUNCTION __S__.set_periodic_paused(p_schedule text, p_paused boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_paused THEN
+        INSERT INTO __S__.periodic_paused (schedule) VALUES (p_schedule) ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM __S__.periodic_paused WHERE schedule = p_schedule;
+    END IF;
+    RETURN FOUND;
+END
+$$;
+
+-- Every schedule that has fired or is paused: its last fire, its job, and whether it is paused.
+CREATE OR REPLACE FUNCTION __S__.periodic_schedules()
+RETURNS TABLE (schedule text, last_fire_at timestamptz, last_job_id bigint, fires bigint, paused boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT s.schedule, l.fire_at, l.job_id, coalesce(c.n, 0),
+           EXISTS (SELECT 1 FROM __S__.periodic_paused p WHERE p.schedule = s.schedule)
+    FROM (SELECT f.schedule FROM __S__.periodic_fires f UNION SELECT p.schedule FROM __S__.periodic_paused p) s
+    LEFT JOIN LATERAL (SELECT f.fire_at, f.job_id FROM __S__.periodic_fires f WHERE f.schedule = s.schedule
+                       ORDER BY f.fire_at DESC LIMIT 1) l ON true
+    LEFT JOIN LATERAL (SELECT count(*) AS n FROM __S__.periodic_fires f WHERE f.schedule = s.schedule) c ON true
+    ORDER BY s.schedule
+$$;

@@ -1,0 +1,110 @@
+//! Periodic jobs: recording fires exactly once, pausing schedules, listing them
+//! (`sql/functions/periodic.sql`).
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+
+use super::Storage;
+use crate::error::Result;
+use crate::job::NewJob;
+use crate::schema::SchemaName;
+
+/// This plane's statements, rendered once per schema.
+#[derive(Debug)]
+pub(super) struct Statements {
+    state: String,
+    record_fire: String,
+    set_paused: String,
+    schedules: String,
+}
+
+impl Statements {
+    pub(super) fn new(s: &SchemaName) -> Self {
+        Self {
+            state: format!("SELECT last_fire_at, paused FROM {s}.periodic_state($1)"),
+            record_fire: format!("SELECT {s}.periodic_record_fire($1, $2, $3)"),
+            set_paused: format!("SELECT {s}.set_periodic_paused($1, $2)"),
+            schedules: format!(
+                "SELECT schedule, last_fire_at, last_job_id, fires, paused FROM {s}.periodic_schedules()"
+            ),
+        }
+    }
+}
+
+/// A schedule as the database knows it: its fires and whether it is paused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleRecord {
+    pub schedule: String,
+    pub last_fire_at: Option<DateTime<Utc>>,
+    pub last_job_id: Option<i64>,
+    /// Fires kept (about the last week).
+    pub fires: i64,
+    pub paused: bool,
+}
+
+impl Storage {
+    /// The latest recorded fire of a schedule, and whether it is paused.
+    pub(crate) async fn periodic_state(
+        &self,
+        schedule: &str,
+    ) -> Result<(Option<DateTime<Utc>>, bool)> {
+        Ok(sqlx::query_as(&self.sql.periodic.state)
+            .bind(schedule)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Insert `job` for the fire of `schedule` at `fire_at`, once: the job and the fire's record
+    /// commit together, and a fire recorded already (by an overlapping leader) inserts nothing.
+    /// Returns the job's id when this call fired it.
+    pub(crate) async fn fire_periodic(
+        &self,
+        schedule: &str,
+        fire_at: DateTime<Utc>,
+        job: &NewJob,
+    ) -> Result<Option<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let job_id = self.insert(&mut tx, job).await?;
+        let recorded: bool = sqlx::query_scalar(&self.sql.periodic.record_fire)
+            .bind(schedule)
+            .bind(fire_at)
+            .bind(job_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if recorded {
+            tx.commit().await?;
+            Ok(Some(job_id))
+        } else {
+            tx.rollback().await?;
+            Ok(None)
+        }
+    }
+
+    /// Pause (or resume) a schedule: a paused schedule does not fire, and its missed fires are
+    /// handled by its missed-fire policy when it is resumed. True when this changed something.
+    pub async fn set_schedule_paused(&self, schedule: &str, paused: bool) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.sql.periodic.set_paused)
+            .bind(schedule)
+            .bind(paused)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Every schedule that has fired (in about the last week) or is paused.
+    pub async fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        let rows = sqlx::query(&self.sql.periodic.schedules)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(ScheduleRecord {
+                    schedule: row.try_get("schedule")?,
+                    last_fire_at: row.try_get("last_fire_at")?,
+                    last_job_id: row.try_get("last_job_id")?,
+                    fires: row.try_get("fires")?,
+                    paused: row.try_get("paused")?,
+                })
+            })
+            .collect()
+    }
+}

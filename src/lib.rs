@@ -56,7 +56,7 @@ pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     ArchiveTable, AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
     HorizonHolder, Inserted, JobRecord, JobState, Outcome, PendingJob, Progress, ProgressRecord,
-    PruneBlocker, PruneResult, QueueCounts, QueueSlotPrune, Readiness, RingSlot, ScheduleRecord,
-    Storage, TableHealth,
+    PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness, RingSlot,
+    ScheduleRecord, Storage, TableHealth,
 };
 pub use telemetry::Telemetry;

@@ -1,15 +1,19 @@
 //! Periodic jobs: schedules declared in code (a cron expression in an IANA time zone, or a fixed
-//! interval), fired by the maintenance leader, each fire exactly once across leader failovers.
+//! interval), each fire enqueued exactly once, whichever processes evaluate it and whenever they
+//! fail.
 //!
-//! A fire is keyed by the schedule's name and its fire time: the leader inserts the fire's job and
-//! a `periodic_fires` row in one transaction, and the row's primary key refuses a second insert of
-//! the same fire (a fenced leader overlapping its successor). Fire times are a function of the
-//! schedule alone (an interval's fires are multiples of it since the Unix epoch), so every process
-//! computes the same ones.
+//! Every process that declares schedules evaluates them each maintenance tick (not only the
+//! maintenance leader: the leader may be a process that declares none, such as `ringwork serve`
+//! or a producer-only service, and schedules must not stop while it leads). A fire is keyed by the
+//! schedule's name and its fire time: one process takes the schedule's try-lock, checks the fire is
+//! not recorded, and inserts the fire's job and its `periodic_fires` row in one transaction; the
+//! row's primary key refuses a second insert of the same fire in any case. Fire times are a
+//! function of the schedule alone, in whole seconds (an interval's fires are multiples of it since
+//! the Unix epoch), so every process computes the same ones.
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use chrono_tz::Tz;
 use tracing::warn;
 
@@ -70,7 +74,7 @@ impl Periodic {
                 "schedule {name:?}: unknown time zone {time_zone:?} (an IANA name such as \"Europe/Stockholm\")"
             ))
         })?;
-        Ok(Self {
+        let schedule = Self {
             name: name.to_string(),
             when: When::Cron {
                 pattern: pattern.to_string(),
@@ -79,7 +83,13 @@ impl Periodic {
             },
             job,
             missed: MissedFires::default(),
-        })
+        };
+        if schedule.next_after(Utc::now()).is_none() {
+            return Err(Error::Config(format!(
+                "schedule {name:?}: cron pattern {pattern:?} never fires"
+            )));
+        }
+        Ok(schedule)
     }
 
     /// Fire `job` every `interval` (at least one second), at the multiples of it since the Unix
@@ -122,13 +132,15 @@ impl Periodic {
 
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let t = t.trunc_subsecs(0);
         match &self.when {
             When::Cron {
                 cron, time_zone, ..
             } => cron
                 .find_next_occurrence(&t.with_timezone(time_zone), false)
                 .ok()
-                .map(|at| at.with_timezone(&Utc)),
+                .map(|at| at.with_timezone(&Utc).trunc_subsecs(0))
+                .filter(|at| *at > t),
             When::Every(interval) => {
                 let step = interval.as_millis() as i64;
                 let next = (t.timestamp_millis().div_euclid(step) + 1) * step;
@@ -137,33 +149,96 @@ impl Periodic {
         }
     }
 
-    /// The fire times in `(after, until]` this schedule's missed-fire policy keeps, oldest first.
-    fn due(&self, after: DateTime<Utc>, until: DateTime<Utc>) -> Vec<DateTime<Utc>> {
-        let mut times = Vec::new();
-        let mut t = after;
-        while let Some(next) = self.next_after(t) {
-            if next > until {
-                break;
+    /// The last fire time at or before `t` (`inclusive`), or strictly before it.
+    fn previous(&self, t: DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
+        match &self.when {
+            When::Cron {
+                cron, time_zone, ..
+            } => cron
+                .find_previous_occurrence(&t.with_timezone(time_zone), inclusive)
+                .ok()
+                .map(|at| at.with_timezone(&Utc).trunc_subsecs(0)),
+            When::Every(interval) => {
+                let step = interval.as_millis() as i64;
+                let ms = t.timestamp_millis();
+                let floor = ms.div_euclid(step) * step;
+                let at = if floor == ms && !inclusive {
+                    floor - step
+                } else {
+                    floor
+                };
+                DateTime::from_timestamp_millis(at)
             }
-            times.push(next);
-            if times.len() > MAX_FIRES_PER_PASS {
-                times.remove(0);
-            }
-            t = next;
         }
-        let keep = match self.missed {
+    }
+
+    /// The fire times to fire now, oldest first: every time in `(after, until]` that came due after
+    /// `last_pass` (this process's previous evaluation: those are on time), and of the ones due
+    /// before it (missed: no process evaluated the schedule then, or it was paused) what the
+    /// missed-fire policy keeps. Walks back from `until`, so a long gap costs no more than what
+    /// it keeps.
+    fn due(
+        &self,
+        after: DateTime<Utc>,
+        last_pass: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Vec<DateTime<Utc>> {
+        let keep_missed = match self.missed {
             MissedFires::Skip => 1,
             MissedFires::CatchUp { max } => (max as usize).max(1),
         };
-        let skip = times.len().saturating_sub(keep);
-        times.split_off(skip)
+        let mut times = Vec::new();
+        let mut missed = 0;
+        let mut t = until.trunc_subsecs(0);
+        let mut inclusive = true;
+        while times.len() < MAX_FIRES_PER_PASS {
+            let Some(at) = self.previous(t, inclusive).filter(|at| *at > after) else {
+                break;
+            };
+            if at <= last_pass {
+                if missed == keep_missed {
+                    break;
+                }
+                missed += 1;
+            }
+            times.push(at);
+            t = at;
+            inclusive = false;
+        }
+        times.reverse();
+        times
     }
 }
 
-/// One leader pass over the schedules: fire what is due since each one's last recorded fire (or,
-/// for a schedule that never fired, since `since`: when this process became leader).
-pub(crate) async fn fire_due(storage: &Storage, schedules: &[Periodic], since: DateTime<Utc>) {
-    let now = Utc::now();
+/// Evaluate `schedules` every `tick` until `stop`: fire what is due since each one's last recorded
+/// fire (for a schedule that never fired: since this process started evaluating).
+pub(crate) async fn run(
+    storage: Storage,
+    schedules: std::sync::Arc<[Periodic]>,
+    tick: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let started = Utc::now().trunc_subsecs(0);
+    let mut last_pass = started;
+    loop {
+        let now = Utc::now();
+        fire_due(&storage, &schedules, started, last_pass, now).await;
+        last_pass = now;
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// One pass over the schedules.
+async fn fire_due(
+    storage: &Storage,
+    schedules: &[Periodic],
+    started: DateTime<Utc>,
+    last_pass: DateTime<Utc>,
+    now: DateTime<Utc>,
+) {
     for schedule in schedules {
         let (last, paused) = match storage.periodic_state(&schedule.name).await {
             Ok(state) => state,
@@ -175,7 +250,7 @@ pub(crate) async fn fire_due(storage: &Storage, schedules: &[Periodic], since: D
         if paused {
             continue;
         }
-        for fire_at in schedule.due(last.unwrap_or(since), now) {
+        for fire_at in schedule.due(last.unwrap_or(started), last_pass, now) {
             match storage
                 .fire_periodic(&schedule.name, fire_at, &schedule.job)
                 .await
@@ -183,12 +258,56 @@ pub(crate) async fn fire_due(storage: &Storage, schedules: &[Periodic], since: D
                 Ok(Some(job_id)) => {
                     tracing::debug!(schedule = %schedule.name, %fire_at, job_id, "periodic: fired")
                 }
-                Ok(None) => {} // fired already, by an overlapping leader
+                Ok(None) => {} // fired already, or being fired by another process
                 Err(e) => {
                     warn!(schedule = %schedule.name, %fire_at, error = %e, "periodic: fire failed; retried next tick");
                     break;
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at(s: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, s).unwrap()
+    }
+
+    fn job() -> NewJob {
+        NewJob::from_parts("k", serde_json::json!({})).unwrap()
+    }
+
+    #[test]
+    fn fires_due_since_the_last_pass_all_fire_and_only_missed_ones_follow_the_policy() {
+        let every_second = Periodic::every("s", Duration::from_secs(1), job()).unwrap();
+        // a slow pass: two fires came due since the previous one; Skip must not drop the older
+        assert_eq!(every_second.due(at(10), at(10), at(12)), [at(11), at(12)]);
+        // an outage: fired last at :10, and this process evaluated first at :19 (it started
+        // then): :11..:19 were missed (Skip keeps :19), :20 came due on time
+        assert_eq!(every_second.due(at(10), at(19), at(20)), [at(19), at(20)]);
+        let catch_up = every_second.clone().missed(MissedFires::CatchUp { max: 3 });
+        assert_eq!(
+            catch_up.due(at(10), at(19), at(20)),
+            [at(17), at(18), at(19), at(20)]
+        );
+        // nothing due
+        assert!(every_second.due(at(20), at(20), at(20)).is_empty());
+        // sub-seconds never leak into fire times
+        let t = at(5) + chrono::Duration::milliseconds(300);
+        let cron = Periodic::cron("c", "* * * * * *", "UTC", job()).unwrap();
+        assert_eq!(cron.next_after(t), Some(at(6)));
+        assert_eq!(cron.due(at(3), at(3), t), [at(4), at(5)]);
+    }
+
+    #[test]
+    fn a_pattern_that_never_fires_is_refused() {
+        assert!(matches!(
+            Periodic::cron("feb30", "0 0 30 2 *", "UTC", job()),
+            Err(Error::Config(msg)) if msg.contains("never fires")
+        ));
     }
 }

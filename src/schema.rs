@@ -42,6 +42,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/0007_trace_context.sql"),
     ),
     ("periodic", include_str!("../migrations/0008_periodic.sql")),
+    (
+        "queue_limits",
+        include_str!("../migrations/0009_queue_limits.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -223,6 +227,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("periodic_fires", ChurnClass::Backlog),
     // one row per paused schedule
     ("periodic_paused", ChurnClass::Warm),
+    // one row per claim call of a rate-limited queue, deleted once out of its window
+    ("rate_limit_claims", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

@@ -1,6 +1,7 @@
-//! Periodic jobs (issue 14, item 1): cron in a time zone or a fixed interval, fired by the
-//! maintenance leader exactly once per fire time, also while leaders change; missed fires follow
-//! the schedule's policy; paused schedules do not fire.
+//! Periodic jobs (issue 14, item 1): cron in a time zone or a fixed interval, evaluated by every
+//! process that declares them and fired exactly once per fire time, also while processes race,
+//! fail and leave; missed fires follow the schedule's policy; paused schedules do not fire; a
+//! maintenance leader that declares no schedules (`ringwork serve`) does not stop them.
 
 mod support;
 
@@ -107,9 +108,9 @@ fn cron_patterns_in_a_time_zone_and_intervals_give_the_expected_fire_times() {
     ));
 }
 
-/// Three processes race for leadership; the leader's connection is killed mid-run, then the
-/// leading processes are shut down one after another. Every second in between fires exactly once:
-/// no fire twice (one job per fire), and none lost (catch-up covers the takeover gap).
+/// Three processes evaluate one schedule at once; the maintenance leader's connection is killed
+/// mid-run, then the processes are shut down one after another. Every second in between fires
+/// exactly once: no fire twice (one job per fire), and none lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schedule_fires_once_per_period_across_racing_and_failing_leaders() {
     let db = TestDb::new().await;
@@ -249,5 +250,29 @@ async fn missed_fires_follow_the_policy_and_a_paused_schedule_does_not_fire() {
         .build()
         .await;
     assert!(matches!(twice, Err(Error::Config(msg)) if msg.contains("two periodic schedules")));
+    db.cleanup().await;
+}
+
+/// The maintenance leader declares no schedules (like `ringwork serve`, or a producer-only
+/// service): the processes that declare them fire them anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_fire_while_a_process_without_schedules_is_the_maintenance_leader() {
+    let db = TestDb::new().await;
+    let leader = client_with(&db, vec![]).await.start().await.unwrap();
+    // the first started wins the election within a tick
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let worker = client_with(
+        &db,
+        vec![Periodic::every("beat", Duration::from_secs(1), tick_job()).unwrap()],
+    )
+    .await
+    .start()
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    worker.shutdown(Duration::from_secs(5)).await;
+    leader.shutdown(Duration::from_secs(5)).await;
+    let times = fires(&db, "beat").await;
+    assert!(times.len() >= 2, "fired {times:?}");
     db.cleanup().await;
 }

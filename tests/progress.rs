@@ -291,3 +291,39 @@ async fn rescue_keeps_a_crashed_attempt_s_checkpoint_and_refuses_its_late_progre
     assert_eq!(storage.job_progress(id).await.unwrap(), None);
     db.cleanup().await;
 }
+
+/// Cancelling a job that waits to run again takes the progress its earlier attempt left with it
+/// (no attempt_state row outlives its job).
+#[tokio::test]
+async fn cancelling_a_retried_job_removes_its_kept_progress() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .queue("default", QueueConfig::default())
+        .register(copy_rows_handler(Arc::default()))
+        .build()
+        .await
+        .unwrap();
+    let id = client
+        .insert(
+            NewJob::new(&CopyRows {
+                first: "retry".into(),
+            })
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    testing::drain(&client, "default").await.unwrap();
+    assert!(client.storage().job_progress(id).await.unwrap().is_some());
+    assert_eq!(
+        client.cancel(id).await.unwrap(),
+        ringwork::CancelOutcome::Cancelled
+    );
+    assert_eq!(client.storage().job_progress(id).await.unwrap(), None);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.attempt_state")
+            .await,
+        0
+    );
+    db.cleanup().await;
+}

@@ -968,6 +968,20 @@ async fn run_one(
                 .schema(BENCH_SCHEMA)
                 .build()
                 .await?;
+            // RINGWORK_BENCH_MAX_RUNNING=N, RINGWORK_BENCH_RATE_LIMIT=N (per second): fleet-wide
+            // limits on the bench queue, to measure what a limited queue's claims cost
+            let limits = ringwork::QueueLimits {
+                max_running: env_number("RINGWORK_BENCH_MAX_RUNNING").map(|n| n as u32),
+                rate: env_number("RINGWORK_BENCH_RATE_LIMIT")
+                    .map(|n| (n as u32, Duration::from_secs(1))),
+            };
+            if limits != ringwork::QueueLimits::default() {
+                client
+                    .storage()
+                    .set_queue_limits(BENCH_QUEUE, limits)
+                    .await?;
+                println!("bench queue limits: {limits:?}");
+            }
             Some(client.storage().clone())
         }
         System::Awa { adapter, .. } => {

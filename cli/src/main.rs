@@ -90,6 +90,23 @@ enum Command {
         #[arg(long, default_value = "ringwork")]
         schema: String,
     },
+    /// Set a queue's fleet-wide limits (every process's claims hold them); with neither option,
+    /// remove them.
+    Limit {
+        queue: String,
+        /// At most this many of the queue's jobs running (claimed) at once, across the fleet.
+        #[arg(long)]
+        max_running: Option<u32>,
+        /// At most this many claims per `--per` seconds, across the fleet.
+        #[arg(long)]
+        rate: Option<u32>,
+        #[arg(long, default_value_t = 1.0)]
+        per: f64,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
     /// Resume a paused queue.
     Resume {
         queue: String,
@@ -600,6 +617,30 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             println!(
                 "queue {queue:?} paused{}",
                 if changed { "" } else { " (already)" }
+            );
+        }
+        Command::Limit {
+            queue,
+            max_running,
+            rate,
+            per,
+            database_url,
+            schema,
+        } => {
+            if !(per.is_finite() && per > 0.0) {
+                return Err(ringwork::Error::Config(format!(
+                    "--per must be a positive number of seconds, got {per}"
+                )));
+            }
+            let limits = ringwork::QueueLimits {
+                max_running,
+                rate: rate.map(|n| (n, Duration::from_secs_f64(per.min(86_400.0)))),
+            };
+            let storage = open_storage(&database_url, &schema).await?;
+            let changed = storage.set_queue_limits(&queue, limits).await?;
+            println!(
+                "queue {queue:?}: {limits:?}{}",
+                if changed { "" } else { " (unchanged)" }
             );
         }
         Command::Resume {

@@ -120,6 +120,9 @@ DECLARE
     v_paused boolean;
     v_any_parked boolean;
     v_parked boolean;
+    v_max_running int;
+    v_rate_limit int;
+    v_rate_period interval;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -135,11 +138,35 @@ BEGIN
 
     -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql).
     -- One statement for both questions: a claim's fixed cost is counted in statements.
-    SELECT q.paused, EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue)
-    INTO v_paused, v_any_parked
+    SELECT q.paused, EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue),
+           q.max_running, q.rate_limit, q.rate_period
+    INTO v_paused, v_any_parked, v_max_running, v_rate_limit, v_rate_period
     FROM __S__.queues q WHERE q.queue = p_queue;
     IF v_paused THEN
         RETURN;
+    END IF;
+    -- Fleet-wide limits (control.sql set_queue_limits). A limited queue's claimers count and claim
+    -- one at a time: the lock is held to commit, and each count is a statement that starts after
+    -- the lock, so it sees every claim committed before it. The counts come from what claims write
+    -- anyway (claim batches, closures): no counter row is updated per job. Unlimited queues skip it.
+    IF v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(__S__.lock_ns('queue_limit'), hashtext(p_queue));
+        -- stamp the claim with when it was decided, not when its transaction began (before the
+        -- lock wait): the rate window below counts claims by that time
+        v_now := clock_timestamp();
+        IF v_max_running IS NOT NULL THEN
+            p_max := least(p_max, v_max_running - __S__.count_in_flight(p_queue)::int);
+        END IF;
+        IF v_rate_limit IS NOT NULL THEN
+            -- the window's claims, from the queue's own ledger (migration 0009: the claim ring does
+            -- not keep closed claims for a whole period)
+            DELETE FROM __S__.rate_limit_claims r WHERE r.queue = p_queue AND r.claimed_at <= v_now - v_rate_period;
+            p_max := least(p_max, v_rate_limit - (SELECT coalesce(sum(r.claimed), 0)::int
+                                                  FROM __S__.rate_limit_claims r WHERE r.queue = p_queue));
+        END IF;
+        IF p_max < 1 THEN
+            RETURN;
+        END IF;
     END IF;
     IF v_any_parked THEN
         PERFORM __S__.unpark_queue(p_queue);
@@ -297,6 +324,9 @@ BEGIN
         EXIT WHEN v_n >= p_max OR NOT v_cut OR v_pass >= 4;
     END LOOP;
 
+    IF v_rate_limit IS NOT NULL AND v_n > 0 THEN
+        INSERT INTO __S__.rate_limit_claims (queue, claimed_at, claimed) VALUES (p_queue, v_now, v_n);
+    END IF;
     IF NOT isempty(v_receipts) THEN
         INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,
                                                lane_ids, attempts, max_attempts, receipt_ranges,

@@ -30,6 +30,25 @@ BEGIN
 END
 $$;
 
+-- Fleet-wide limits of a queue (NULL: none); claim reads them (sql/functions/claim_ring.sql). A
+-- queue whose limits were raised or removed gets a NOTIFY, so its waiting dispatchers claim now.
+CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running int, p_rate_limit int,
+                                                  p_rate_period interval) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.ensure_lane(p_queue, 2::smallint);
+    UPDATE __S__.queues
+    SET max_running = p_max_running, rate_limit = p_rate_limit, rate_period = p_rate_period
+    WHERE queue = p_queue
+      AND (max_running, rate_limit, rate_period) IS DISTINCT FROM (p_max_running, p_rate_limit, p_rate_period);
+    IF FOUND THEN
+        PERFORM pg_notify('ringwork___S__', p_queue);
+        RETURN true;
+    END IF;
+    RETURN false;
+END
+$$;
+
 -- ---------------------------------------------------------------------------------------------
 -- Cancel by id. Returns what happened: 'cancelled' (available or scheduled: it will never run),
 -- 'cancelled_running' (its open claim was closed as cancelled; the handler is told through NOTIFY
@@ -59,6 +78,8 @@ BEGIN
         VALUES (v_current, v_deferred.job_id, v_deferred.run_lease, v_deferred.queue, v_deferred.kind,
                 v_deferred.args, v_deferred.priority, v_deferred.attempt, v_deferred.max_attempts, 'cancelled',
                 p_reason, v_deferred.created_at);
+        -- the progress a retried or snoozed attempt left goes with the job
+        DELETE FROM __S__.attempt_state a WHERE a.job_id = p_job_id;
         RETURN 'cancelled';
     END IF;
     IF EXISTS (SELECT 1 FROM __S__.done_entries WHERE job_id = p_job_id)
@@ -78,6 +99,8 @@ BEGIN
             VALUES (v_current, p_job_id, v_parked.run_lease, v_parked.queue, v_parked.kind, v_parked.args,
                     v_parked.priority, v_parked.attempt, v_parked.max_attempts, 'cancelled', p_reason,
                     v_parked.created_at);
+            -- the progress a retried or snoozed attempt left goes with the job
+            DELETE FROM __S__.attempt_state a WHERE a.job_id = p_job_id;
             RETURN 'cancelled';
         END IF;
     END IF;
@@ -96,6 +119,8 @@ BEGIN
                                         max_attempts, state, error, created_at)
         VALUES (v_ready.ready_slot, p_job_id, v_ready.run_lease, v_ready.queue, v_ready.kind, v_ready.args,
                 v_ready.priority, v_ready.attempt, v_ready.max_attempts, 'cancelled', p_reason, v_ready.created_at);
+        -- the progress a retried or snoozed attempt left goes with the job
+        DELETE FROM __S__.attempt_state a WHERE a.job_id = p_job_id;
         RETURN 'cancelled';
     END IF;
     -- claimed: find the attempt's claim (compact member or row-local) in the claim ring
@@ -123,6 +148,8 @@ BEGIN
         VALUES (v_current, v_deferred.job_id, v_deferred.run_lease, v_deferred.queue, v_deferred.kind,
                 v_deferred.args, v_deferred.priority, v_deferred.attempt, v_deferred.max_attempts, 'cancelled',
                 p_reason, v_deferred.created_at);
+        -- the progress a retried or snoozed attempt left goes with the job
+        DELETE FROM __S__.attempt_state a WHERE a.job_id = p_job_id;
         RETURN 'cancelled';
     END IF;
     RETURN 'already_finished';

@@ -12,6 +12,21 @@ LANGUAGE sql STABLE AS $$
            EXISTS (SELECT 1 FROM __S__.periodic_paused p WHERE p.schedule = p_schedule)
 $$;
 
+-- Begin a fire, in the transaction that will insert its job: false when another process is firing
+-- this schedule right now (its per-schedule lock is taken, held to commit) or the fire is recorded
+-- already. Every process that declares the schedule evaluates it; this is what lets one fire it
+-- without inserting a job that the primary key would then refuse.
+CREATE OR REPLACE FUNCTION __S__.periodic_begin_fire(p_schedule text, p_fire_at timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('periodic'), hashtext(p_schedule)) THEN
+        RETURN false;
+    END IF;
+    -- a statement of its own, after the lock: it sees a fire committed by the lock's last holder
+    RETURN NOT EXISTS (SELECT 1 FROM __S__.periodic_fires f WHERE f.schedule = p_schedule AND f.fire_at = p_fire_at);
+END
+$$;
+
 -- Record a fire in the transaction that inserted its job. False: this fire was recorded already (by
 -- an overlapping leader); the caller rolls back, and its job with it. Fires of the schedule a week
 -- older than this one are deleted with it, so the table stays at about a week of fires.

@@ -61,11 +61,8 @@ pub(crate) async fn run(
     storage: Storage,
     config: MaintenanceConfig,
     telemetry: Telemetry,
-    periodic: std::sync::Arc<[crate::periodic::Periodic]>,
     mut stop: watch::Receiver<bool>,
 ) {
-    // when this process last became leader: a schedule that never fired fires from then on
-    let mut leading_since = chrono::Utc::now();
     let key = leader_key(&storage);
     let mut leader: Option<PoolConnection<Postgres>> = None;
     // non-leaders look at the holder's liveness at most this often (a pg_locks scan)
@@ -80,9 +77,6 @@ pub(crate) async fn run(
                     last_check = Some(Instant::now());
                 }
                 leader = try_lead(&storage, &config, key, check_holder).await;
-                if leader.is_some() {
-                    leading_since = chrono::Utc::now();
-                }
             }
             Some(conn) => {
                 // Still ours? A dead connection, or one terminated by a process that found this
@@ -119,9 +113,6 @@ pub(crate) async fn run(
                     step_down(leader.take()).await;
                 }
             }
-        }
-        if leader.is_some() && !periodic.is_empty() {
-            crate::periodic::fire_due(&storage, &periodic, leading_since).await;
         }
         if let (Some(_), Some(warn_after)) = (leader.as_ref(), config.horizon_warn_after) {
             if last_horizon_check.is_none_or(|at| at.elapsed() >= HORIZON_CHECK_EVERY) {

@@ -91,9 +91,9 @@ impl ClientBuilder {
         self
     }
 
-    /// Enqueue a job on a schedule (see `Periodic`). Evaluated by whichever process is the
-    /// maintenance leader, so declare the same schedules in every process that may lead; a schedule
-    /// removed from the code stops firing once no leader declares it.
+    /// Enqueue a job on a schedule (see `Periodic`). Every started process that declares a
+    /// schedule evaluates it each maintenance tick, and exactly one fires each fire time; a
+    /// schedule removed from the code stops firing once no running process declares it.
     pub fn periodic(mut self, schedule: crate::periodic::Periodic) -> Self {
         self.periodic.push(schedule);
         self
@@ -388,7 +388,14 @@ impl Client {
                 self.inner.engine.clone(),
                 self.inner.maintenance.clone(),
                 self.inner.telemetry.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        if !self.inner.periodic.is_empty() {
+            tasks.push(tokio::spawn(crate::periodic::run(
+                self.inner.engine.clone(),
                 Arc::clone(&self.inner.periodic),
+                self.inner.maintenance.tick,
                 stop_rx.clone(),
             )));
         }

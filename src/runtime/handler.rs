@@ -121,6 +121,18 @@ impl JobContext {
     /// Write the progress set with `set_progress` now, instead of with the next heartbeat.
     /// `Error::Stale` when this attempt was closed under the handler.
     pub async fn flush_progress(&self) -> Result<()> {
+        if self
+            .writes
+            .completed_in_tx
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // completed in the handler's transaction: there is no attempt to record progress for
+            // (and a write would wait for that transaction's lock)
+            return Err(Error::Stale {
+                job_id: self.job_id,
+                run_lease: self.run_lease,
+            });
+        }
         let Some(progress) = self.writes.take_progress() else {
             return Ok(());
         };

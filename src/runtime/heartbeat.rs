@@ -29,6 +29,9 @@ pub(super) async fn heartbeats(inner: Arc<Inner>, mut stop: watch::Receiver<bool
             match inner.running.lock() {
                 Ok(running) => running
                     .values()
+                    // an attempt completed in the handler's own transaction holds its lock until
+                    // that commits: a heartbeat would wait for it, holding the others' locks
+                    .filter(|r| !r.writes.completed_in_tx.load(Ordering::SeqCst))
                     .filter(|r| r.started.elapsed() >= every || r.writes.has_progress())
                     .map(|r| (r.attempt, r.writes.take_progress(), Arc::clone(&r.writes)))
                     .collect(),

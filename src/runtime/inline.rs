@@ -118,7 +118,9 @@ pub(crate) async fn drain(
             drained.hit_max_runs = inner.engine.queue_has_backlog(queue).await?;
             return Ok(drained);
         }
-        let jobs = inner.engine.claim(queue, room.min(64), deadline).await?;
+        // one at a time: a claimed job's deadline runs from its claim, so jobs claimed together
+        // and run one after another would spend theirs waiting
+        let jobs = inner.engine.claim(queue, 1, deadline).await?;
         if jobs.is_empty() {
             return Ok(drained);
         }

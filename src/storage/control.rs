@@ -15,6 +15,7 @@ pub(super) struct Statements {
     unique_job: String,
     set_queue_paused: String,
     set_queue_dead_letter: String,
+    set_queue_limits: String,
 }
 
 impl Statements {
@@ -24,7 +25,48 @@ impl Statements {
             unique_job: format!("SELECT {s}.unique_job($1)"),
             set_queue_paused: format!("SELECT {s}.set_queue_paused($1, $2)"),
             set_queue_dead_letter: format!("SELECT {s}.set_queue_dead_letter($1, $2)"),
+            set_queue_limits: format!(
+                "SELECT {s}.set_queue_limits($1, $2, $3, make_interval(secs => $4))"
+            ),
         }
+    }
+}
+
+/// Fleet-wide limits of one queue, held by every claim of every process (`Storage::set_queue_limits`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// At most this many of the queue's attempts claimed and not yet closed (running, or claimed
+    /// ahead and waiting for a worker), across the fleet.
+    pub max_running: Option<u32>,
+    /// At most this many claims per period (a sliding window), across the fleet.
+    pub rate: Option<(u32, std::time::Duration)>,
+}
+
+impl QueueLimits {
+    fn validate(&self, queue: &str) -> Result<()> {
+        let bad = |reason: String| {
+            Err(crate::Error::Config(format!(
+                "limits of queue {queue:?}: {reason}"
+            )))
+        };
+        if let Some(n) = self.max_running {
+            if !(1..=1_000_000).contains(&n) {
+                return bad(format!("max_running must be 1..=1000000, got {n}"));
+            }
+        }
+        if let Some((n, period)) = self.rate {
+            if !(1..=1_000_000_000).contains(&n) {
+                return bad(format!("the rate's count must be 1..=1000000000, got {n}"));
+            }
+            if period < std::time::Duration::from_millis(1)
+                || period > std::time::Duration::from_secs(86_400)
+            {
+                return bad(format!(
+                    "the rate's period must be 1 ms to 1 day, got {period:?}"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -83,6 +125,22 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.control.set_queue_paused)
             .bind(queue)
             .bind(paused)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Set (or, with `QueueLimits::default()`, remove) the queue's fleet-wide limits. Every claim of
+    /// a limited queue counts its open claims and its recent claims from the claim ring (what
+    /// claims write anyway; no per-job counter row) under a per-queue lock, so the limits hold
+    /// across processes. Returns whether anything changed.
+    pub async fn set_queue_limits(&self, queue: &str, limits: QueueLimits) -> Result<bool> {
+        crate::job::validate_name("queue name", queue)?;
+        limits.validate(queue)?;
+        Ok(sqlx::query_scalar(&self.sql.control.set_queue_limits)
+            .bind(queue)
+            .bind(limits.max_running.map(|n| n as i32))
+            .bind(limits.rate.map(|(n, _)| n as i32))
+            .bind(limits.rate.map(|(_, period)| period.as_secs_f64()))
             .fetch_one(&self.pool)
             .await?)
     }

@@ -13,6 +13,7 @@ use crate::schema::SchemaName;
 #[derive(Debug)]
 pub(super) struct Statements {
     state: String,
+    begin_fire: String,
     record_fire: String,
     set_paused: String,
     schedules: String,
@@ -22,6 +23,7 @@ impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
             state: format!("SELECT last_fire_at, paused FROM {s}.periodic_state($1)"),
+            begin_fire: format!("SELECT {s}.periodic_begin_fire($1, $2)"),
             record_fire: format!("SELECT {s}.periodic_record_fire($1, $2, $3)"),
             set_paused: format!("SELECT {s}.set_periodic_paused($1, $2)"),
             schedules: format!(
@@ -55,8 +57,8 @@ impl Storage {
     }
 
     /// Insert `job` for the fire of `schedule` at `fire_at`, once: the job and the fire's record
-    /// commit together, and a fire recorded already (by an overlapping leader) inserts nothing.
-    /// Returns the job's id when this call fired it.
+    /// commit together; a fire recorded already, or being fired by another process right now,
+    /// inserts nothing. Returns the job's id when this call fired it.
     pub(crate) async fn fire_periodic(
         &self,
         schedule: &str,
@@ -64,6 +66,15 @@ impl Storage {
         job: &NewJob,
     ) -> Result<Option<i64>> {
         let mut tx = self.pool.begin().await?;
+        let ours: bool = sqlx::query_scalar(&self.sql.periodic.begin_fire)
+            .bind(schedule)
+            .bind(fire_at)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !ours {
+            tx.rollback().await?;
+            return Ok(None);
+        }
         let job_id = self.insert(&mut tx, job).await?;
         let recorded: bool = sqlx::query_scalar(&self.sql.periodic.record_fire)
             .bind(schedule)

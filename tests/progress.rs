@@ -149,9 +149,10 @@ async fn a_running_handler_s_progress_is_written_by_the_heartbeat_and_bad_values
     let client = {
         let (go, refused) = (Arc::clone(&go), Arc::clone(&refused));
         db.client()
-            // heartbeats every stale_after / 4 = 250 ms
+            // heartbeats every stale_after / 4 = 500 ms (and a heartbeat late by more than 2 s
+            // on a loaded machine would get the attempt rescued)
             .maintenance(MaintenanceConfig {
-                stale_after: Duration::from_secs(1),
+                stale_after: Duration::from_secs(2),
                 ..support::fast_maintenance()
             })
             .queue(

@@ -389,6 +389,14 @@ async fn open_storage(url: &str, schema: &str) -> ringwork::Result<Storage> {
     open_storage_with(url, schema, 2).await
 }
 
+/// `open_storage` for a command whose `--database-url` is optional on the command line (a global
+/// option of its subcommands) but needed.
+async fn open_storage_from(url: Option<String>, schema: &str) -> ringwork::Result<Storage> {
+    let url =
+        url.ok_or_else(|| ringwork::Error::Config("set --database-url or DATABASE_URL".into()))?;
+    open_storage(&url, schema).await
+}
+
 /// `open_storage` with a pool of `max` connections.
 async fn open_storage_with(url: &str, schema: &str, max: u32) -> ringwork::Result<Storage> {
     let schema = SchemaName::new(schema)?;
@@ -707,10 +715,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             database_url,
             schema,
         } => {
-            let url = database_url.ok_or_else(|| {
-                ringwork::Error::Config("set --database-url or DATABASE_URL".into())
-            })?;
-            let storage = open_storage(&url, &schema).await?;
+            let storage = open_storage_from(database_url, &schema).await?;
             match action {
                 CronAction::List => {
                     println!("schedule\tpaused\tlast fire\tlast job\tfires kept");
@@ -758,10 +763,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             database_url,
             schema,
         } => {
-            let url = database_url.ok_or_else(|| {
-                ringwork::Error::Config("set --database-url or DATABASE_URL".into())
-            })?;
-            let storage = open_storage(&url, &schema).await?;
+            let storage = open_storage_from(database_url, &schema).await?;
             match action {
                 DlqAction::List { queue, limit } => {
                     for dead in storage.dlq_list(queue.as_deref(), limit).await? {

@@ -54,9 +54,9 @@ pub use runtime::{
 };
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
-    ArchiveTable, AttemptRef, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
-    HorizonHolder, Inserted, JobRecord, JobState, Outcome, PendingJob, Progress, ProgressRecord,
-    PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness, RingSlot,
-    ScheduleRecord, Storage, TableHealth,
+    ArchiveTable, AttemptRef, BulkOutcome, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter,
+    HistoryEntry, HorizonHolder, Inserted, JobFilter, JobRecord, JobState, Outcome, PendingJob,
+    Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune,
+    Readiness, RingSlot, ScheduleRecord, Storage, TableHealth,
 };
 pub use telemetry::Telemetry;

@@ -135,12 +135,10 @@ impl Periodic {
         let t = t.trunc_subsecs(0);
         match &self.when {
             When::Cron {
-                cron, time_zone, ..
-            } => cron
-                .find_next_occurrence(&t.with_timezone(time_zone), false)
-                .ok()
-                .map(|at| at.with_timezone(&Utc).trunc_subsecs(0))
-                .filter(|at| *at > t),
+                pattern,
+                cron,
+                time_zone,
+            } => LocalCron::new(cron, *time_zone, pattern).next_after(t),
             When::Every(interval) => {
                 let step = interval.as_millis() as i64;
                 let next = (t.timestamp_millis().div_euclid(step) + 1) * step;
@@ -153,11 +151,10 @@ impl Periodic {
     fn previous(&self, t: DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
         match &self.when {
             When::Cron {
-                cron, time_zone, ..
-            } => cron
-                .find_previous_occurrence(&t.with_timezone(time_zone), inclusive)
-                .ok()
-                .map(|at| at.with_timezone(&Utc).trunc_subsecs(0)),
+                pattern,
+                cron,
+                time_zone,
+            } => LocalCron::new(cron, *time_zone, pattern).previous(t.trunc_subsecs(0), inclusive),
             When::Every(interval) => {
                 let step = interval.as_millis() as i64;
                 let ms = t.timestamp_millis();
@@ -210,6 +207,166 @@ impl Periodic {
     }
 }
 
+/// A cron pattern read in a time zone's wall-clock time, with the daylight-saving rules of Vixie
+/// cron (and most cron daemons):
+/// - a time in an hour that repeats (fall back) fires once, at its first occurrence, unless the
+///   pattern's hour field is a wildcard (`*`, `*/2`, `@hourly`): such a pattern fires in real time,
+///   so it fires in both passes of the hour;
+/// - a time in an hour that is skipped (spring forward) fires once, shifted by the gap (02:30
+///   becomes 03:30), unless the hour field is a wildcard: its real times after the gap cover it.
+///
+/// The pattern is matched on naive local times (croner in UTC, a zone without transitions), and
+/// each match is mapped to its instants here, so that the mapping, not croner's own handling of
+/// transitions, decides. (croner 3 skipped the second pass of a repeated hour for `*/30 * * * *`
+/// and fired a skipped 02:00 at 01:59.)
+struct LocalCron<'a> {
+    cron: &'a croner::Cron,
+    zone: Tz,
+    repeats_hourly: bool,
+}
+
+/// How far a time-zone transition can move a wall clock (real zones: at most two hours), with a
+/// margin: near a transition, matches this far on the other side of `t` are looked at too.
+const TRANSITION_WINDOW: chrono::Duration = chrono::Duration::hours(3);
+/// The most matches one look-up walks near a transition (a per-second pattern over the window).
+const MAX_MATCHES_WALKED: usize = 4 * 3600;
+
+impl<'a> LocalCron<'a> {
+    fn new(cron: &'a croner::Cron, zone: Tz, pattern: &str) -> Self {
+        let fields: Vec<&str> = pattern.split_whitespace().collect();
+        let hour = match fields.len() {
+            5 => Some(fields[1]),
+            6 => Some(fields[2]),
+            _ => None,
+        };
+        let repeats_hourly = match hour {
+            Some(hour) => hour.starts_with('*'),
+            None => {
+                let alias = pattern.trim().to_ascii_lowercase();
+                alias == "@hourly" || alias == "@minutely"
+            }
+        };
+        Self {
+            cron,
+            zone,
+            repeats_hourly,
+        }
+    }
+
+    fn offset_at(&self, t: DateTime<Utc>) -> i32 {
+        use chrono::{Offset, TimeZone};
+        self.zone
+            .offset_from_utc_datetime(&t.naive_utc())
+            .fix()
+            .local_minus_utc()
+    }
+
+    fn local(&self, t: DateTime<Utc>) -> chrono::NaiveDateTime {
+        t.with_timezone(&self.zone).naive_local()
+    }
+
+    /// The instants a wall-clock match fires at, earliest first (none, one or two).
+    fn instants(&self, local: chrono::NaiveDateTime) -> Vec<DateTime<Utc>> {
+        use chrono::{LocalResult, Offset, TimeZone};
+        match self.zone.from_local_datetime(&local) {
+            LocalResult::Single(at) => vec![at.with_timezone(&Utc)],
+            LocalResult::Ambiguous(a, b) => {
+                let (a, b) = (a.with_timezone(&Utc), b.with_timezone(&Utc));
+                let (first, second) = if a <= b { (a, b) } else { (b, a) };
+                if self.repeats_hourly {
+                    vec![first, second]
+                } else {
+                    vec![first]
+                }
+            }
+            LocalResult::None if self.repeats_hourly => Vec::new(),
+            LocalResult::None => {
+                // shifted by the gap: read with the offset in force before it
+                let before = self
+                    .zone
+                    .offset_from_utc_datetime(&(local - chrono::Duration::days(1)))
+                    .fix()
+                    .local_minus_utc();
+                vec![Utc.from_utc_datetime(&(local - chrono::Duration::seconds(before as i64)))]
+            }
+        }
+    }
+
+    fn naive_step(
+        &self,
+        from: chrono::NaiveDateTime,
+        forward: bool,
+        inclusive: bool,
+    ) -> Option<chrono::NaiveDateTime> {
+        use chrono::TimeZone;
+        let from = Utc.from_utc_datetime(&from);
+        let found = if forward {
+            self.cron.find_next_occurrence(&from, inclusive)
+        } else {
+            self.cron.find_previous_occurrence(&from, inclusive)
+        };
+        found.ok().map(|at| at.naive_utc())
+    }
+
+    /// How far the wall clock jumps within TRANSITION_WINDOW of `t` (zero away from transitions).
+    /// Within it, wall-clock order and real order can differ: a match up to this far on the other
+    /// side of the best one found may still fire closer to `t`.
+    fn jump_near(&self, t: DateTime<Utc>) -> chrono::Duration {
+        let now = self.offset_at(t);
+        let before = (self.offset_at(t - TRANSITION_WINDOW) - now).abs();
+        let after = (self.offset_at(t + TRANSITION_WINDOW) - now).abs();
+        chrono::Duration::seconds(before.max(after) as i64)
+    }
+
+    /// The last fire at or before `t` (`inclusive`), or strictly before it.
+    fn previous(&self, t: DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
+        let jump = self.jump_near(t);
+        let mut from = self.local(t) + jump;
+        let mut first = true;
+        let mut best: Option<(DateTime<Utc>, chrono::NaiveDateTime)> = None;
+        for _ in 0..MAX_MATCHES_WALKED {
+            let Some(local) = self.naive_step(from, false, first) else {
+                break;
+            };
+            let latest = self
+                .instants(local)
+                .into_iter()
+                .filter(|at| *at < t || (inclusive && *at == t))
+                .max();
+            if let Some(at) = latest.filter(|at| best.is_none_or(|(b, _)| *at > b)) {
+                best = Some((at, local));
+            }
+            if best.is_some_and(|(_, best_local)| local <= best_local - jump) {
+                break;
+            }
+            from = local;
+            first = false;
+        }
+        best.map(|(at, _)| at.trunc_subsecs(0))
+    }
+
+    /// The first fire strictly after `t`.
+    fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let jump = self.jump_near(t);
+        let mut from = self.local(t) - jump;
+        let mut best: Option<(DateTime<Utc>, chrono::NaiveDateTime)> = None;
+        for _ in 0..MAX_MATCHES_WALKED {
+            let Some(local) = self.naive_step(from, true, false) else {
+                break;
+            };
+            let earliest = self.instants(local).into_iter().filter(|at| *at > t).min();
+            if let Some(at) = earliest.filter(|at| best.is_none_or(|(b, _)| *at < b)) {
+                best = Some((at, local));
+            }
+            if best.is_some_and(|(_, best_local)| local >= best_local + jump) {
+                break;
+            }
+            from = local;
+        }
+        best.map(|(at, _)| at.trunc_subsecs(0))
+    }
+}
+
 /// Evaluate `schedules` every `tick` until `stop`: fire what is due since each one's last recorded
 /// fire (for a schedule that never fired: since this process started evaluating).
 pub(crate) async fn run(
@@ -239,6 +396,25 @@ async fn fire_due(
     last_pass: DateTime<Utc>,
     now: DateTime<Utc>,
 ) {
+    // triggers first (`ringwork cron trigger`): one probe for all schedules; a paused schedule's
+    // trigger still fires, since an operator asked for it by name
+    let names: Vec<&str> = schedules.iter().map(|s| s.name.as_str()).collect();
+    match storage.triggered_schedules(&names).await {
+        Ok(triggered) => {
+            for schedule in schedules.iter().filter(|s| triggered.contains(&s.name)) {
+                match storage.fire_trigger(&schedule.name, &schedule.job).await {
+                    Ok(Some(job_id)) => {
+                        tracing::info!(schedule = %schedule.name, job_id, "periodic: fired on trigger")
+                    }
+                    Ok(None) => {} // another process fired it
+                    Err(e) => {
+                        warn!(schedule = %schedule.name, error = %e, "periodic: trigger failed; retried next tick")
+                    }
+                }
+            }
+        }
+        Err(e) => warn!(error = %e, "periodic: cannot read pending triggers"),
+    }
     for schedule in schedules {
         let (last, paused) = match storage.periodic_state(&schedule.name).await {
             Ok(state) => state,
@@ -309,5 +485,61 @@ mod tests {
             Periodic::cron("feb30", "0 0 30 2 *", "UTC", job()),
             Err(Error::Config(msg)) if msg.contains("never fires")
         ));
+    }
+
+    /// Fire times over daylight-saving changes in New York (2026: spring forward 8 March 02:00 EST,
+    /// fall back 1 November 02:00 EDT), as UTC "day hh:mm".
+    fn fires_between(pattern: &str, from: DateTime<Utc>, until: DateTime<Utc>) -> Vec<String> {
+        let p = Periodic::cron("dst", pattern, "America/New_York", job()).unwrap();
+        let fired = p.due(from, from, until);
+        // the same times forwards, one next_after at a time
+        let mut forwards = Vec::new();
+        let mut t = from;
+        while let Some(next) = p.next_after(t).filter(|n| *n <= until) {
+            forwards.push(next);
+            t = next;
+        }
+        assert_eq!(fired, forwards, "{pattern}: backwards and forwards agree");
+        fired
+            .iter()
+            .map(|t| t.format("%d %H:%M").to_string())
+            .collect()
+    }
+
+    #[test]
+    fn daylight_saving_changes_fire_fixed_times_once_and_wildcard_hours_in_real_time() {
+        let utc = |m, d, h, min| Utc.with_ymd_and_hms(2026, m, d, h, min, 0).unwrap();
+        // fall back: 01:00-01:59 happens twice (05:00-05:59 UTC as EDT, 06:00-06:59 as EST)
+        assert_eq!(
+            fires_between("0 1 * * *", utc(10, 31, 12, 0), utc(11, 2, 12, 0)),
+            ["01 05:00", "02 06:00"],
+            "a fixed time in the repeated hour fires once"
+        );
+        assert_eq!(
+            fires_between("*/30 * * * *", utc(11, 1, 4, 10), utc(11, 1, 7, 10)),
+            ["01 04:30", "01 05:00", "01 05:30", "01 06:00", "01 06:30", "01 07:00"],
+            "every 30 minutes in real time through the repeated hour"
+        );
+        // spring forward: 02:00-02:59 does not happen
+        assert_eq!(
+            fires_between("30 2 * * *", utc(3, 7, 12, 0), utc(3, 9, 12, 0)),
+            ["08 07:30", "09 06:30"],
+            "a skipped time fires once, shifted by the gap (03:30 EDT)"
+        );
+        assert_eq!(
+            fires_between("0 1 * * *", utc(3, 7, 12, 0), utc(3, 9, 12, 0)),
+            ["08 06:00", "09 05:00"],
+            "a time outside the gap fires once a day"
+        );
+        assert_eq!(
+            fires_between("*/30 * * * *", utc(3, 8, 6, 10), utc(3, 8, 7, 40)),
+            ["08 06:30", "08 07:00", "08 07:30"],
+            "every 30 minutes in real time across the gap"
+        );
+        // seconds field, hourly alias
+        assert_eq!(
+            fires_between("@hourly", utc(11, 1, 4, 30), utc(11, 1, 7, 30)).len(),
+            3
+        );
     }
 }

@@ -46,6 +46,14 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "queue_limits",
         include_str!("../migrations/0009_queue_limits.sql"),
     ),
+    (
+        "running_mark",
+        include_str!("../migrations/0010_running_mark.sql"),
+    ),
+    (
+        "periodic_triggers",
+        include_str!("../migrations/0011_periodic_triggers.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -229,6 +237,7 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("periodic_paused", ChurnClass::Warm),
     // one row per claim call of a rate-limited queue, deleted once out of its window
     ("rate_limit_claims", ChurnClass::Backlog),
+    ("periodic_triggers", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

@@ -214,3 +214,71 @@ async fn limits_are_validated_and_can_be_removed() {
     assert_eq!(storage.claim("q", 10, None).await.unwrap().len(), 1);
     db.cleanup().await;
 }
+
+/// The running count starts at the queue's running mark (migration 0010), the oldest claim still
+/// open. An attempt claimed long before many closed ones pins the mark and is still counted; a
+/// row-local claim (a job with its own timeout) is counted; once the old attempts close, the mark
+/// moves past them.
+#[tokio::test]
+async fn the_running_count_keeps_an_old_open_claim_behind_many_closed_ones() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let limit = QueueLimits {
+        max_running: Some(3),
+        rate: None,
+    };
+    storage.set_queue_limits("marked", limit).await.unwrap();
+    let client = db.client().build().await.unwrap();
+    let job = || NewJob::new(&Work { ms: 0 }).unwrap().queue("marked");
+    client.insert_many(&[job()]).await.unwrap();
+    let old = storage.claim("marked", 10, None).await.unwrap();
+    assert_eq!(old.len(), 1);
+    // a job with its own timeout is claimed as a row-local lease_claims row
+    client
+        .insert_many(&[job().timeout(Duration::from_secs(600))])
+        .await
+        .unwrap();
+    let own_timeout = storage.claim("marked", 10, None).await.unwrap();
+    assert_eq!(own_timeout.len(), 1);
+    let mark = || async {
+        sqlx::query_scalar::<_, Option<i64>>(&format!(
+            "SELECT pg_sequence_last_value(running_mark_seq) FROM {}.queues WHERE queue = 'marked'",
+            db.schema
+        ))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+        .unwrap_or(0)
+    };
+    // many claims come and go after them: each claim moves nothing past the old one
+    for _ in 0..20 {
+        client.insert_many(&[job()]).await.unwrap();
+        let claimed = storage.claim("marked", 10, None).await.unwrap();
+        assert_eq!(claimed.len(), 1, "two of three running: one more fits");
+        let refs: Vec<_> = claimed.iter().map(|c| c.attempt_ref()).collect();
+        storage.complete_batch(&refs).await.unwrap();
+    }
+    let pinned = mark().await;
+    assert_eq!(
+        pinned,
+        old[0].receipt_id / 4096,
+        "the oldest open claim pins the mark"
+    );
+    client.insert_many(&[job(), job()]).await.unwrap();
+    assert_eq!(storage.claim("marked", 10, None).await.unwrap().len(), 1);
+    assert_eq!(storage.claim("marked", 10, None).await.unwrap().len(), 0);
+    // the old attempt ends by cancel, the row-local one by completion: the mark moves on
+    storage.cancel_job(old[0].job_id, "test").await.unwrap();
+    storage
+        .complete_batch(&[own_timeout[0].attempt_ref()])
+        .await
+        .unwrap();
+    let more = storage.claim("marked", 10, None).await.unwrap();
+    assert_eq!(more.len(), 1, "two freed, one waiting");
+    assert!(
+        mark().await > pinned,
+        "the mark moved past the closed claims"
+    );
+    assert_eq!(storage.count_in_flight(Some("marked")).await.unwrap(), 2);
+    db.cleanup().await;
+}

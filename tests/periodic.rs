@@ -276,3 +276,52 @@ async fn schedules_fire_while_a_process_without_schedules_is_the_maintenance_lea
     assert!(times.len() >= 2, "fired {times:?}");
     db.cleanup().await;
 }
+
+/// `ringwork cron trigger`: one extra fire, inserted once however many processes declare the
+/// schedule, paused or not, without moving the schedule's own fire times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_fires_the_schedule_once_across_the_fleet() {
+    let db = TestDb::new().await;
+    // once a year: it never fires on its own during the test
+    let yearly = || Periodic::cron("yearly", "0 0 1 1 *", "UTC", tick_job()).unwrap();
+    let storage = db.storage();
+    assert!(storage.trigger_schedule("yearly").await.unwrap());
+    assert!(
+        !storage.trigger_schedule("yearly").await.unwrap(),
+        "one pending trigger at a time"
+    );
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        let client = client_with(&db, vec![yearly()]).await;
+        fleet.push(client.start().await.unwrap());
+    }
+    // the fired jobs run (the tick handler): count them done
+    let ticks = || async { storage.queue_counts(Some("default")).await.unwrap()[0].completed };
+    assert!(
+        support::eventually(Duration::from_secs(10), || async { ticks().await >= 1 }).await,
+        "the trigger fired"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ticks().await, 1, "fired once, by one of three processes");
+    // paused, a trigger still fires: the operator asked for it by name
+    storage.set_schedule_paused("yearly", true).await.unwrap();
+    assert!(storage.trigger_schedule("yearly").await.unwrap());
+    assert!(
+        support::eventually(Duration::from_secs(10), || async { ticks().await >= 2 }).await,
+        "the second trigger fired"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ticks().await, 2);
+    for client in fleet {
+        client.shutdown(Duration::from_secs(5)).await;
+    }
+    assert!(
+        fires(&db, "yearly").await.is_empty(),
+        "no fire time recorded"
+    );
+    assert!(matches!(
+        storage.trigger_schedule("bad\0name").await,
+        Err(Error::Config(_))
+    ));
+    db.cleanup().await;
+}

@@ -34,6 +34,66 @@ enum CronAction {
     Pause { schedule: String },
     /// Let a paused schedule fire again.
     Resume { schedule: String },
+    /// Fire a schedule once now, beside its own fire times (a process that declares it inserts
+    /// the job on its next evaluation pass, once across the fleet; paused or not).
+    Trigger { schedule: String },
+}
+
+/// Which jobs a bulk operation touches: every option narrows the set.
+#[derive(clap::Args)]
+struct BulkFilter {
+    #[arg(long)]
+    queue: Option<String>,
+    #[arg(long)]
+    kind: Option<String>,
+    /// A state to include (repeat for several): available, scheduled, retryable, running (cancel);
+    /// scheduled, retryable, dead_lettered (retry); dead_lettered (delete).
+    #[arg(long = "state", required = true)]
+    states: Vec<String>,
+    /// Only jobs at least this many seconds old (created, or for history and dead letters:
+    /// finished).
+    #[arg(long, value_name = "SECS")]
+    older_than: Option<u64>,
+}
+
+impl BulkFilter {
+    fn into_filter(self) -> ringwork::Result<ringwork::JobFilter> {
+        let states = self
+            .states
+            .iter()
+            .map(|s| {
+                s.parse::<ringwork::JobStatus>()
+                    .map_err(|_| ringwork::Error::Config(format!("unknown state {s:?}")))
+            })
+            .collect::<ringwork::Result<Vec<_>>>()?;
+        Ok(ringwork::JobFilter {
+            queue: self.queue,
+            kind: self.kind,
+            states,
+            older_than: self.older_than.map(Duration::from_secs),
+        })
+    }
+}
+
+#[derive(Subcommand)]
+enum BulkAction {
+    /// Cancel the matching waiting and running jobs (as `ringwork cancel` does, one by one).
+    Cancel {
+        #[command(flatten)]
+        filter: BulkFilter,
+        #[arg(long, default_value = "cancelled by operator (bulk)")]
+        reason: String,
+    },
+    /// Make matching scheduled and retryable jobs due now; run matching dead-lettered jobs again.
+    Retry {
+        #[command(flatten)]
+        filter: BulkFilter,
+    },
+    /// Delete matching dead-lettered jobs (terminal history is reclaimed by retention only).
+    Delete {
+        #[command(flatten)]
+        filter: BulkFilter,
+    },
 }
 
 #[derive(Subcommand)]
@@ -159,6 +219,16 @@ enum Command {
     Cron {
         #[command(subcommand)]
         action: CronAction,
+        #[arg(long, env = "DATABASE_URL", global = true)]
+        database_url: Option<String>,
+        #[arg(long, default_value = "ringwork", global = true)]
+        schema: String,
+    },
+    /// Cancel, retry or delete many jobs by filter (queue, kind, state, age), in short bounded
+    /// transactions of at most 500 jobs; jobs that arrive while it runs are not touched.
+    Bulk {
+        #[command(subcommand)]
+        action: BulkAction,
         #[arg(long, env = "DATABASE_URL", global = true)]
         database_url: Option<String>,
         #[arg(long, default_value = "ringwork", global = true)]
@@ -756,7 +826,52 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                         }
                     );
                 }
+                CronAction::Trigger { schedule } => {
+                    let requested = storage.trigger_schedule(&schedule).await?;
+                    let known = storage
+                        .schedules()
+                        .await?
+                        .iter()
+                        .any(|s| s.schedule == schedule);
+                    println!(
+                        "schedule {schedule:?}: {}",
+                        if requested {
+                            "triggered; a process that declares it fires it on its next pass"
+                        } else {
+                            "a trigger is pending already"
+                        }
+                    );
+                    if !known {
+                        eprintln!(
+                            "note: {schedule:?} has not fired in the last week; the trigger waits for a process that declares it"
+                        );
+                    }
+                }
             }
+        }
+        Command::Bulk {
+            action,
+            database_url,
+            schema,
+        } => {
+            let storage = open_storage_from(database_url, &schema).await?;
+            let (verb, outcome) = match action {
+                BulkAction::Cancel { filter, reason } => (
+                    "cancelled",
+                    storage.bulk_cancel(&filter.into_filter()?, &reason).await?,
+                ),
+                BulkAction::Retry { filter } => {
+                    ("retried", storage.bulk_retry(&filter.into_filter()?).await?)
+                }
+                BulkAction::Delete { filter } => (
+                    "deleted",
+                    storage.bulk_delete(&filter.into_filter()?).await?,
+                ),
+            };
+            println!(
+                "{verb} {} of {} matching jobs in {} steps",
+                outcome.changed, outcome.matched, outcome.steps
+            );
         }
         Command::Dlq {
             action,

@@ -35,8 +35,19 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running int, p_rate_limit int,
                                                   p_rate_period interval) RETURNS boolean
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_seq text;
 BEGIN
     PERFORM __S__.ensure_lane(p_queue, 2::smallint);
+    -- a concurrency limit needs the queue's running mark (migration 0010); created once, under the
+    -- queue row's lock so that two operators setting limits at once create one
+    IF p_max_running IS NOT NULL
+       AND (SELECT q.running_mark_seq FROM __S__.queues q WHERE q.queue = p_queue FOR UPDATE) IS NULL THEN
+        v_seq := 'running_mark_' || nextval('__S__.lane_ids');
+        EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 0 START 0', '__S__', v_seq);
+        UPDATE __S__.queues SET running_mark_seq = format('%I.%I', '__S__', v_seq)::regclass
+        WHERE queue = p_queue;
+    END IF;
     UPDATE __S__.queues
     SET max_running = p_max_running, rate_limit = p_rate_limit, rate_period = p_rate_period
     WHERE queue = p_queue
@@ -154,4 +165,158 @@ BEGIN
     END IF;
     RETURN 'already_finished';
 END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Bulk operations by filter (issue 14 item 5): cancel, retry, delete. Each call is one bounded
+-- step: at most p_limit jobs, in job_id order after p_after, so an operation over a million jobs is
+-- many short transactions, never one long lock. The caller (Storage::bulk_*) loops, passing the
+-- returned last_job_id back, until a step looks at fewer than p_limit jobs. Filters: queue and kind
+-- (NULL: any), states (the JobStatus names), and p_before: jobs created before it (waiting and
+-- running jobs), or finished before it (dead-lettered and history rows). The sweep is by job id,
+-- so a job that changes state behind it (a retry of a job it passed) is not revisited: run again.
+-- ---------------------------------------------------------------------------------------------
+
+-- Cancel waiting (available, scheduled, retryable) and running jobs, each through cancel_job, so a
+-- bulk cancel takes the same locks and wins or loses the same races as a cancel by id.
+CREATE OR REPLACE FUNCTION __S__.bulk_cancel(p_queue text, p_kind text, p_states text[], p_before timestamptz,
+                                             p_after bigint, p_limit int, p_reason text)
+RETURNS TABLE (last_job_id bigint, looked_at int, cancelled int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_job bigint;
+    v_outcome text;
+BEGIN
+    last_job_id := NULL;
+    looked_at := 0;
+    cancelled := 0;
+    -- each branch takes its own first p_limit in job-id order (an index walk that stops early), so
+    -- the merge below is exact: every candidate below the last one returned was returned
+    FOR v_job IN
+        SELECT c.job_id FROM (
+            (SELECT e.job_id FROM __S__.ready_entries e
+             WHERE 'available' = ANY (p_states) AND e.job_id > p_after
+               AND (p_queue IS NULL OR e.queue = p_queue) AND (p_kind IS NULL OR e.kind = p_kind)
+               AND e.created_at < p_before
+               AND e.lane_pos > __S__.lane_cursor(e.lane_id)
+               AND NOT EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                               WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
+                                 AND t.run_lease = e.run_lease)
+             ORDER BY e.job_id LIMIT p_limit)
+            UNION
+            (SELECT x.job_id FROM __S__.parked_entries x
+             WHERE 'available' = ANY (p_states) AND x.job_id > p_after AND NOT x.cancelled
+               AND (p_queue IS NULL OR x.queue = p_queue) AND (p_kind IS NULL OR x.kind = p_kind)
+               AND x.created_at < p_before
+             ORDER BY x.job_id LIMIT p_limit)
+            UNION
+            (SELECT d.job_id FROM __S__.deferred_jobs d
+             WHERE d.job_id > p_after
+               AND (CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END) = ANY (p_states)
+               AND (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
+               AND d.created_at < p_before
+             ORDER BY d.job_id LIMIT p_limit)
+            UNION
+            (SELECT r.job_id FROM (
+                SELECT b.job_ids[i] AS job_id, b.run_leases[i] AS run_lease, b.ready_slots[i] AS ready_slot
+                FROM __S__.lease_claim_batches b, generate_subscripts(b.job_ids, 1) i
+                WHERE 'running' = ANY (p_states) AND (p_queue IS NULL OR b.queue = p_queue)
+                  AND b.job_ids[i] > p_after
+                  AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+                  AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                                  WHERE c.claim_slot = b.claim_slot
+                                    AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1))
+                UNION ALL
+                SELECT l.job_id, l.run_lease, l.ready_slot FROM __S__.lease_claims l
+                WHERE 'running' = ANY (p_states) AND (p_queue IS NULL OR l.queue = p_queue)
+                  AND l.job_id > p_after
+                  AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                                  WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id)
+             ) r
+             WHERE EXISTS (SELECT 1 FROM __S__.ready_entries e
+                           WHERE e.ready_slot = r.ready_slot AND e.job_id = r.job_id
+                             AND e.run_lease = r.run_lease - 1
+                             AND (p_kind IS NULL OR e.kind = p_kind) AND e.created_at < p_before)
+             ORDER BY r.job_id LIMIT p_limit)
+        ) c
+        ORDER BY c.job_id LIMIT p_limit
+    LOOP
+        looked_at := looked_at + 1;
+        last_job_id := v_job;
+        v_outcome := __S__.cancel_job(v_job, p_reason);
+        IF v_outcome IN ('cancelled', 'cancelled_running') THEN
+            cancelled := cancelled + 1;
+        END IF;
+    END LOOP;
+    RETURN NEXT;
+END
+$$;
+
+-- Retry: scheduled and retryable jobs become due now (promotion moves them to the ring), and
+-- dead-lettered jobs run again with fresh attempts (dlq_retry).
+CREATE OR REPLACE FUNCTION __S__.bulk_retry(p_queue text, p_kind text, p_states text[], p_before timestamptz,
+                                            p_after bigint, p_limit int)
+RETURNS TABLE (last_job_id bigint, looked_at int, retried int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_job bigint;
+    v_dead boolean;
+BEGIN
+    last_job_id := NULL;
+    looked_at := 0;
+    retried := 0;
+    FOR v_job, v_dead IN
+        SELECT c.job_id, c.dead FROM (
+            (SELECT d.job_id, false AS dead FROM __S__.deferred_jobs d
+             WHERE d.job_id > p_after
+               AND (CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END) = ANY (p_states)
+               AND (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
+               AND d.created_at < p_before
+             ORDER BY d.job_id LIMIT p_limit)
+            UNION ALL
+            (SELECT x.job_id, true FROM __S__.dlq_entries x
+             WHERE 'dead_lettered' = ANY (p_states) AND x.job_id > p_after
+               AND (p_queue IS NULL OR x.queue = p_queue) AND (p_kind IS NULL OR x.kind = p_kind)
+               AND x.failed_at < p_before
+             ORDER BY x.job_id LIMIT p_limit)
+        ) c
+        ORDER BY c.job_id LIMIT p_limit
+    LOOP
+        looked_at := looked_at + 1;
+        last_job_id := v_job;
+        IF v_dead THEN
+            IF __S__.dlq_retry(v_job) THEN
+                retried := retried + 1;
+            END IF;
+        ELSE
+            UPDATE __S__.deferred_jobs d SET run_at = now() WHERE d.job_id = v_job AND d.run_at > now();
+            IF FOUND THEN
+                retried := retried + 1;
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN NEXT;
+END
+$$;
+
+-- Delete dead-lettered jobs (dlq_entries, a hold table: row vacuum, off the hot path). Terminal
+-- history is not deleted row by row: it lives in ring storage (the queue ring, then the archive's
+-- time buckets), reclaimed whole slots and buckets at a time by prune and retention
+-- (keep_completed, keep_failed), and a DELETE there would break the no-dead-tuple contract.
+CREATE OR REPLACE FUNCTION __S__.bulk_delete(p_queue text, p_kind text, p_states text[], p_before timestamptz,
+                                             p_after bigint, p_limit int)
+RETURNS TABLE (last_job_id bigint, looked_at int, deleted int)
+LANGUAGE sql AS $$
+    WITH picked AS (
+        SELECT x.job_id FROM __S__.dlq_entries x
+        WHERE 'dead_lettered' = ANY (p_states) AND x.job_id > p_after
+          AND (p_queue IS NULL OR x.queue = p_queue) AND (p_kind IS NULL OR x.kind = p_kind)
+          AND x.failed_at < p_before
+        ORDER BY x.job_id LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM __S__.dlq_entries x USING picked p WHERE x.job_id = p.job_id RETURNING x.job_id
+    )
+    SELECT (SELECT max(p.job_id) FROM picked p), (SELECT count(*)::int FROM picked),
+           (SELECT count(*)::int FROM gone)
 $$;

@@ -70,3 +70,25 @@ LANGUAGE sql STABLE AS $$
     LEFT JOIN LATERAL (SELECT count(*) AS n FROM __S__.periodic_fires f WHERE f.schedule = s.schedule) c ON true
     ORDER BY s.schedule
 $$;
+
+-- Ask for one fire of a schedule now (migration 0011). False: a trigger of it is pending already.
+CREATE OR REPLACE FUNCTION __S__.request_periodic_trigger(p_schedule text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO __S__.periodic_triggers (schedule) VALUES (p_schedule) ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+
+-- Which of these schedules have a trigger pending: one probe per evaluation pass, not per schedule.
+CREATE OR REPLACE FUNCTION __S__.periodic_triggered(p_schedules text[]) RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    SELECT t.schedule FROM __S__.periodic_triggers t WHERE t.schedule = ANY (p_schedules)
+$$;
+
+-- Take a schedule's pending trigger, in the transaction that inserts its job: its time, or nothing
+-- when another process took it first (the row lock makes the second wait, then find it gone).
+CREATE OR REPLACE FUNCTION __S__.periodic_take_trigger(p_schedule text) RETURNS timestamptz
+LANGUAGE sql AS $$
+    DELETE FROM __S__.periodic_triggers t WHERE t.schedule = p_schedule RETURNING t.requested_at
+$$;

@@ -5,7 +5,7 @@ use chrono::Utc;
 
 use super::Storage;
 use crate::error::Result;
-use crate::job::NewJob;
+use crate::job::{JobStatus, NewJob};
 use crate::schema::SchemaName;
 
 /// This plane's statements, rendered once per schema.
@@ -16,6 +16,9 @@ pub(super) struct Statements {
     set_queue_paused: String,
     set_queue_dead_letter: String,
     set_queue_limits: String,
+    bulk_cancel: String,
+    bulk_retry: String,
+    bulk_delete: String,
 }
 
 impl Statements {
@@ -28,8 +31,121 @@ impl Statements {
             set_queue_limits: format!(
                 "SELECT {s}.set_queue_limits($1, $2, $3, make_interval(secs => $4))"
             ),
+            bulk_cancel: format!("SELECT * FROM {s}.bulk_cancel($1, $2, $3, $4, $5, $6, $7)"),
+            bulk_retry: format!("SELECT * FROM {s}.bulk_retry($1, $2, $3, $4, $5, $6)"),
+            bulk_delete: format!("SELECT * FROM {s}.bulk_delete($1, $2, $3, $4, $5, $6)"),
         }
     }
+}
+
+/// Which jobs a bulk operation touches (`Storage::bulk_cancel`, `bulk_retry`, `bulk_delete`). Every
+/// field narrows the set; `states` must name at least one state the operation applies to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobFilter {
+    pub queue: Option<String>,
+    pub kind: Option<String>,
+    pub states: Vec<JobStatus>,
+    /// Only jobs at least this old: waiting and running jobs by when they were created,
+    /// dead-lettered and history rows by when they failed or finished.
+    pub older_than: Option<std::time::Duration>,
+}
+
+/// What a bulk operation did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BulkOutcome {
+    /// Jobs that matched the filter when their step looked at them.
+    pub matched: u64,
+    /// Of those, the ones the operation changed (a job that finished meanwhile is matched, not
+    /// changed).
+    pub changed: u64,
+    /// Bounded steps (transactions) it took.
+    pub steps: u64,
+}
+
+/// Jobs per step of a bulk operation: one short transaction each.
+const BULK_STEP: i32 = 500;
+
+#[derive(Clone, Copy)]
+enum Bulk {
+    Cancel,
+    Retry,
+    Delete,
+}
+
+impl Bulk {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Cancel => "cancel",
+            Self::Retry => "retry",
+            Self::Delete => "delete",
+        }
+    }
+
+    fn applies_to(self) -> &'static [JobStatus] {
+        use JobStatus::*;
+        match self {
+            Self::Cancel => &[Available, Scheduled, Retryable, Running],
+            Self::Retry => &[Scheduled, Retryable, DeadLettered],
+            Self::Delete => &[DeadLettered],
+        }
+    }
+}
+
+impl JobFilter {
+    fn validate(&self, op: Bulk) -> Result<()> {
+        if let Some(queue) = &self.queue {
+            crate::job::validate_name("queue name", queue)?;
+        }
+        if let Some(kind) = &self.kind {
+            crate::job::validate_name("job kind", kind)?;
+        }
+        if self.states.is_empty() {
+            return Err(crate::Error::Config(format!(
+                "bulk {}: name the states to {} (any of {})",
+                op.name(),
+                op.name(),
+                list(op.applies_to())
+            )));
+        }
+        let terminal = [
+            JobStatus::Completed,
+            JobStatus::Failed,
+            JobStatus::Cancelled,
+        ];
+        if let (Bulk::Delete, Some(state)) = (op, self.states.iter().find(|s| terminal.contains(s)))
+        {
+            return Err(crate::Error::Config(format!(
+                "bulk delete does not apply to {state} jobs: terminal history lives in ring storage and is \
+                 reclaimed a whole slot or archive bucket at a time (set MaintenanceConfig::keep_completed / \
+                 keep_failed to keep less)"
+            )));
+        }
+        if let Some(state) = self.states.iter().find(|s| !op.applies_to().contains(s)) {
+            return Err(crate::Error::Config(format!(
+                "bulk {} does not apply to {state} jobs (it applies to {})",
+                op.name(),
+                list(op.applies_to())
+            )));
+        }
+        if let Some(age) = self.older_than {
+            if chrono::Duration::from_std(age).is_err()
+                || age > std::time::Duration::from_secs(100 * 365 * 86_400)
+            {
+                return Err(crate::Error::Config(format!(
+                    "older_than out of range: {age:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn list(states: &[JobStatus]) -> String {
+    states
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Fleet-wide limits of one queue, held by every claim of every process (`Storage::set_queue_limits`).
@@ -153,5 +269,77 @@ impl Storage {
             .bind(enabled)
             .fetch_one(&self.pool)
             .await?)
+    }
+
+    /// Cancel the jobs the filter matches (available, scheduled, retryable, running), in bounded
+    /// steps (one short transaction of at most 500 jobs each), each through the same path as a
+    /// cancel by id. Jobs created after the call began are not touched.
+    pub async fn bulk_cancel(&self, filter: &JobFilter, reason: &str) -> Result<BulkOutcome> {
+        if reason.contains('\0') {
+            return Err(crate::Error::Config(
+                "cancel reason contains a NUL byte".into(),
+            ));
+        }
+        self.bulk(Bulk::Cancel, filter, Some(reason)).await
+    }
+
+    /// Retry the jobs the filter matches: scheduled and retryable jobs become due now;
+    /// dead-lettered jobs run again with fresh attempts. Bounded steps, as `bulk_cancel`.
+    pub async fn bulk_retry(&self, filter: &JobFilter) -> Result<BulkOutcome> {
+        self.bulk(Bulk::Retry, filter, None).await
+    }
+
+    /// Delete the dead-lettered jobs the filter matches, in bounded steps as `bulk_cancel`.
+    /// Terminal history (completed, failed, cancelled) is not deleted row by row: it lives in ring
+    /// storage (the queue ring, then the archive's time buckets), reclaimed a whole slot or bucket
+    /// at a time by prune and retention (`MaintenanceConfig::keep_completed`, `keep_failed`).
+    pub async fn bulk_delete(&self, filter: &JobFilter) -> Result<BulkOutcome> {
+        self.bulk(Bulk::Delete, filter, None).await
+    }
+
+    async fn bulk(
+        &self,
+        op: Bulk,
+        filter: &JobFilter,
+        reason: Option<&str>,
+    ) -> Result<BulkOutcome> {
+        filter.validate(op)?;
+        // one cutoff for the whole operation: jobs that arrive while it runs are not swept
+        let age = filter
+            .older_than
+            .and_then(|a| chrono::Duration::from_std(a).ok())
+            .unwrap_or_else(chrono::Duration::zero);
+        let before = Utc::now() - age;
+        let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        let mut after = 0_i64;
+        let mut outcome = BulkOutcome::default();
+        loop {
+            let query = match op {
+                Bulk::Cancel => {
+                    sqlx::query_as::<_, (Option<i64>, i32, i32)>(&self.sql.control.bulk_cancel)
+                }
+                Bulk::Retry => sqlx::query_as(&self.sql.control.bulk_retry),
+                Bulk::Delete => sqlx::query_as(&self.sql.control.bulk_delete),
+            };
+            let query = query
+                .bind(filter.queue.as_deref())
+                .bind(filter.kind.as_deref())
+                .bind(&states)
+                .bind(before)
+                .bind(after)
+                .bind(BULK_STEP);
+            let query = match op {
+                Bulk::Cancel => query.bind(reason.unwrap_or("cancelled")),
+                _ => query,
+            };
+            let (last, looked_at, changed) = query.fetch_one(&self.pool).await?;
+            outcome.steps += 1;
+            outcome.matched += looked_at as u64;
+            outcome.changed += changed as u64;
+            match last {
+                Some(last) if looked_at >= BULK_STEP => after = last,
+                _ => return Ok(outcome),
+            }
+        }
     }
 }

@@ -17,6 +17,9 @@ pub(super) struct Statements {
     record_fire: String,
     set_paused: String,
     schedules: String,
+    request_trigger: String,
+    triggered: String,
+    take_trigger: String,
 }
 
 impl Statements {
@@ -29,6 +32,9 @@ impl Statements {
             schedules: format!(
                 "SELECT schedule, last_fire_at, last_job_id, fires, paused FROM {s}.periodic_schedules()"
             ),
+            request_trigger: format!("SELECT {s}.request_periodic_trigger($1)"),
+            triggered: format!("SELECT {s}.periodic_triggered($1)"),
+            take_trigger: format!("SELECT {s}.periodic_take_trigger($1)"),
         }
     }
 }
@@ -89,6 +95,46 @@ impl Storage {
             tx.rollback().await?;
             Ok(None)
         }
+    }
+
+    /// Ask for one fire of `schedule` now, beside its own fire times: the next evaluation pass of a
+    /// process that declares the schedule inserts its job, once across the fleet. False: a trigger
+    /// of it is pending already. A schedule no running process declares fires when one starts.
+    pub async fn trigger_schedule(&self, schedule: &str) -> Result<bool> {
+        if schedule.is_empty() || schedule.contains('\0') {
+            return Err(crate::Error::Config(format!(
+                "schedule name {schedule:?}: empty or contains a NUL byte"
+            )));
+        }
+        Ok(sqlx::query_scalar(&self.sql.periodic.request_trigger)
+            .bind(schedule)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Of these schedules, the ones with a trigger pending.
+    pub(crate) async fn triggered_schedules(&self, schedules: &[&str]) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(&self.sql.periodic.triggered)
+            .bind(schedules)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// Fire a pending trigger of `schedule`: take it and insert `job` in one transaction. None: no
+    /// trigger was pending (another process fired it).
+    pub(crate) async fn fire_trigger(&self, schedule: &str, job: &NewJob) -> Result<Option<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let taken: Option<DateTime<Utc>> = sqlx::query_scalar(&self.sql.periodic.take_trigger)
+            .bind(schedule)
+            .fetch_one(&mut *tx)
+            .await?;
+        if taken.is_none() {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let job_id = self.insert(&mut tx, job).await?;
+        tx.commit().await?;
+        Ok(Some(job_id))
     }
 
     /// Pause (or resume) a schedule: a paused schedule does not fire, and its missed fires are

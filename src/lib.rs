@@ -55,8 +55,8 @@ pub use runtime::{
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     ArchiveTable, AttemptRef, BulkOutcome, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter,
-    HistoryEntry, HorizonHolder, Inserted, JobFilter, JobRecord, JobState, Outcome, PendingJob,
-    Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune,
-    Readiness, RingSlot, ScheduleRecord, Storage, TableHealth,
+    HistoryEntry, HorizonHolder, Inserted, JobFilter, JobRecord, JobState, KeyLimit, Outcome,
+    PendingJob, Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits,
+    QueueSlotPrune, Readiness, RingSlot, ScheduleRecord, Storage, TableHealth,
 };
 pub use telemetry::Telemetry;

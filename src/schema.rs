@@ -54,6 +54,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "periodic_triggers",
         include_str!("../migrations/0011_periodic_triggers.sql"),
     ),
+    (
+        "key_limits",
+        include_str!("../migrations/0012_key_limits.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

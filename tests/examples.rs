@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::TestDb;
 
-const EXAMPLES: [&str; 8] = [
+const EXAMPLES: [&str; 12] = [
     "transactional_enqueue",
     "handler_errors",
     "complete_in_tx",
@@ -19,6 +19,10 @@ const EXAMPLES: [&str; 8] = [
     "cancel",
     "dead_letter",
     "progress",
+    "periodic",
+    "queue_limits",
+    "retry_policy",
+    "bulk_operations",
 ];
 
 fn example_binary(name: &str) -> PathBuf {

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ringwork::{
-    Client, Error, JobArgs, JobContext, JobError, NewJob, QueueConfig, QueueLimits, RunningClient,
+    Client, Error, JobArgs, JobContext, JobError, JobStatus, KeyLimit, NewJob, QueueConfig,
+    QueueLimits, RunningClient,
 };
 use serde::{Deserialize, Serialize};
 use support::TestDb;
@@ -85,7 +86,8 @@ async fn a_concurrency_limit_of_5_is_never_exceeded_across_4_processes() {
             "limited",
             QueueLimits {
                 max_running: Some(5),
-                rate: None
+                rate: None,
+                per_key: None,
             }
         )
         .await
@@ -121,6 +123,7 @@ async fn a_rate_limit_of_100_per_second_holds_within_5_percent_across_4_processe
             QueueLimits {
                 max_running: None,
                 rate: Some((100, Duration::from_secs(1))),
+                per_key: None,
             },
         )
         .await
@@ -167,6 +170,7 @@ async fn limits_are_validated_and_can_be_removed() {
             QueueLimits {
                 max_running: Some(0),
                 rate: None,
+                per_key: None,
             },
             "max_running",
         ),
@@ -174,6 +178,7 @@ async fn limits_are_validated_and_can_be_removed() {
             QueueLimits {
                 max_running: None,
                 rate: Some((10, Duration::ZERO)),
+                per_key: None,
             },
             "period",
         ),
@@ -181,6 +186,7 @@ async fn limits_are_validated_and_can_be_removed() {
             QueueLimits {
                 max_running: None,
                 rate: Some((0, Duration::from_secs(1))),
+                per_key: None,
             },
             "count",
         ),
@@ -193,8 +199,9 @@ async fn limits_are_validated_and_can_be_removed() {
     let one = QueueLimits {
         max_running: Some(1),
         rate: None,
+        per_key: None,
     };
-    assert!(storage.set_queue_limits("q", one).await.unwrap());
+    assert!(storage.set_queue_limits("q", one.clone()).await.unwrap());
     assert!(
         !storage.set_queue_limits("q", one).await.unwrap(),
         "unchanged"
@@ -226,6 +233,7 @@ async fn the_running_count_keeps_an_old_open_claim_behind_many_closed_ones() {
     let limit = QueueLimits {
         max_running: Some(3),
         rate: None,
+        per_key: None,
     };
     storage.set_queue_limits("marked", limit).await.unwrap();
     let client = db.client().build().await.unwrap();
@@ -280,5 +288,251 @@ async fn the_running_count_keeps_an_old_open_claim_behind_many_closed_ones() {
         "the mark moved past the closed claims"
     );
     assert_eq!(storage.count_in_flight(Some("marked")).await.unwrap(), 2);
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct TenantWork {
+    tenant: String,
+    ms: u64,
+}
+
+impl JobArgs for TenantWork {
+    const KIND: &'static str = "tenant_work";
+}
+
+fn tenant_job(tenant: &str, ms: u64) -> NewJob {
+    NewJob::new(&TenantWork {
+        tenant: tenant.into(),
+        ms,
+    })
+    .unwrap()
+    .queue("tenants")
+}
+
+fn per_tenant(max: u32) -> QueueLimits {
+    QueueLimits {
+        per_key: Some(KeyLimit::arg("tenant", max)),
+        ..QueueLimits::default()
+    }
+}
+
+/// One tenant's handlers: running now, the peak, and when each job finished.
+type TenantRuns = (usize, usize, Vec<Instant>);
+
+/// What each tenant's handlers saw.
+#[derive(Default)]
+struct TenantSeen {
+    by_tenant: Mutex<std::collections::HashMap<String, TenantRuns>>,
+    done: AtomicUsize,
+}
+
+/// A per-key limit of 2 across 4 processes (32 workers): a hot tenant enqueued first never runs
+/// more than 2 at once, and the tenants behind it are not starved: they finish while most of the
+/// hot tenant's jobs still wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_is_held_to_its_limit_and_does_not_starve_the_other_keys() {
+    let db = TestDb::new().await;
+    db.storage()
+        .set_queue_limits("tenants", per_tenant(2))
+        .await
+        .unwrap();
+    let producer = db.client().build().await.unwrap();
+    let mut jobs: Vec<NewJob> = (0..120).map(|_| tenant_job("hot", 40)).collect();
+    for tenant in ["a", "b", "c"] {
+        jobs.extend((0..10).map(|_| tenant_job(tenant, 40)));
+    }
+    producer.insert_many(&jobs).await.unwrap();
+
+    let seen = Arc::new(TenantSeen::default());
+    let mut fleet = Vec::new();
+    for _ in 0..4 {
+        let pool = TestDb::connect(&db.url, 4).await;
+        let seen = Arc::clone(&seen);
+        let client = Client::builder(pool)
+            .schema(db.schema.as_str())
+            .maintenance(support::fast_maintenance())
+            .queue(
+                "tenants",
+                QueueConfig {
+                    max_workers: 8,
+                    poll_interval: Duration::from_millis(50),
+                    ..QueueConfig::default()
+                },
+            )
+            .register(move |_ctx: JobContext, job: TenantWork| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    {
+                        let mut map = seen.by_tenant.lock().unwrap();
+                        let entry = map.entry(job.tenant.clone()).or_default();
+                        entry.0 += 1;
+                        entry.1 = entry.1.max(entry.0);
+                    }
+                    tokio::time::sleep(Duration::from_millis(job.ms)).await;
+                    {
+                        let mut map = seen.by_tenant.lock().unwrap();
+                        let entry = map.entry(job.tenant.clone()).or_default();
+                        entry.0 -= 1;
+                        entry.2.push(Instant::now());
+                    }
+                    seen.done.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), JobError>(())
+                }
+            })
+            .build()
+            .await
+            .unwrap();
+        fleet.push(client.start().await.unwrap());
+    }
+    let started = Instant::now();
+    while seen.done.load(Ordering::SeqCst) < 150 && started.elapsed() < Duration::from_secs(90) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for client in fleet {
+        client.shutdown(Duration::from_secs(5)).await;
+    }
+    assert_eq!(seen.done.load(Ordering::SeqCst), 150, "every job ran");
+    let map = seen.by_tenant.lock().unwrap().clone();
+    for (tenant, (_, peak, _)) in map.iter() {
+        assert!(*peak <= 2, "tenant {tenant} peaked at {peak} running");
+    }
+    assert_eq!(map["hot"].1, 2, "the hot tenant used its limit");
+    let others_done = ["a", "b", "c"]
+        .iter()
+        .map(|t| *map[*t].2.iter().max().unwrap())
+        .max()
+        .unwrap();
+    let hot_done_by_then = map["hot"].2.iter().filter(|t| **t <= others_done).count();
+    eprintln!(
+        "per-key limit 2: 150 jobs in {:?}; the other tenants were done when the hot one had done {hot_done_by_then} of 120",
+        started.elapsed()
+    );
+    assert!(
+        hot_done_by_then <= 60,
+        "the other tenants waited behind the hot one: it had done {hot_done_by_then} of 120"
+    );
+    let counts = db.storage().queue_counts(Some("tenants")).await.unwrap()[0].clone();
+    assert_eq!(
+        (counts.available, counts.running, counts.completed),
+        (0, 0, 150)
+    );
+    let held = db
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM {}.deferred_jobs WHERE held_key IS NOT NULL",
+            db.schema
+        ))
+        .await;
+    assert_eq!(held, 0, "nothing left held");
+    // how often jobs moved out of the ring and back: once each, plus those a released job found
+    // at its limit again (another claim took the room first); statistics lag up to a second
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let moves = db
+        .scalar_i64(&format!(
+            "SELECT n_tup_ins FROM pg_stat_user_tables WHERE schemaname = '{}' AND relname = 'deferred_jobs'",
+            db.schema
+        ))
+        .await;
+    eprintln!("held moves: {moves} for 120 hot jobs");
+    assert!(
+        moves <= 3 * 150,
+        "{moves} moves: jobs bounce between the ring and the hold"
+    );
+    db.cleanup().await;
+}
+
+/// Held jobs are counted as available, are cancelled like any waiting job, come back when their
+/// key has room, and come back at once when the key limit is removed.
+#[tokio::test]
+async fn held_jobs_count_as_available_cancel_and_come_back_with_room_or_without_the_limit() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage
+        .set_queue_limits("tenants", per_tenant(1))
+        .await
+        .unwrap();
+    let producer = db.client().build().await.unwrap();
+    let ids = producer
+        .insert_many(&[
+            tenant_job("x", 0),
+            tenant_job("x", 0),
+            tenant_job("x", 0),
+            tenant_job("y", 0),
+        ])
+        .await
+        .unwrap();
+    let claimed = storage.claim("tenants", 10, None).await.unwrap();
+    let got: Vec<i64> = claimed.iter().map(|c| c.job_id).collect();
+    assert_eq!(got, vec![ids[0], ids[3]], "one of x, and y");
+    let counts = storage.queue_counts(Some("tenants")).await.unwrap()[0].clone();
+    assert_eq!(
+        (counts.available, counts.scheduled, counts.running),
+        (2, 0, 2)
+    );
+    let held = storage.job_state(ids[1]).await.unwrap().unwrap();
+    assert_eq!(held.state, JobStatus::Available);
+    assert_eq!(held.detail.as_deref(), Some("held: key at its limit"));
+    // nothing more for x while its one runs
+    assert!(storage.claim("tenants", 10, None).await.unwrap().is_empty());
+    assert_eq!(
+        storage.cancel_job(ids[2], "test").await.unwrap(),
+        ringwork::CancelOutcome::Cancelled
+    );
+    // x's running job completes: the next claim brings the held one back and takes it
+    let x = claimed.iter().find(|c| c.job_id == ids[0]).unwrap();
+    storage.complete_batch(&[x.attempt_ref()]).await.unwrap();
+    let next = storage.claim("tenants", 10, None).await.unwrap();
+    assert_eq!(
+        next.iter().map(|c| c.job_id).collect::<Vec<_>>(),
+        vec![ids[1]]
+    );
+    assert!(next[0].run_lease > claimed[0].run_lease, "a new lease");
+    // held again behind it, then the limit goes: due at once, promoted, claimed
+    let late = producer.insert_many(&[tenant_job("x", 0)]).await.unwrap()[0];
+    assert!(storage.claim("tenants", 10, None).await.unwrap().is_empty());
+    assert_eq!(
+        storage.job_state(late).await.unwrap().unwrap().state,
+        JobStatus::Available
+    );
+    storage
+        .set_queue_limits("tenants", QueueLimits::default())
+        .await
+        .unwrap();
+    storage.promote_due(100).await.unwrap();
+    let freed = storage.claim("tenants", 10, None).await.unwrap();
+    assert_eq!(
+        freed.iter().map(|c| c.job_id).collect::<Vec<_>>(),
+        vec![late]
+    );
+    // every job settled exactly once
+    for c in next
+        .iter()
+        .chain(&freed)
+        .chain(claimed.iter().filter(|c| c.job_id == ids[3]))
+    {
+        assert_eq!(
+            storage.complete_batch(&[c.attempt_ref()]).await.unwrap(),
+            vec![ringwork::Outcome::Applied]
+        );
+    }
+    let counts = storage.queue_counts(Some("tenants")).await.unwrap()[0].clone();
+    assert_eq!(
+        (
+            counts.available,
+            counts.running,
+            counts.completed,
+            counts.cancelled
+        ),
+        (0, 0, 4, 1)
+    );
+    // refused
+    let bad = QueueLimits {
+        per_key: Some(KeyLimit::path(&[], 1)),
+        ..QueueLimits::default()
+    };
+    assert!(matches!(
+        storage.set_queue_limits("tenants", bad).await,
+        Err(Error::Config(m)) if m.contains("key path")
+    ));
     db.cleanup().await;
 }

@@ -974,11 +974,12 @@ async fn run_one(
                 max_running: env_number("RINGWORK_BENCH_MAX_RUNNING").map(|n| n as u32),
                 rate: env_number("RINGWORK_BENCH_RATE_LIMIT")
                     .map(|n| (n as u32, Duration::from_secs(1))),
+                per_key: None,
             };
             if limits != ringwork::QueueLimits::default() {
                 client
                     .storage()
-                    .set_queue_limits(BENCH_QUEUE, limits)
+                    .set_queue_limits(BENCH_QUEUE, limits.clone())
                     .await?;
                 println!("bench queue limits: {limits:?}");
             }

@@ -162,6 +162,12 @@ enum Command {
         rate: Option<u32>,
         #[arg(long, default_value_t = 1.0)]
         per: f64,
+        /// At most `--key-max-running` running per value of this arg field (dotted for nested:
+        /// `customer.id`), across the fleet.
+        #[arg(long, requires = "key_max_running")]
+        key_arg: Option<String>,
+        #[arg(long, requires = "key_arg")]
+        key_max_running: Option<u32>,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, default_value = "ringwork")]
@@ -702,6 +708,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             max_running,
             rate,
             per,
+            key_arg,
+            key_max_running,
             database_url,
             schema,
         } => {
@@ -713,9 +721,15 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             let limits = ringwork::QueueLimits {
                 max_running,
                 rate: rate.map(|n| (n, Duration::from_secs_f64(per.min(86_400.0)))),
+                per_key: key_arg
+                    .zip(key_max_running)
+                    .map(|(path, max)| ringwork::KeyLimit {
+                        path: path.split('.').map(str::to_string).collect(),
+                        max_running: max,
+                    }),
             };
             let storage = open_storage(&database_url, &schema).await?;
-            let changed = storage.set_queue_limits(&queue, limits).await?;
+            let changed = storage.set_queue_limits(&queue, limits.clone()).await?;
             println!(
                 "queue {queue:?}: {limits:?}{}",
                 if changed { "" } else { " (unchanged)" }

@@ -19,11 +19,73 @@ $$;
 
 -- Promotion without a temp table (creating one per call churns the system catalogs): lock the due
 -- rows of one lane, reserve a segment of that size, then move exactly those rows.
+-- Move these deferred jobs (one queue and priority, locked by the caller) to the queue ring as one
+-- segment, in this order. A held job (migration 0012) comes back at its creation time: it has
+-- waited since then, so the claim walk reaches it before younger work.
+CREATE OR REPLACE FUNCTION __S__.promote_jobs(p_queue text, p_priority smallint, p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_seg record;
+BEGIN
+    SELECT * INTO v_seg FROM __S__.enqueue_segment(p_queue, p_priority, cardinality(p_ids));
+    WITH due AS (
+        DELETE FROM __S__.deferred_jobs d WHERE d.job_id = ANY (p_ids) RETURNING d.*
+    )
+    INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
+                                     attempt, run_lease, max_attempts, run_at, created_at, timeout_ms,
+                                     traceparent)
+    SELECT v_seg.ready_slot, v_seg.lane_id, v_seg.base_pos + array_position(p_ids, p.job_id) - 1,
+           p.job_id, p.queue, p.kind, p.args, p.priority, p.attempt, p.run_lease, p.max_attempts,
+           CASE WHEN p.held_key IS NULL THEN p.run_at ELSE p.created_at END, p.created_at, p.timeout_ms,
+           p.traceparent
+    FROM due p;
+END
+$$;
+
+-- Bring back held jobs (migration 0012) of the keys with room under p_max, given the running count
+-- per key: for each held key (found by a loose index scan, one probe per key rather than one per
+-- held job), its oldest held jobs, at most its room. Called by a claim of the queue under its limit
+-- lock, so two claims cannot both use one key's room.
+CREATE OR REPLACE FUNCTION __S__.release_held(p_queue text, p_counts jsonb, p_max int) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key text;
+    v_room int;
+    v_group record;
+    v_total int := 0;
+BEGIN
+    FOR v_key IN
+        WITH RECURSIVE keys (k) AS (
+            (SELECT d.held_key FROM __S__.deferred_jobs d
+             WHERE d.queue = p_queue AND d.held_key IS NOT NULL ORDER BY d.held_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT d.held_key FROM __S__.deferred_jobs d
+                    WHERE d.queue = p_queue AND d.held_key > keys.k ORDER BY d.held_key LIMIT 1)
+            FROM keys WHERE keys.k IS NOT NULL
+        )
+        SELECT keys.k FROM keys WHERE keys.k IS NOT NULL
+    LOOP
+        v_room := p_max - coalesce((p_counts ->> v_key)::int, 0);
+        CONTINUE WHEN v_room <= 0;
+        FOR v_group IN
+            SELECT h.priority, array_agg(h.job_id ORDER BY h.job_id) AS ids
+            FROM (SELECT d.job_id, d.priority FROM __S__.deferred_jobs d
+                  WHERE d.queue = p_queue AND d.held_key = v_key
+                  ORDER BY d.job_id LIMIT v_room FOR UPDATE SKIP LOCKED) h
+            GROUP BY h.priority
+        LOOP
+            PERFORM __S__.promote_jobs(p_queue, v_group.priority, v_group.ids);
+            v_total := v_total + cardinality(v_group.ids);
+        END LOOP;
+    END LOOP;
+    RETURN v_total;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION __S__.promote_due(p_limit int) RETURNS int
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_group record;
-    v_seg record;
     v_ids bigint[];
     v_total int := 0;
 BEGIN
@@ -37,17 +99,7 @@ BEGIN
               WHERE d.queue = v_group.queue AND d.priority = v_group.priority AND d.run_at <= now()
               ORDER BY d.run_at, d.job_id LIMIT p_limit - v_total FOR UPDATE SKIP LOCKED) x;
         CONTINUE WHEN v_ids IS NULL;
-        SELECT * INTO v_seg FROM __S__.enqueue_segment(v_group.queue, v_group.priority, cardinality(v_ids));
-        WITH due AS (
-            DELETE FROM __S__.deferred_jobs d WHERE d.job_id = ANY (v_ids) RETURNING d.*
-        )
-        INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
-                                         attempt, run_lease, max_attempts, run_at, created_at, timeout_ms,
-                                         traceparent)
-        SELECT v_seg.ready_slot, v_seg.lane_id, v_seg.base_pos + array_position(v_ids, p.job_id) - 1,
-               p.job_id, p.queue, p.kind, p.args, p.priority, p.attempt, p.run_lease, p.max_attempts,
-               p.run_at, p.created_at, p.timeout_ms, p.traceparent
-        FROM due p;
+        PERFORM __S__.promote_jobs(v_group.queue, v_group.priority, v_ids);
         v_total := v_total + cardinality(v_ids);
     END LOOP;
     RETURN v_total;
@@ -59,7 +111,8 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.run_deferred_now(p_queue text) RETURNS int
 LANGUAGE sql AS $$
     WITH due AS (
-        UPDATE __S__.deferred_jobs d SET run_at = now() WHERE d.queue = p_queue AND d.run_at > now() RETURNING 1
+        UPDATE __S__.deferred_jobs d SET run_at = now()
+        WHERE d.queue = p_queue AND d.run_at > now() AND d.held_key IS NULL RETURNING 1
     ) SELECT count(*)::int FROM due
 $$;
 

@@ -68,6 +68,33 @@ LANGUAGE sql STABLE AS $$
     FROM open_claims o
 $$;
 
+-- The open attempts of one queue from claim batch p_mark on, per value of the concurrency key at
+-- p_path in their args (migration 0012), for a claim of a queue with a per-key limit. Each open
+-- item is matched to its ready row for the args; the walk is the running mark's window, so its cost
+-- is the claims made since the queue's oldest running attempt began. Jobs without the key: NULL.
+CREATE OR REPLACE FUNCTION __S__.count_running_by_key(p_queue text, p_mark bigint, p_path text[])
+RETURNS TABLE (key text, running bigint)
+LANGUAGE sql STABLE AS $$
+    WITH open_items AS (
+        SELECT b.ready_slots[i] AS ready_slot, b.job_ids[i] AS job_id, b.run_leases[i] AS run_lease
+        FROM __S__.lease_claim_batches b, generate_subscripts(b.job_ids, 1) i
+        WHERE b.batch_id >= p_mark AND b.queue = p_queue
+          AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                          WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1))
+        UNION ALL
+        SELECT l.ready_slot, l.job_id, l.run_lease
+        FROM __S__.lease_claims l
+        WHERE l.receipt_id >= p_mark * 4096 AND l.queue = p_queue
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                          WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id)
+    )
+    SELECT e.args #>> p_path, count(*)
+    FROM open_items o
+    JOIN __S__.ready_entries e ON e.ready_slot = o.ready_slot AND e.job_id = o.job_id AND e.run_lease = o.run_lease - 1
+    GROUP BY 1
+$$;
+
 -- In-flight attempts (compact members + row-local claims minus closures) over the claim ring.
 -- All queues: claim and closure counts (closures are unique per receipt, so counts subtract
 -- exactly). One queue: a closure batch can span queues, so count that queue's open items, from
@@ -146,6 +173,10 @@ DECLARE
     v_mark_seq regclass;
     v_running bigint;
     v_oldest_open bigint;
+    v_key_path text[];
+    v_key_max int;
+    v_key_counts jsonb := '{}';
+    v_key text;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -161,8 +192,8 @@ BEGIN
     -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql).
     -- One statement for both questions: a claim's fixed cost is counted in statements.
     SELECT q.paused, EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue),
-           q.max_running, q.rate_limit, q.rate_period, q.running_mark_seq
-    INTO v_paused, v_any_parked, v_max_running, v_rate_limit, v_rate_period, v_mark_seq
+           q.max_running, q.rate_limit, q.rate_period, q.running_mark_seq, q.key_path, q.key_max_running
+    INTO v_paused, v_any_parked, v_max_running, v_rate_limit, v_rate_period, v_mark_seq, v_key_path, v_key_max
     FROM __S__.queues q WHERE q.queue = p_queue;
     IF v_paused THEN
         RETURN;
@@ -171,7 +202,7 @@ BEGIN
     -- one at a time: the lock is held to commit, and each count is a statement that starts after
     -- the lock, so it sees every claim committed before it. The counts come from what claims write
     -- anyway (claim batches, closures): no counter row is updated per job. Unlimited queues skip it.
-    IF v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL THEN
+    IF v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL OR v_key_max IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(__S__.lock_ns('queue_limit'), hashtext(p_queue));
         -- stamp the claim with when it was decided, not when its transaction began (before the
         -- lock wait): the rate window below counts claims by that time
@@ -182,12 +213,22 @@ BEGIN
         IF v_max_running IS NOT NULL AND v_mark_seq IS NULL THEN
             -- limited before migration 0010's mark existed: count the whole ring
             p_max := least(p_max, v_max_running - __S__.count_in_flight(p_queue)::int);
-        ELSIF v_max_running IS NOT NULL THEN
+        ELSIF v_max_running IS NOT NULL OR v_key_max IS NOT NULL THEN
             SELECT r.running, r.oldest_open INTO v_running, v_oldest_open
             FROM __S__.count_running_from(p_queue, coalesce(pg_sequence_last_value(v_mark_seq), 0)) r;
             -- non-transactional, and safe so: every claim below the new mark is closed for good
             PERFORM setval(v_mark_seq, coalesce(v_oldest_open, v_batch), true);
-            p_max := least(p_max, v_max_running - v_running::int);
+            IF v_max_running IS NOT NULL THEN
+                p_max := least(p_max, v_max_running - v_running::int);
+            END IF;
+        END IF;
+        IF v_key_max IS NOT NULL AND p_max >= 1 THEN
+            -- running per key, then the held jobs of keys with room back to the ring (oldest first,
+            -- at their creation time, so the walk below reaches them before younger work)
+            SELECT coalesce(jsonb_object_agg(r.key, r.running), '{}') INTO v_key_counts
+            FROM __S__.count_running_by_key(p_queue, coalesce(v_oldest_open, v_batch), v_key_path) r
+            WHERE r.key IS NOT NULL;
+            PERFORM __S__.release_held(p_queue, v_key_counts, v_key_max);
         END IF;
         IF v_rate_limit IS NOT NULL THEN
             -- the window's claims, from the queue's own ledger (migration 0009: the claim ring does
@@ -298,6 +339,23 @@ BEGIN
                 v_new_cursor := v_row.lane_pos;
                 v_last_slot := v_row.ready_slot;
                 CONTINUE WHEN v_row.spent;
+                IF v_key_max IS NOT NULL THEN
+                    v_key := v_row.args #>> v_key_path;
+                    IF v_key IS NOT NULL AND coalesce((v_key_counts ->> v_key)::int, 0) >= v_key_max THEN
+                        -- its key is at its limit: held out of the ring (the cursor passes over it)
+                        -- until a claim finds room for the key (migration 0012, release_held)
+                        INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease,
+                                                         max_attempts, run_at, created_at, timeout_ms, traceparent,
+                                                         held_key)
+                        VALUES (v_row.job_id, v_row.queue, v_row.kind, v_row.args, v_row.priority, v_row.attempt,
+                                v_row.run_lease + 1, v_row.max_attempts, '9999-01-01 00:00:00+00', v_row.created_at,
+                                v_row.timeout_ms, v_row.traceparent, v_key);
+                        CONTINUE;
+                    ELSIF v_key IS NOT NULL THEN
+                        v_key_counts := jsonb_set(v_key_counts, ARRAY[v_key],
+                                                  to_jsonb(coalesce((v_key_counts ->> v_key)::int, 0) + 1));
+                    END IF;
+                END IF;
 
                 job_id := v_row.job_id;
                 run_lease := v_row.run_lease + 1;

@@ -33,26 +33,38 @@ $$;
 -- Fleet-wide limits of a queue (NULL: none); claim reads them (sql/functions/claim_ring.sql). A
 -- queue whose limits were raised or removed gets a NOTIFY, so its waiting dispatchers claim now.
 CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running int, p_rate_limit int,
-                                                  p_rate_period interval) RETURNS boolean
+                                                  p_rate_period interval, p_key_path text[],
+                                                  p_key_max_running int) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_seq text;
+    v_mark regclass;
+    v_old_path text[];
 BEGIN
     PERFORM __S__.ensure_lane(p_queue, 2::smallint);
-    -- a concurrency limit needs the queue's running mark (migration 0010); created once, under the
-    -- queue row's lock so that two operators setting limits at once create one
-    IF p_max_running IS NOT NULL
-       AND (SELECT q.running_mark_seq FROM __S__.queues q WHERE q.queue = p_queue FOR UPDATE) IS NULL THEN
+    -- under the queue row's lock: two operators setting limits at once serialize here
+    SELECT q.running_mark_seq, q.key_path INTO v_mark, v_old_path
+    FROM __S__.queues q WHERE q.queue = p_queue FOR UPDATE;
+    -- a concurrency limit, of the queue or per key, needs the queue's running mark (migration 0010)
+    IF (p_max_running IS NOT NULL OR p_key_max_running IS NOT NULL) AND v_mark IS NULL THEN
         v_seq := 'running_mark_' || nextval('__S__.lane_ids');
         EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 0 START 0', '__S__', v_seq);
         UPDATE __S__.queues SET running_mark_seq = format('%I.%I', '__S__', v_seq)::regclass
         WHERE queue = p_queue;
     END IF;
     UPDATE __S__.queues
-    SET max_running = p_max_running, rate_limit = p_rate_limit, rate_period = p_rate_period
+    SET max_running = p_max_running, rate_limit = p_rate_limit, rate_period = p_rate_period,
+        key_path = p_key_path, key_max_running = p_key_max_running
     WHERE queue = p_queue
-      AND (max_running, rate_limit, rate_period) IS DISTINCT FROM (p_max_running, p_rate_limit, p_rate_period);
+      AND (max_running, rate_limit, rate_period, key_path, key_max_running)
+          IS DISTINCT FROM (p_max_running, p_rate_limit, p_rate_period, p_key_path, p_key_max_running);
     IF FOUND THEN
+        -- jobs held under a key limit that is gone, or now reads another key, are due again at their
+        -- creation time; under a changed limit on the same key, claims bring them back as room allows
+        IF v_old_path IS NOT NULL AND v_old_path IS DISTINCT FROM p_key_path THEN
+            UPDATE __S__.deferred_jobs d SET held_key = NULL, run_at = d.created_at
+            WHERE d.queue = p_queue AND d.held_key IS NOT NULL;
+        END IF;
         PERFORM pg_notify('ringwork___S__', p_queue);
         RETURN true;
     END IF;
@@ -212,7 +224,8 @@ BEGIN
             UNION
             (SELECT d.job_id FROM __S__.deferred_jobs d
              WHERE d.job_id > p_after
-               AND (CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END) = ANY (p_states)
+               AND (CASE WHEN d.held_key IS NOT NULL THEN 'available'
+                         WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END) = ANY (p_states)
                AND (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
                AND d.created_at < p_before
              ORDER BY d.job_id LIMIT p_limit)
@@ -269,7 +282,8 @@ BEGIN
         SELECT c.job_id, c.dead FROM (
             (SELECT d.job_id, false AS dead FROM __S__.deferred_jobs d
              WHERE d.job_id > p_after
-               AND (CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END) = ANY (p_states)
+               AND (CASE WHEN d.held_key IS NOT NULL THEN 'available'
+                         WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END) = ANY (p_states)
                AND (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
                AND d.created_at < p_before
              ORDER BY d.job_id LIMIT p_limit)

@@ -23,3 +23,5 @@ BEGIN
     END IF;
 END
 $$;
+-- key limits (migration 0012): set_queue_limits gained the key path and its limit
+DROP FUNCTION IF EXISTS __S__.set_queue_limits(text, int, int, interval);

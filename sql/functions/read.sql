@@ -24,8 +24,10 @@ LANGUAGE sql STABLE AS $$
         FROM __S__.archived_job(p_job_id) a
         WHERE NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs x WHERE x.job_id = p_job_id AND x.run_lease > a.run_lease)
         UNION ALL
-        SELECT CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.attempt,
-               d.run_lease, d.last_error, 2
+        -- held under a key limit (migration 0012): waiting like any available job
+        SELECT CASE WHEN d.held_key IS NOT NULL THEN 'available'
+                    WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.attempt,
+               d.run_lease, CASE WHEN d.held_key IS NOT NULL THEN 'held: key at its limit' ELSE d.last_error END, 2
         FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
         UNION ALL
         -- parked (sql/functions/parking.sql): waiting like any available job, or cancelled while
@@ -59,9 +61,12 @@ RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, r
 LANGUAGE sql STABLE SET jit = off AS $$
     SELECT q.queue, q.paused,
            (SELECT coalesce(sum(__S__.lane_available(l.lane_id)), 0)::bigint
-            FROM __S__.queue_lanes l WHERE l.queue = q.queue) + __S__.parked_count(q.queue),
-           (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt = 0),
-           (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.attempt > 0),
+            FROM __S__.queue_lanes l WHERE l.queue = q.queue) + __S__.parked_count(q.queue)
+           + (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.held_key IS NOT NULL),
+           (SELECT count(*) FROM __S__.deferred_jobs d
+            WHERE d.queue = q.queue AND d.attempt = 0 AND d.held_key IS NULL),
+           (SELECT count(*) FROM __S__.deferred_jobs d
+            WHERE d.queue = q.queue AND d.attempt > 0 AND d.held_key IS NULL),
            __S__.count_in_flight(q.queue)::bigint,
            -- terminal counts are durable totals: what the ring still holds plus what prune recorded
            -- in terminal_totals for the slots it truncated (archive.sql)
@@ -114,7 +119,10 @@ LANGUAGE sql STABLE AS $$
         UNION ALL
         SELECT a.run_lease, a.state, a.error, a.finalized_at FROM __S__.archived_job(p_job_id) a
         UNION ALL
-        SELECT d.run_lease, CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.last_error, d.run_at
+        SELECT d.run_lease,
+               CASE WHEN d.held_key IS NOT NULL THEN 'available'
+                    WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END,
+               d.last_error, CASE WHEN d.held_key IS NOT NULL THEN d.created_at ELSE d.run_at END
         FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
         UNION ALL
         SELECT x.run_lease, 'dead_lettered', x.error, x.failed_at
@@ -140,8 +148,9 @@ LANGUAGE sql STABLE AS $$
           AND NOT EXISTS (SELECT 1 FROM __S__.ready_tombstones t
                           WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id AND t.run_lease = e.run_lease)
         UNION ALL
-        SELECT d.job_id, CASE WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.args,
-               d.priority, d.attempt, d.run_at
+        SELECT d.job_id, CASE WHEN d.held_key IS NOT NULL THEN 'available'
+                              WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.args,
+               d.priority, d.attempt, CASE WHEN d.held_key IS NOT NULL THEN d.created_at ELSE d.run_at END
         FROM __S__.deferred_jobs d
         WHERE (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
         UNION ALL

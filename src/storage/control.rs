@@ -29,7 +29,7 @@ impl Statements {
             set_queue_paused: format!("SELECT {s}.set_queue_paused($1, $2)"),
             set_queue_dead_letter: format!("SELECT {s}.set_queue_dead_letter($1, $2)"),
             set_queue_limits: format!(
-                "SELECT {s}.set_queue_limits($1, $2, $3, make_interval(secs => $4))"
+                "SELECT {s}.set_queue_limits($1, $2, $3, make_interval(secs => $4), $5, $6)"
             ),
             bulk_cancel: format!("SELECT * FROM {s}.bulk_cancel($1, $2, $3, $4, $5, $6, $7)"),
             bulk_retry: format!("SELECT * FROM {s}.bulk_retry($1, $2, $3, $4, $5, $6)"),
@@ -149,13 +149,43 @@ fn list(states: &[JobStatus]) -> String {
 }
 
 /// Fleet-wide limits of one queue, held by every claim of every process (`Storage::set_queue_limits`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QueueLimits {
     /// At most this many of the queue's attempts claimed and not yet closed (running, or claimed
     /// ahead and waiting for a worker), across the fleet.
     pub max_running: Option<u32>,
     /// At most this many claims per period (a sliding window), across the fleet.
     pub rate: Option<(u32, std::time::Duration)>,
+    /// At most this many running per value of a key in the job's args (a tenant), across the
+    /// fleet: a hot key cannot take every worker from the others.
+    pub per_key: Option<KeyLimit>,
+}
+
+/// A concurrency limit per key: the key is the text at `path` in a job's args (`["tenant_id"]`,
+/// or `["customer", "id"]` for a nested field; numbers and strings alike, compared as text). Jobs
+/// whose args lack the key are limited by the queue's own limits only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyLimit {
+    pub path: Vec<String>,
+    pub max_running: u32,
+}
+
+impl KeyLimit {
+    /// A limit on a top-level field of the args.
+    pub fn arg(field: &str, max_running: u32) -> Self {
+        Self {
+            path: vec![field.to_string()],
+            max_running,
+        }
+    }
+
+    /// A limit on a nested field: `KeyLimit::path(&["customer", "id"], 2)`.
+    pub fn path(path: &[&str], max_running: u32) -> Self {
+        Self {
+            path: path.iter().map(|p| p.to_string()).collect(),
+            max_running,
+        }
+    }
 }
 
 impl QueueLimits {
@@ -179,6 +209,29 @@ impl QueueLimits {
             {
                 return bad(format!(
                     "the rate's period must be 1 ms to 1 day, got {period:?}"
+                ));
+            }
+        }
+        if let Some(key) = &self.per_key {
+            if !(1..=1_000_000).contains(&key.max_running) {
+                return bad(format!(
+                    "the per-key max_running must be 1..=1000000, got {}",
+                    key.max_running
+                ));
+            }
+            if key.path.is_empty() || key.path.len() > 8 {
+                return bad(format!(
+                    "the key path must have 1 to 8 fields, got {:?}",
+                    key.path
+                ));
+            }
+            if let Some(field) = key
+                .path
+                .iter()
+                .find(|f| f.is_empty() || f.len() > 128 || f.contains('\0'))
+            {
+                return bad(format!(
+                    "key path field {field:?}: must be 1..=128 bytes, without NUL"
                 ));
             }
         }
@@ -257,6 +310,8 @@ impl Storage {
             .bind(limits.max_running.map(|n| n as i32))
             .bind(limits.rate.map(|(n, _)| n as i32))
             .bind(limits.rate.map(|(_, period)| period.as_secs_f64()))
+            .bind(limits.per_key.as_ref().map(|k| k.path.clone()))
+            .bind(limits.per_key.as_ref().map(|k| k.max_running as i32))
             .fetch_one(&self.pool)
             .await?)
     }

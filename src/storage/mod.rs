@@ -26,7 +26,7 @@ use crate::schema::SchemaName;
 pub use archive::ArchiveTable;
 pub use backlog::DeadLetter;
 pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
-pub use control::{BulkOutcome, CancelOutcome, JobFilter, QueueLimits};
+pub use control::{BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits};
 pub use health::{HorizonHolder, Readiness, TableHealth};
 pub use periodic::ScheduleRecord;
 pub use queue_ring::Inserted;

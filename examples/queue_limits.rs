@@ -76,7 +76,7 @@ async fn main() -> Result<(), BoxError> {
             "sync",
             QueueLimits {
                 max_running: Some(3),
-                per_key: Some(KeyLimit::arg("tenant", 1)),
+                per_key: Some(KeyLimit::arg("tenant").max_running(1)),
                 ..QueueLimits::default()
             },
         )

@@ -58,6 +58,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "key_limits",
         include_str!("../migrations/0012_key_limits.sql"),
     ),
+    (
+        "key_rate_limits",
+        include_str!("../migrations/0013_key_rate_limits.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

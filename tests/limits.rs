@@ -312,7 +312,7 @@ fn tenant_job(tenant: &str, ms: u64) -> NewJob {
 
 fn per_tenant(max: u32) -> QueueLimits {
     QueueLimits {
-        per_key: Some(KeyLimit::arg("tenant", max)),
+        per_key: Some(KeyLimit::arg("tenant").max_running(max)),
         ..QueueLimits::default()
     }
 }
@@ -527,12 +527,94 @@ async fn held_jobs_count_as_available_cancel_and_come_back_with_room_or_without_
     );
     // refused
     let bad = QueueLimits {
-        per_key: Some(KeyLimit::path(&[], 1)),
+        per_key: Some(KeyLimit::path(&[]).max_running(1)),
         ..QueueLimits::default()
     };
     assert!(matches!(
         storage.set_queue_limits("tenants", bad).await,
         Err(Error::Config(m)) if m.contains("key path")
     ));
+    db.cleanup().await;
+}
+
+/// A rate per key: the hot tenant is held to 10 claims per sliding second across 4 processes,
+/// while the other tenants' jobs run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_per_key_holds_the_hot_key_and_lets_the_others_through() {
+    let db = TestDb::new().await;
+    db.storage()
+        .set_queue_limits(
+            "tenants",
+            QueueLimits {
+                per_key: Some(KeyLimit::arg("tenant").rate(10, Duration::from_secs(1))),
+                ..QueueLimits::default()
+            },
+        )
+        .await
+        .unwrap();
+    let producer = db.client().build().await.unwrap();
+    let mut jobs: Vec<NewJob> = (0..60).map(|_| tenant_job("hot", 0)).collect();
+    for tenant in ["a", "b", "c", "d", "e"] {
+        jobs.extend((0..4).map(|_| tenant_job(tenant, 0)));
+    }
+    producer.insert_many(&jobs).await.unwrap();
+    let seen = Arc::new(TenantSeen::default());
+    let started = Instant::now();
+    let mut fleet = Vec::new();
+    for _ in 0..4 {
+        let pool = TestDb::connect(&db.url, 4).await;
+        let seen = Arc::clone(&seen);
+        let client = Client::builder(pool)
+            .schema(db.schema.as_str())
+            .maintenance(support::fast_maintenance())
+            .queue("tenants", QueueConfig::default())
+            .register(move |_ctx: JobContext, job: TenantWork| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    let mut map = seen.by_tenant.lock().unwrap();
+                    map.entry(job.tenant.clone())
+                        .or_default()
+                        .2
+                        .push(Instant::now());
+                    seen.done.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), JobError>(())
+                }
+            })
+            .build()
+            .await
+            .unwrap();
+        fleet.push(client.start().await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    for client in fleet {
+        client.shutdown(Duration::from_secs(5)).await;
+    }
+    let map = seen.by_tenant.lock().unwrap().clone();
+    let hot = &map["hot"].2;
+    let first = *hot.iter().min().unwrap();
+    let in_3_s = hot
+        .iter()
+        .filter(|t| **t - first < Duration::from_secs(3))
+        .count();
+    let others_last = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|t| {
+            assert_eq!(map[*t].2.len(), 4, "tenant {t} ran all its jobs");
+            *map[*t].2.iter().max().unwrap()
+        })
+        .max()
+        .unwrap();
+    eprintln!(
+        "rate 10/s per key: hot started {in_3_s} in its first 3 s ({} in 3.5 s); others done {:?} after start",
+        hot.len(),
+        others_last - started
+    );
+    // 10 per sliding second: at most 30 claims in 3 s, plus one period's worth for starts that lag
+    // their claims on a loaded machine; and not stalled
+    assert!((20..=40).contains(&in_3_s), "{in_3_s} hot starts in 3 s");
+    assert!(
+        others_last - started < Duration::from_millis(1500),
+        "the other tenants waited behind the hot one"
+    );
     db.cleanup().await;
 }

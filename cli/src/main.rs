@@ -162,12 +162,16 @@ enum Command {
         rate: Option<u32>,
         #[arg(long, default_value_t = 1.0)]
         per: f64,
-        /// At most `--key-max-running` running per value of this arg field (dotted for nested:
-        /// `customer.id`), across the fleet.
-        #[arg(long, requires = "key_max_running")]
+        /// Limits per value of this arg field (dotted for nested: `customer.id`), across the
+        /// fleet: `--key-max-running`, `--key-rate` per `--key-per` seconds, or both.
+        #[arg(long)]
         key_arg: Option<String>,
         #[arg(long, requires = "key_arg")]
         key_max_running: Option<u32>,
+        #[arg(long, requires = "key_arg")]
+        key_rate: Option<u32>,
+        #[arg(long, default_value_t = 1.0)]
+        key_per: f64,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, default_value = "ringwork")]
@@ -710,23 +714,26 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             per,
             key_arg,
             key_max_running,
+            key_rate,
+            key_per,
             database_url,
             schema,
         } => {
-            if !(per.is_finite() && per > 0.0) {
-                return Err(ringwork::Error::Config(format!(
-                    "--per must be a positive number of seconds, got {per}"
-                )));
+            for (name, secs) in [("--per", per), ("--key-per", key_per)] {
+                if !(secs.is_finite() && secs > 0.0) {
+                    return Err(ringwork::Error::Config(format!(
+                        "{name} must be a positive number of seconds, got {secs}"
+                    )));
+                }
             }
             let limits = ringwork::QueueLimits {
                 max_running,
                 rate: rate.map(|n| (n, Duration::from_secs_f64(per.min(86_400.0)))),
-                per_key: key_arg
-                    .zip(key_max_running)
-                    .map(|(path, max)| ringwork::KeyLimit {
-                        path: path.split('.').map(str::to_string).collect(),
-                        max_running: max,
-                    }),
+                per_key: key_arg.map(|path| ringwork::KeyLimit {
+                    path: path.split('.').map(str::to_string).collect(),
+                    max_running: key_max_running,
+                    rate: key_rate.map(|n| (n, Duration::from_secs_f64(key_per.min(86_400.0)))),
+                }),
             };
             let storage = open_storage(&database_url, &schema).await?;
             let changed = storage.set_queue_limits(&queue, limits.clone()).await?;

@@ -42,11 +42,11 @@ BEGIN
 END
 $$;
 
--- Bring back held jobs (migration 0012) of the keys with room under p_max, given the running count
--- per key: for each held key (found by a loose index scan, one probe per key rather than one per
--- held job), its oldest held jobs, at most its room. Called by a claim of the queue under its limit
--- lock, so two claims cannot both use one key's room.
-CREATE OR REPLACE FUNCTION __S__.release_held(p_queue text, p_counts jsonb, p_max int) RETURNS int
+-- Bring back held jobs (migration 0012) of the keys with room, given each key's room (p_room; a
+-- key absent from it has p_default_room): for each held key (found by a loose index scan, one
+-- probe per key rather than one per held job), its oldest held jobs, at most its room. Called by a
+-- claim of the queue under its limit lock, so two claims cannot both use one key's room.
+CREATE OR REPLACE FUNCTION __S__.release_held(p_queue text, p_room jsonb, p_default_room int) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     v_key text;
@@ -65,7 +65,7 @@ BEGIN
         )
         SELECT keys.k FROM keys WHERE keys.k IS NOT NULL
     LOOP
-        v_room := p_max - coalesce((p_counts ->> v_key)::int, 0);
+        v_room := coalesce((p_room ->> v_key)::int, p_default_room);
         CONTINUE WHEN v_room <= 0;
         FOR v_group IN
             SELECT h.priority, array_agg(h.job_id ORDER BY h.job_id) AS ids

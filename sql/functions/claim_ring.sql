@@ -121,7 +121,10 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.queue_has_backlog(p_queue text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT NOT EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused)
-       AND (EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue) OR EXISTS (
+       AND (EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue)
+            -- jobs held by a key limit (migration 0012) come back through claims: keep claiming
+            OR EXISTS (SELECT 1 FROM __S__.deferred_jobs d WHERE d.queue = p_queue AND d.held_key IS NOT NULL)
+            OR EXISTS (
         SELECT 1
         FROM (SELECT l.lane_id, coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
                      pg_sequence_last_value(l.segment_seq) AS last_segment
@@ -175,7 +178,11 @@ DECLARE
     v_oldest_open bigint;
     v_key_path text[];
     v_key_max int;
-    v_key_counts jsonb := '{}';
+    v_key_rate int;
+    v_key_rate_period interval;
+    v_key_default_room int;
+    v_key_room jsonb := '{}';
+    v_key_claimed jsonb := '{}';
     v_key text;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
@@ -192,8 +199,10 @@ BEGIN
     -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql).
     -- One statement for both questions: a claim's fixed cost is counted in statements.
     SELECT q.paused, EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue),
-           q.max_running, q.rate_limit, q.rate_period, q.running_mark_seq, q.key_path, q.key_max_running
-    INTO v_paused, v_any_parked, v_max_running, v_rate_limit, v_rate_period, v_mark_seq, v_key_path, v_key_max
+           q.max_running, q.rate_limit, q.rate_period, q.running_mark_seq, q.key_path, q.key_max_running,
+           q.key_rate_limit, q.key_rate_period
+    INTO v_paused, v_any_parked, v_max_running, v_rate_limit, v_rate_period, v_mark_seq, v_key_path, v_key_max,
+         v_key_rate, v_key_rate_period
     FROM __S__.queues q WHERE q.queue = p_queue;
     IF v_paused THEN
         RETURN;
@@ -202,7 +211,7 @@ BEGIN
     -- one at a time: the lock is held to commit, and each count is a statement that starts after
     -- the lock, so it sees every claim committed before it. The counts come from what claims write
     -- anyway (claim batches, closures): no counter row is updated per job. Unlimited queues skip it.
-    IF v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL OR v_key_max IS NOT NULL THEN
+    IF v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL OR v_key_path IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(__S__.lock_ns('queue_limit'), hashtext(p_queue));
         -- stamp the claim with when it was decided, not when its transaction began (before the
         -- lock wait): the rate window below counts claims by that time
@@ -222,20 +231,36 @@ BEGIN
                 p_max := least(p_max, v_max_running - v_running::int);
             END IF;
         END IF;
-        IF v_key_max IS NOT NULL AND p_max >= 1 THEN
-            -- running per key, then the held jobs of keys with room back to the ring (oldest first,
-            -- at their creation time, so the walk below reaches them before younger work)
-            SELECT coalesce(jsonb_object_agg(r.key, r.running), '{}') INTO v_key_counts
-            FROM __S__.count_running_by_key(p_queue, coalesce(v_oldest_open, v_batch), v_key_path) r
-            WHERE r.key IS NOT NULL;
-            PERFORM __S__.release_held(p_queue, v_key_counts, v_key_max);
+        IF v_key_path IS NOT NULL AND p_max >= 1 THEN
+            -- the room of each key: its running limit less what runs, its rate less the window's
+            -- claims (migrations 0012, 0013); a key in neither map has the whole of both
+            v_key_default_room := least(coalesce(v_key_max, 2147483647), coalesce(v_key_rate, 2147483647));
+            IF v_key_max IS NOT NULL THEN
+                SELECT coalesce(jsonb_object_agg(r.key, v_key_max - r.running), '{}') INTO v_key_room
+                FROM __S__.count_running_by_key(p_queue, coalesce(v_oldest_open, v_batch), v_key_path) r
+                WHERE r.key IS NOT NULL;
+            END IF;
+            IF v_key_rate IS NOT NULL THEN
+                DELETE FROM __S__.rate_limit_claims r
+                WHERE r.queue = p_queue AND r.key IS NOT NULL AND r.claimed_at <= v_now - v_key_rate_period;
+                SELECT v_key_room || coalesce(jsonb_object_agg(w.key,
+                           least(coalesce((v_key_room ->> w.key)::int, v_key_default_room), v_key_rate - w.n)), '{}')
+                INTO v_key_room
+                FROM (SELECT r.key, sum(r.claimed)::int AS n FROM __S__.rate_limit_claims r
+                      WHERE r.queue = p_queue AND r.key IS NOT NULL GROUP BY r.key) w;
+            END IF;
+            -- then the held jobs of keys with room back to the ring (oldest first, at their creation
+            -- time, so the walk below reaches them before younger work)
+            PERFORM __S__.release_held(p_queue, v_key_room, v_key_default_room);
         END IF;
         IF v_rate_limit IS NOT NULL THEN
             -- the window's claims, from the queue's own ledger (migration 0009: the claim ring does
             -- not keep closed claims for a whole period)
-            DELETE FROM __S__.rate_limit_claims r WHERE r.queue = p_queue AND r.claimed_at <= v_now - v_rate_period;
+            DELETE FROM __S__.rate_limit_claims r
+            WHERE r.queue = p_queue AND r.key IS NULL AND r.claimed_at <= v_now - v_rate_period;
             p_max := least(p_max, v_rate_limit - (SELECT coalesce(sum(r.claimed), 0)::int
-                                                  FROM __S__.rate_limit_claims r WHERE r.queue = p_queue));
+                                                  FROM __S__.rate_limit_claims r
+                                                  WHERE r.queue = p_queue AND r.key IS NULL));
         END IF;
         IF p_max < 1 THEN
             RETURN;
@@ -339,9 +364,9 @@ BEGIN
                 v_new_cursor := v_row.lane_pos;
                 v_last_slot := v_row.ready_slot;
                 CONTINUE WHEN v_row.spent;
-                IF v_key_max IS NOT NULL THEN
+                IF v_key_path IS NOT NULL THEN
                     v_key := v_row.args #>> v_key_path;
-                    IF v_key IS NOT NULL AND coalesce((v_key_counts ->> v_key)::int, 0) >= v_key_max THEN
+                    IF v_key IS NOT NULL AND coalesce((v_key_room ->> v_key)::int, v_key_default_room) <= 0 THEN
                         -- its key is at its limit: held out of the ring (the cursor passes over it)
                         -- until a claim finds room for the key (migration 0012, release_held)
                         INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease,
@@ -352,8 +377,12 @@ BEGIN
                                 v_row.timeout_ms, v_row.traceparent, v_key);
                         CONTINUE;
                     ELSIF v_key IS NOT NULL THEN
-                        v_key_counts := jsonb_set(v_key_counts, ARRAY[v_key],
-                                                  to_jsonb(coalesce((v_key_counts ->> v_key)::int, 0) + 1));
+                        v_key_room := jsonb_set(v_key_room, ARRAY[v_key],
+                                                to_jsonb(coalesce((v_key_room ->> v_key)::int, v_key_default_room) - 1));
+                        IF v_key_rate IS NOT NULL THEN
+                            v_key_claimed := jsonb_set(v_key_claimed, ARRAY[v_key],
+                                                       to_jsonb(coalesce((v_key_claimed ->> v_key)::int, 0) + 1));
+                        END IF;
                     END IF;
                 END IF;
 
@@ -417,6 +446,11 @@ BEGIN
 
     IF v_rate_limit IS NOT NULL AND v_n > 0 THEN
         INSERT INTO __S__.rate_limit_claims (queue, claimed_at, claimed) VALUES (p_queue, v_now, v_n);
+    END IF;
+    IF v_key_claimed <> '{}' THEN
+        -- one row per key claimed in this call, for the keys' rate windows (migration 0013)
+        INSERT INTO __S__.rate_limit_claims (queue, claimed_at, claimed, key)
+        SELECT p_queue, v_now, c.value::int, c.key FROM jsonb_each_text(v_key_claimed) c;
     END IF;
     IF NOT isempty(v_receipts) THEN
         INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,

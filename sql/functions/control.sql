@@ -34,7 +34,8 @@ $$;
 -- queue whose limits were raised or removed gets a NOTIFY, so its waiting dispatchers claim now.
 CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running int, p_rate_limit int,
                                                   p_rate_period interval, p_key_path text[],
-                                                  p_key_max_running int) RETURNS boolean
+                                                  p_key_max_running int, p_key_rate_limit int,
+                                                  p_key_rate_period interval) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_seq text;
@@ -54,10 +55,12 @@ BEGIN
     END IF;
     UPDATE __S__.queues
     SET max_running = p_max_running, rate_limit = p_rate_limit, rate_period = p_rate_period,
-        key_path = p_key_path, key_max_running = p_key_max_running
+        key_path = p_key_path, key_max_running = p_key_max_running, key_rate_limit = p_key_rate_limit,
+        key_rate_period = p_key_rate_period
     WHERE queue = p_queue
-      AND (max_running, rate_limit, rate_period, key_path, key_max_running)
-          IS DISTINCT FROM (p_max_running, p_rate_limit, p_rate_period, p_key_path, p_key_max_running);
+      AND (max_running, rate_limit, rate_period, key_path, key_max_running, key_rate_limit, key_rate_period)
+          IS DISTINCT FROM (p_max_running, p_rate_limit, p_rate_period, p_key_path, p_key_max_running,
+                            p_key_rate_limit, p_key_rate_period);
     IF FOUND THEN
         -- jobs held under a key limit that is gone, or now reads another key, are due again at their
         -- creation time; under a changed limit on the same key, claims bring them back as room allows

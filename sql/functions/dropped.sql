@@ -25,3 +25,16 @@ END
 $$;
 -- key limits (migration 0012): set_queue_limits gained the key path and its limit
 DROP FUNCTION IF EXISTS __S__.set_queue_limits(text, int, int, interval);
+-- key rate limits (migration 0013): set_queue_limits gained the key's rate
+DROP FUNCTION IF EXISTS __S__.set_queue_limits(text, int, int, interval, text[], int);
+-- release_held's arguments were renamed (p_counts, p_max became p_room, p_default_room) when key
+-- rates came; a renamed argument cannot be replaced in place
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.release_held(text, jsonb, int)')
+                 AND 'p_counts' = ANY (p.proargnames)) THEN
+        DROP FUNCTION __S__.release_held(text, jsonb, int);
+    END IF;
+END
+$$;

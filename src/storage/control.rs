@@ -29,7 +29,8 @@ impl Statements {
             set_queue_paused: format!("SELECT {s}.set_queue_paused($1, $2)"),
             set_queue_dead_letter: format!("SELECT {s}.set_queue_dead_letter($1, $2)"),
             set_queue_limits: format!(
-                "SELECT {s}.set_queue_limits($1, $2, $3, make_interval(secs => $4), $5, $6)"
+                "SELECT {s}.set_queue_limits($1, $2, $3, make_interval(secs => $4), $5, $6, $7, \
+                 make_interval(secs => $8))"
             ),
             bulk_cancel: format!("SELECT * FROM {s}.bulk_cancel($1, $2, $3, $4, $5, $6, $7)"),
             bulk_retry: format!("SELECT * FROM {s}.bulk_retry($1, $2, $3, $4, $5, $6)"),
@@ -161,31 +162,67 @@ pub struct QueueLimits {
     pub per_key: Option<KeyLimit>,
 }
 
-/// A concurrency limit per key: the key is the text at `path` in a job's args (`["tenant_id"]`,
-/// or `["customer", "id"]` for a nested field; numbers and strings alike, compared as text). Jobs
-/// whose args lack the key are limited by the queue's own limits only.
+/// Limits per key: the key is the text at `path` in a job's args (`["tenant_id"]`, or
+/// `["customer", "id"]` for a nested field; numbers and strings alike, compared as text). Jobs
+/// whose args lack the key are limited by the queue's own limits only. At least one of
+/// `max_running` and `rate`:
+///
+/// ```
+/// # use std::time::Duration;
+/// use ringwork::KeyLimit;
+/// let per_tenant = KeyLimit::arg("tenant_id").max_running(2).rate(10, Duration::from_secs(1));
+/// let nested = KeyLimit::path(&["customer", "id"]).max_running(1);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyLimit {
     pub path: Vec<String>,
-    pub max_running: u32,
+    /// At most this many running per key value, across the fleet.
+    pub max_running: Option<u32>,
+    /// At most this many claims per period (a sliding window) per key value, across the fleet.
+    pub rate: Option<(u32, std::time::Duration)>,
 }
 
 impl KeyLimit {
-    /// A limit on a top-level field of the args.
-    pub fn arg(field: &str, max_running: u32) -> Self {
+    /// Limits on a top-level field of the args (set them with `max_running` and `rate`).
+    pub fn arg(field: &str) -> Self {
+        Self::path(&[field])
+    }
+
+    /// Limits on a nested field: `KeyLimit::path(&["customer", "id"])`.
+    pub fn path(path: &[&str]) -> Self {
         Self {
-            path: vec![field.to_string()],
-            max_running,
+            path: path.iter().map(|p| p.to_string()).collect(),
+            max_running: None,
+            rate: None,
         }
     }
 
-    /// A limit on a nested field: `KeyLimit::path(&["customer", "id"], 2)`.
-    pub fn path(path: &[&str], max_running: u32) -> Self {
-        Self {
-            path: path.iter().map(|p| p.to_string()).collect(),
-            max_running,
-        }
+    pub fn max_running(mut self, max: u32) -> Self {
+        self.max_running = Some(max);
+        self
     }
+
+    pub fn rate(mut self, count: u32, period: std::time::Duration) -> Self {
+        self.rate = Some((count, period));
+        self
+    }
+}
+
+fn validate_rate(
+    what: &str,
+    (n, period): (u32, std::time::Duration),
+) -> std::result::Result<(), String> {
+    if !(1..=1_000_000_000).contains(&n) {
+        return Err(format!("{what}'s count must be 1..=1000000000, got {n}"));
+    }
+    if period < std::time::Duration::from_millis(1)
+        || period > std::time::Duration::from_secs(86_400)
+    {
+        return Err(format!(
+            "{what}'s period must be 1 ms to 1 day, got {period:?}"
+        ));
+    }
+    Ok(())
 }
 
 impl QueueLimits {
@@ -200,24 +237,22 @@ impl QueueLimits {
                 return bad(format!("max_running must be 1..=1000000, got {n}"));
             }
         }
-        if let Some((n, period)) = self.rate {
-            if !(1..=1_000_000_000).contains(&n) {
-                return bad(format!("the rate's count must be 1..=1000000000, got {n}"));
-            }
-            if period < std::time::Duration::from_millis(1)
-                || period > std::time::Duration::from_secs(86_400)
-            {
-                return bad(format!(
-                    "the rate's period must be 1 ms to 1 day, got {period:?}"
-                ));
-            }
+        if let Some(rate) = self.rate {
+            validate_rate("the rate", rate).or_else(bad)?;
         }
         if let Some(key) = &self.per_key {
-            if !(1..=1_000_000).contains(&key.max_running) {
-                return bad(format!(
-                    "the per-key max_running must be 1..=1000000, got {}",
-                    key.max_running
-                ));
+            if key.max_running.is_none() && key.rate.is_none() {
+                return bad("a key limit needs max_running, a rate, or both".into());
+            }
+            if let Some(n) = key.max_running {
+                if !(1..=1_000_000).contains(&n) {
+                    return bad(format!(
+                        "the per-key max_running must be 1..=1000000, got {n}"
+                    ));
+                }
+            }
+            if let Some(rate) = key.rate {
+                validate_rate("the per-key rate", rate).or_else(bad)?;
             }
             if key.path.is_empty() || key.path.len() > 8 {
                 return bad(format!(
@@ -311,7 +346,27 @@ impl Storage {
             .bind(limits.rate.map(|(n, _)| n as i32))
             .bind(limits.rate.map(|(_, period)| period.as_secs_f64()))
             .bind(limits.per_key.as_ref().map(|k| k.path.clone()))
-            .bind(limits.per_key.as_ref().map(|k| k.max_running as i32))
+            .bind(
+                limits
+                    .per_key
+                    .as_ref()
+                    .and_then(|k| k.max_running)
+                    .map(|n| n as i32),
+            )
+            .bind(
+                limits
+                    .per_key
+                    .as_ref()
+                    .and_then(|k| k.rate)
+                    .map(|(n, _)| n as i32),
+            )
+            .bind(
+                limits
+                    .per_key
+                    .as_ref()
+                    .and_then(|k| k.rate)
+                    .map(|(_, period)| period.as_secs_f64()),
+            )
             .fetch_one(&self.pool)
             .await?)
     }

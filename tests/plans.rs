@@ -40,11 +40,16 @@ async fn hot_functions_pin_generic_plans() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-        assert_eq!(
-            config.unwrap_or_default(),
-            vec!["plan_cache_mode=force_generic_plan".to_string()],
-            "{name}"
+        let config = config.unwrap_or_default();
+        assert!(
+            config.contains(&"plan_cache_mode=force_generic_plan".to_string()),
+            "{name}: {config:?}"
         );
+        // claim never JIT-compiles: a generic estimate of a key limit's walk passed
+        // jit_above_cost and compiled on every claim (1.6 s each; docs/bench/2026-12-01-limits-cost.md)
+        if *name == "claim" {
+            assert!(config.contains(&"jit=off".to_string()), "{config:?}");
+        }
     }
     db.cleanup().await;
 }

@@ -968,13 +968,16 @@ async fn run_one(
                 .schema(BENCH_SCHEMA)
                 .build()
                 .await?;
-            // RINGWORK_BENCH_MAX_RUNNING=N, RINGWORK_BENCH_RATE_LIMIT=N (per second): fleet-wide
-            // limits on the bench queue, to measure what a limited queue's claims cost
+            // RINGWORK_BENCH_MAX_RUNNING=N, RINGWORK_BENCH_RATE_LIMIT=N (per second),
+            // RINGWORK_BENCH_KEY_MAX_RUNNING=N (per value of the job's `n`, unique per job: the
+            // per-key machinery runs on every claim and never binds): fleet-wide limits on the
+            // bench queue, to measure what a limited queue's claims cost
             let limits = ringwork::QueueLimits {
                 max_running: env_number("RINGWORK_BENCH_MAX_RUNNING").map(|n| n as u32),
                 rate: env_number("RINGWORK_BENCH_RATE_LIMIT")
                     .map(|n| (n as u32, Duration::from_secs(1))),
-                per_key: None,
+                per_key: env_number("RINGWORK_BENCH_KEY_MAX_RUNNING")
+                    .map(|n| ringwork::KeyLimit::arg("n").max_running(n as u32)),
             };
             if limits != ringwork::QueueLimits::default() {
                 client

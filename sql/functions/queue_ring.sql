@@ -264,18 +264,16 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 -- The stable SQL API for producers in other languages (docs/lifecycle.md, "Enqueue from SQL"):
 -- one job, validated like the Rust client validates it, in the caller's transaction (it exists only
--- if that commits), available at once or scheduled for p_run_at. Its name and arguments are a
--- promise: a later schema keeps them working (p_traceparent was added at the end, with a default, so
--- every earlier call still binds). Unique jobs are not offered here. p_traceparent: the W3C
--- traceparent of the producer's span, so the job's execution spans are its children.
+-- if that commits), available at once or scheduled for p_run_at. Names and arguments are a promise:
+-- a later schema keeps them working (p_traceparent was added at the end, with a default, so every
+-- earlier call still binds). p_traceparent: the W3C traceparent of the producer's span, so the
+-- job's execution spans are its children.
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION __S__.enqueue(p_queue text, p_kind text, p_args jsonb DEFAULT '{}',
-                                         p_priority int DEFAULT 2, p_max_attempts int DEFAULT 25,
-                                         p_run_at timestamptz DEFAULT NULL, p_traceparent text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id bigint;
+
+-- What enqueue and enqueue_unique refuse, with the Rust client's rules (SQLSTATE 22023).
+CREATE OR REPLACE FUNCTION __S__.validate_enqueue(p_queue text, p_kind text, p_args jsonb, p_priority int,
+                                                  p_max_attempts int, p_traceparent text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF p_queue IS NULL OR octet_length(p_queue) NOT BETWEEN 1 AND 128 OR p_queue ~ '[[:cntrl:]]' THEN
         RAISE EXCEPTION 'ringwork: invalid queue name %: must be 1..128 bytes without control characters',
@@ -299,6 +297,18 @@ BEGIN
         RAISE EXCEPTION 'ringwork: invalid traceparent %: expected 00-<32 hex>-<16 hex>-<2 hex> (W3C trace context)',
             quote_nullable(p_traceparent) USING ERRCODE = '22023';
     END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.enqueue(p_queue text, p_kind text, p_args jsonb DEFAULT '{}',
+                                         p_priority int DEFAULT 2, p_max_attempts int DEFAULT 25,
+                                         p_run_at timestamptz DEFAULT NULL, p_traceparent text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM __S__.validate_enqueue(p_queue, p_kind, p_args, p_priority, p_max_attempts, p_traceparent);
     IF p_run_at IS NOT NULL AND p_run_at > now() THEN
         SELECT j INTO v_id FROM __S__.schedule_jobs(p_queue, p_priority::smallint, ARRAY[p_kind], ARRAY[p_args],
                                                     ARRAY[p_max_attempts], ARRAY[p_run_at], ARRAY[NULL::int],
@@ -308,5 +318,63 @@ BEGIN
                                                    ARRAY[p_max_attempts], ARRAY[NULL::int], ARRAY[p_traceparent]) j;
     END IF;
     RETURN v_id;
+END
+$$;
+
+-- JSON text exactly as the Rust client writes a job's args for its unique key (serde_json, compact,
+-- object keys in byte order): PostgreSQL's own jsonb text orders keys by length first. Strings,
+-- integers, booleans, null, arrays and objects match; a decimal matches when written as serde_json
+-- writes it (1.5, 100.0; not 1.50 or 1e2).
+CREATE OR REPLACE FUNCTION __S__.canonical_json(p jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN CASE jsonb_typeof(p)
+        WHEN 'object' THEN
+            '{' || coalesce((SELECT string_agg(to_json(e.key)::text || ':' || __S__.canonical_json(e.value), ','
+                                               ORDER BY e.key COLLATE "C")
+                             FROM jsonb_each(p) e), '') || '}'
+        WHEN 'array' THEN
+            '[' || coalesce((SELECT string_agg(__S__.canonical_json(a.value), ',' ORDER BY a.ord)
+                             FROM jsonb_array_elements(p) WITH ORDINALITY a(value, ord)), '') || ']'
+        ELSE p::text
+    END;
+END
+$$;
+
+-- A unique job from SQL: the same key the Rust client builds for `Unique` (kind and canonical args,
+-- and with p_by_queue the queue, with p_period the period bucket of now()), so a SQL producer and a
+-- Rust producer deduplicate against each other. While the key's holder is in one of p_states
+-- (default: available, scheduled, retryable, running) nothing is inserted: job_id is the holder's
+-- and inserted is false. The bucket uses the server's clock, the Rust client its own.
+CREATE OR REPLACE FUNCTION __S__.enqueue_unique(p_queue text, p_kind text, p_args jsonb DEFAULT '{}',
+                                                p_by_queue boolean DEFAULT false, p_period interval DEFAULT NULL,
+                                                p_states text[] DEFAULT ARRAY['available', 'scheduled',
+                                                                              'retryable', 'running'],
+                                                p_priority int DEFAULT 2, p_max_attempts int DEFAULT 25,
+                                                p_run_at timestamptz DEFAULT NULL,
+                                                p_traceparent text DEFAULT NULL,
+                                                OUT job_id bigint, OUT inserted boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_secs bigint;
+    v_key text;
+BEGIN
+    PERFORM __S__.validate_enqueue(p_queue, p_kind, p_args, p_priority, p_max_attempts, p_traceparent);
+    IF p_states IS NULL OR cardinality(p_states) = 0 OR NOT p_states <@ ARRAY['available', 'scheduled', 'retryable',
+            'running', 'completed', 'failed', 'cancelled', 'dead_lettered'] THEN
+        RAISE EXCEPTION 'ringwork: unique states must be job states (available, scheduled, retryable, running, completed, failed, cancelled, dead_lettered), got %',
+            quote_nullable(p_states::text) USING ERRCODE = '22023';
+    END IF;
+    v_secs := floor(extract(epoch FROM p_period))::bigint;
+    IF p_period IS NOT NULL AND v_secs < 1 THEN
+        RAISE EXCEPTION 'ringwork: unique period must be at least one second, got %', p_period
+            USING ERRCODE = '22023';
+    END IF;
+    v_key := 'v1' || chr(31) || p_kind || chr(31) || __S__.canonical_json(p_args) || chr(31)
+             || CASE WHEN p_by_queue THEN p_queue ELSE '' END || chr(31)
+             || coalesce((greatest(floor(extract(epoch FROM now())), 0)::bigint / v_secs)::text, '');
+    SELECT u.o_job_id, u.o_inserted INTO job_id, inserted
+    FROM __S__.insert_unique(v_key, p_states, p_queue, p_priority::smallint, p_kind, p_args, p_max_attempts,
+                             p_run_at, NULL, p_traceparent) u;
 END
 $$;

@@ -618,3 +618,50 @@ async fn a_rate_per_key_holds_the_hot_key_and_lets_the_others_through() {
     );
     db.cleanup().await;
 }
+
+/// A limit well above what runs is settled by the cheap bound (every job claimed since the mark)
+/// until the bound nears it; then the exact count decides, and the mark moves. The limit holds
+/// across the switch.
+#[tokio::test]
+async fn a_limit_far_above_what_runs_is_settled_by_the_bound_and_still_holds() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage
+        .set_queue_limits(
+            "bounded",
+            QueueLimits {
+                max_running: Some(50),
+                ..QueueLimits::default()
+            },
+        )
+        .await
+        .unwrap();
+    let client = db.client().build().await.unwrap();
+    let jobs: Vec<NewJob> = (0..100)
+        .map(|_| NewJob::new(&Work { ms: 0 }).unwrap().queue("bounded"))
+        .collect();
+    client.insert_many(&jobs).await.unwrap();
+    let mut running = Vec::new();
+    for _ in 0..5 {
+        let got = storage.claim("bounded", 10, None).await.unwrap();
+        assert_eq!(got.len(), 10);
+        running.extend(got);
+    }
+    assert!(
+        storage.claim("bounded", 10, None).await.unwrap().is_empty(),
+        "50 running: at the limit"
+    );
+    let done: Vec<_> = running.drain(..20).map(|c| c.attempt_ref()).collect();
+    storage.complete_batch(&done).await.unwrap();
+    let mut more = 0;
+    loop {
+        let got = storage.claim("bounded", 10, None).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        more += got.len();
+    }
+    assert_eq!(more, 20, "the 20 freed places, no more");
+    assert_eq!(storage.count_in_flight(Some("bounded")).await.unwrap(), 50);
+    db.cleanup().await;
+}

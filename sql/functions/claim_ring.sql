@@ -110,6 +110,16 @@ LANGUAGE sql STABLE AS $$
     GROUP BY 1
 $$;
 
+-- Every job of the queue claimed from batch p_mark on, closed or not: an upper bound of
+-- count_running_from without its closure probes, which settles most claims of a queue whose
+-- concurrency limit is well above what runs.
+CREATE OR REPLACE FUNCTION __S__.claimed_since(p_queue text, p_mark bigint) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT sum(b.claimed_count) FROM __S__.lease_claim_batches b
+                     WHERE b.batch_id >= p_mark AND b.queue = p_queue), 0)
+         + (SELECT count(*) FROM __S__.lease_claims l WHERE l.receipt_id >= p_mark * 4096 AND l.queue = p_queue)
+$$;
+
 -- In-flight attempts (compact members + row-local claims minus closures) over the claim ring.
 -- All queues: claim and closure counts (closures are unique per receipt, so counts subtract
 -- exactly). One queue: a closure batch can span queues, so count that queue's open items, from
@@ -240,6 +250,12 @@ BEGIN
         IF v_max_running IS NOT NULL AND v_mark_seq IS NULL THEN
             -- limited before migration 0010's mark existed: count the whole ring
             p_max := least(p_max, v_max_running - __S__.count_in_flight(p_queue)::int);
+        ELSIF v_key_max IS NULL
+              AND __S__.claimed_since(p_queue, coalesce(pg_sequence_last_value(v_mark_seq), 0)) + p_max
+                  <= v_max_running THEN
+            -- every job claimed since the mark, closed or not, plus this claim fits: no exact count
+            -- (no closure probes), and the mark stays; it moves when the bound nears the limit
+            NULL;
         ELSIF v_max_running IS NOT NULL OR v_key_max IS NOT NULL THEN
             SELECT r.running, r.oldest_open INTO v_running, v_oldest_open
             FROM __S__.count_running_from(p_queue, coalesce(pg_sequence_last_value(v_mark_seq), 0)) r;

@@ -306,7 +306,11 @@ pub fn functions_checksum() -> String {
     sha256_hex(&parts)
 }
 
+// Every statement here is sent unnamed (`persistent(false)`): they run at start-up, or once per
+// readiness check, and a named statement would not survive a transaction-mode pooler.
+
 /// The schema version recorded in the database, or `None` when the schema is not installed.
+/// Behind a transaction-mode pooler, `conn` must be in a transaction.
 pub async fn installed_version(
     conn: &mut PgConnection,
     schema: &SchemaName,
@@ -315,6 +319,7 @@ pub async fn installed_version(
         "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'schema_migrations')",
     )
     .bind(schema.as_str())
+    .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
     if !exists {
@@ -323,6 +328,7 @@ pub async fn installed_version(
     let version: Option<i32> = sqlx::query_scalar(&format!(
         "SELECT max(version) FROM {schema}.schema_migrations"
     ))
+    .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
     Ok(version)
@@ -338,6 +344,7 @@ pub async fn installed_functions_checksum(
     Ok(sqlx::query_scalar(&format!(
         "SELECT checksum FROM {schema}.schema_functions ORDER BY install_id DESC LIMIT 1"
     ))
+    .persistent(false)
     .fetch_optional(&mut *conn)
     .await?)
 }
@@ -384,9 +391,11 @@ pub fn migrate<'a>(
 
 /// Drop a schema and everything in it (ringwork's tables and functions, and any others in it).
 pub async fn drop_schema(pool: &PgPool, schema: &SchemaName) -> Result<()> {
-    sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        .execute(pool)
-        .await?;
+    sqlx::Executor::execute(
+        pool,
+        format!("DROP SCHEMA IF EXISTS {schema} CASCADE").as_str(),
+    )
+    .await?;
     Ok(())
 }
 
@@ -400,12 +409,14 @@ async fn migrate_inner(
     // READ COMMITTED whatever the role's default: a migrator that waited for the lock must see
     // what the previous holder committed (a snapshot taken before the wait would not).
     sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     // A transaction-level lock: released by commit, rollback, or the connection's end. A session
     // lock would stay with a pooled connection whose migrate future was dropped mid-way.
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(migration_lock_key(schema))
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     let report = migrate_locked(&mut tx, schema, rings).await?;
@@ -440,6 +451,7 @@ async fn migrate_locked(
                         WHERE table_schema = $1 AND table_name = 'schema_migrations' AND column_name = 'checksum')",
     )
     .bind(schema.as_str())
+    .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
     if !has_checksums {
@@ -453,6 +465,7 @@ async fn migrate_locked(
     let recorded: Vec<(i32, String, String)> = sqlx::query_as(&format!(
         "SELECT version, name, checksum FROM {schema}.schema_migrations ORDER BY version"
     ))
+    .persistent(false)
     .fetch_all(&mut *conn)
     .await?;
     check_not_newer(schema, recorded.last().map(|(version, _, _)| *version))?;
@@ -491,6 +504,7 @@ async fn migrate_locked(
         .bind(version)
         .bind(*name)
         .bind(migration_checksum(sql))
+        .persistent(false)
         .execute(&mut *conn)
         .await?;
         applied.push(version);
@@ -507,6 +521,7 @@ async fn migrate_locked(
             "INSERT INTO {schema}.schema_functions (checksum) VALUES ($1)"
         ))
         .bind(&functions_checksum)
+        .persistent(false)
         .execute(&mut *conn)
         .await?;
     }

@@ -245,7 +245,7 @@ fn path_str(path: &Path) -> Result<&str> {
         .ok_or_else(|| EmbeddedError(format!("path {path:?} is not UTF-8")))
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -253,7 +253,7 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| EmbeddedError(format!("no free port: {e}")))?;
     listener

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection, PgConnection, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -63,6 +63,15 @@ pub(crate) async fn run(
     telemetry: Telemetry,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Some(session) = storage.session_pool().cloned() else {
+        warn!(
+            schema = %storage.schema(),
+            "this process reaches PostgreSQL only through a transaction pooler and has no direct \
+             session pool: it never leads maintenance (rescue, promotion, rotation, prune); run \
+             at least one process with a session pool"
+        );
+        return;
+    };
     let key = leader_key(&storage);
     let mut leader: Option<PoolConnection<Postgres>> = None;
     // non-leaders look at the holder's liveness at most this often (a pg_locks scan)
@@ -76,7 +85,7 @@ pub(crate) async fn run(
                 if check_holder {
                     last_check = Some(Instant::now());
                 }
-                leader = try_lead(&storage, &config, key, check_holder).await;
+                leader = try_lead(&session, &config, key, check_holder).await;
             }
             Some(conn) => {
                 // Still ours? A dead connection, or one terminated by a process that found this
@@ -172,21 +181,23 @@ async fn step_down(leader: Option<PoolConnection<Postgres>>) {
 /// Boxed (as `schema::migrate` is): rustc cannot otherwise prove `Send` for a future that
 /// reborrows a pooled connection across awaits (rust-lang/rust#102211).
 fn try_lead<'a>(
-    storage: &'a Storage,
+    session: &'a PgPool,
     config: &'a MaintenanceConfig,
     key: i64,
     check_holder: bool,
 ) -> BoxFuture<'a, Option<PoolConnection<Postgres>>> {
-    Box::pin(try_lead_inner(storage, config, key, check_holder))
+    Box::pin(try_lead_inner(session, config, key, check_holder))
 }
 
+/// The leader's lock is a session lock, so it is taken on `session`, a pool whose connections are
+/// server sessions (never a transaction pooler's).
 async fn try_lead_inner(
-    storage: &Storage,
+    session: &PgPool,
     config: &MaintenanceConfig,
     key: i64,
     check_holder: bool,
 ) -> Option<PoolConnection<Postgres>> {
-    let mut conn = storage.pool().acquire().await.ok()?;
+    let mut conn = session.acquire().await.ok()?;
     if take_lock(&mut conn, key).await {
         return Some(conn);
     }

@@ -37,6 +37,9 @@ pub struct ClientBuilder {
     handler_threads: Option<usize>,
     telemetry: Option<Telemetry>,
     periodic: Vec<crate::periodic::Periodic>,
+    /// Some when the pool goes through a transaction-mode pooler; the inner pool reaches the
+    /// server directly.
+    transaction_pooler: Option<Option<PgPool>>,
 }
 
 impl ClientBuilder {
@@ -109,6 +112,23 @@ impl ClientBuilder {
         self
     }
 
+    /// The pool reaches PostgreSQL through a transaction-mode pooler (PgBouncer with `pool_mode =
+    /// transaction`; see docs/operations.md). Every statement then runs unnamed inside a
+    /// transaction, so the pooler may hand each one to any server connection. `session`, if given,
+    /// is a pool that reaches the server directly, for what needs a session of its own:
+    /// - LISTEN, which wakes dispatchers as jobs are inserted; without it they poll
+    ///   (`QueueConfig::poll_interval`);
+    /// - the maintenance leader's session lock; without it this process never leads maintenance
+    ///   (rescue, promotion, rotation, prune), so at least one process of the fleet must have it;
+    /// - migrations, which otherwise run through the pooler (one transaction, so that works too).
+    ///
+    /// The application's own statements on this pool (and in `insert_tx`'s transaction) must be
+    /// pooler-safe too: disable sqlx's statement cache and use `persistent(false)`.
+    pub fn transaction_pooler(mut self, session: Option<PgPool>) -> Self {
+        self.transaction_pooler = Some(session);
+        self
+    }
+
     /// Apply migrations at build (default true). Without it, build still refuses a newer schema.
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
@@ -163,19 +183,29 @@ impl ClientBuilder {
             ));
         }
         check_reachable(&self.pool).await?;
+        let session = self.transaction_pooler.clone().flatten();
+        if let Some(session) = &session {
+            check_reachable(session).await?;
+        }
+        let migrator = session.as_ref().unwrap_or(&self.pool);
         if self.migrate {
-            schema::migrate(&self.pool, &self.schema, self.rings).await?;
+            schema::migrate(migrator, &self.schema, self.rings).await?;
         } else {
-            let mut conn = self.pool.acquire().await?;
-            let version = schema::installed_version(&mut conn, &self.schema).await?;
+            // a transaction, so that the read also works through a transaction pooler
+            let mut tx = migrator.begin().await?;
+            let version = schema::installed_version(&mut tx, &self.schema).await?;
             schema::check_not_newer(&self.schema, version)?;
         }
         let engine_pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(self.queues.len() as u32 + 4)
             .acquire_timeout(self.pool.options().get_acquire_timeout())
             .connect_lazy_with((*self.pool.connect_options()).clone());
-        let engine = Storage::new(engine_pool, self.schema.clone());
-        let storage = Storage::new(self.pool, self.schema);
+        let mut engine = Storage::new(engine_pool, self.schema.clone());
+        let mut storage = Storage::new(self.pool, self.schema);
+        if let Some(session) = self.transaction_pooler {
+            engine = engine.behind_transaction_pooler(session.clone());
+            storage = storage.behind_transaction_pooler(session);
+        }
         for (queue, config) in &self.queues {
             storage.ensure_queue(queue).await?;
             // only ever switches it on: a process started without the flag must not turn off
@@ -223,6 +253,7 @@ impl Client {
             handler_threads: None,
             telemetry: None,
             periodic: Vec::new(),
+            transaction_pooler: None,
         }
     }
 
@@ -252,8 +283,17 @@ impl Client {
 
     /// Insert one job in its own transaction.
     pub async fn insert(&self, job: NewJob) -> Result<i64> {
-        let mut conn = self.inner.storage.pool().acquire().await?;
-        let id = self.inner.storage.insert(&mut conn, &job).await?;
+        let storage = &self.inner.storage;
+        let id = if storage.transaction_pooler() {
+            // behind a transaction pooler a statement needs a transaction around it
+            let mut tx = storage.pool().begin().await?;
+            let id = storage.insert(&mut tx, &job).await?;
+            tx.commit().await?;
+            id
+        } else {
+            let mut conn = storage.pool().acquire().await?;
+            storage.insert(&mut conn, &job).await?
+        };
         self.count_enqueued(std::slice::from_ref(&job));
         Ok(id)
     }

@@ -32,10 +32,15 @@ pub(super) async fn listen(
     mut stop: watch::Receiver<bool>,
 ) {
     let storage = &inner.engine;
+    // LISTEN needs a session of its own: none behind a transaction pooler without a direct pool
+    let Some(session) = storage.session_pool() else {
+        debug!("no session pool for LISTEN; dispatchers poll");
+        return;
+    };
     let channel = storage.schema().notify_channel();
     let cancel_channel = format!("{channel}_cancel");
     loop {
-        let mut listener = match PgListener::connect_with(storage.pool()).await {
+        let mut listener = match PgListener::connect_with(session).await {
             Ok(l) => l,
             Err(e) => {
                 debug!(error = %e, "listener connect failed; polling only for now");

@@ -55,7 +55,7 @@ impl Storage {
             .bind(table.as_str())
             .bind(keep.as_secs_f64())
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -66,7 +66,7 @@ impl Storage {
     pub async fn fold_terminal_totals(&self, lock_timeout: Duration) -> Result<i32> {
         Ok(sqlx::query_scalar(&self.sql.archive.fold_terminal_totals)
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 }

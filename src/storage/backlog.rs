@@ -61,7 +61,7 @@ impl Storage {
     pub async fn run_deferred_now(&self, queue: &str) -> Result<i32> {
         Ok(sqlx::query_scalar(&self.sql.backlog.run_deferred_now)
             .bind(queue)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -69,7 +69,7 @@ impl Storage {
     pub async fn promote_due(&self, limit: i32) -> Result<i32> {
         Ok(sqlx::query_scalar(&self.sql.backlog.promote_due)
             .bind(limit)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -78,7 +78,7 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.backlog.unique_keys_expire)
             .bind(older.as_secs_f64())
             .bind(limit)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -87,7 +87,7 @@ impl Storage {
         let rows = sqlx::query(&self.sql.backlog.dlq_list)
             .bind(queue)
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?;
         rows.iter()
             .map(|r| {
@@ -110,7 +110,7 @@ impl Storage {
     pub async fn dlq_retry(&self, job_id: i64) -> Result<bool> {
         Ok(sqlx::query_scalar(&self.sql.backlog.dlq_retry)
             .bind(job_id)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -119,7 +119,7 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.backlog.dlq_purge)
             .bind(queue)
             .bind(job_id)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -128,7 +128,7 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.backlog.dlq_expire)
             .bind(keep.as_secs_f64())
             .bind(limit)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 }

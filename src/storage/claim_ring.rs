@@ -129,7 +129,7 @@ impl Storage {
             .bind(max.clamp(1, 4096) as i32)
             .bind(deadline.map(|d| d.as_secs_f64()))
             .bind(aging.filter(|a| !a.is_zero()).map(|a| a.as_secs_f64()))
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?;
         rows.iter()
             .map(|r| {
@@ -156,7 +156,7 @@ impl Storage {
     pub async fn queue_has_backlog(&self, queue: &str) -> Result<bool> {
         Ok(sqlx::query_scalar(&self.sql.claim_ring.queue_has_backlog)
             .bind(queue)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -170,7 +170,7 @@ impl Storage {
             .bind(attempts.iter().map(|a| a.receipt_id).collect::<Vec<_>>())
             .bind(attempts.iter().map(|a| a.job_id).collect::<Vec<_>>())
             .bind(attempts.iter().map(|a| a.run_lease).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?;
         Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
     }
@@ -190,7 +190,7 @@ impl Storage {
             .bind(attempt.receipt_id)
             .bind(attempt.job_id)
             .bind(attempt.run_lease)
-            .fetch_optional(conn)
+            .fetch_optional(self.on(conn))
             .await?;
         Ok(outcome(accepted.unwrap_or(false)))
     }
@@ -230,7 +230,7 @@ impl Storage {
             .bind(&outcomes)
             .bind(&retry_at)
             .bind(&errors)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?;
         Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
     }
@@ -265,7 +265,7 @@ impl Storage {
                     .collect::<Vec<_>>(),
             )
             .bind(attempts.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?;
         Ok(rows.into_iter().map(|(_, ok)| outcome(ok)).collect())
     }
@@ -274,7 +274,7 @@ impl Storage {
     pub async fn count_in_flight(&self, queue: Option<&str>) -> Result<i64> {
         Ok(sqlx::query_scalar(&self.sql.claim_ring.count_in_flight)
             .bind(queue)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 }

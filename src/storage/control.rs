@@ -293,7 +293,7 @@ impl Storage {
         let text: String = sqlx::query_scalar(&self.sql.control.cancel_job)
             .bind(job_id)
             .bind(reason)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?;
         Ok(match text.as_str() {
             "cancelled" => CancelOutcome::Cancelled,
@@ -315,7 +315,7 @@ impl Storage {
         let key = job.unique_key(options, Utc::now())?;
         let holder: Option<i64> = sqlx::query_scalar(&self.sql.control.unique_job)
             .bind(&key)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?;
         match holder {
             Some(job_id) => self.cancel_job(job_id, reason).await,
@@ -329,7 +329,7 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.control.set_queue_paused)
             .bind(queue)
             .bind(paused)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -367,7 +367,7 @@ impl Storage {
                     .and_then(|k| k.rate)
                     .map(|(_, period)| period.as_secs_f64()),
             )
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -377,7 +377,7 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.control.set_queue_dead_letter)
             .bind(queue)
             .bind(enabled)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -442,7 +442,7 @@ impl Storage {
                 Bulk::Cancel => query.bind(reason.unwrap_or("cancelled")),
                 _ => query,
             };
-            let (last, looked_at, changed) = query.fetch_one(&self.pool).await?;
+            let (last, looked_at, changed) = query.fetch_one(self.db()).await?;
             outcome.steps += 1;
             outcome.matched += looked_at as u64;
             outcome.changed += changed as u64;

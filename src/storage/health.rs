@@ -110,7 +110,8 @@ impl Storage {
             leader_pid: None,
             error: None,
         };
-        let mut conn = match self.pool.acquire().await {
+        // a transaction, so the checks also run behind a transaction pooler; it writes nothing
+        let mut conn = match self.pool.begin().await {
             Ok(conn) => conn,
             Err(e) => {
                 readiness.error = Some(format!("no connection: {e}"));
@@ -155,7 +156,7 @@ impl Storage {
         }
         match sqlx::query_scalar::<_, Option<i32>>(&self.sql.health.maintenance_leader)
             .bind(crate::maintenance::leader_lock_key(&self.schema))
-            .fetch_one(&mut *conn)
+            .fetch_one(self.on(&mut conn))
             .await
         {
             Ok(Some(pid)) => readiness.leader_pid = Some(pid),
@@ -171,7 +172,7 @@ impl Storage {
     /// parent. Dead tuples in a ring or backlog table are a defect of the storage contract.
     pub async fn table_health(&self) -> Result<Vec<TableHealth>> {
         Ok(sqlx::query_as(&self.sql.health.table_health)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?)
     }
 
@@ -182,7 +183,7 @@ impl Storage {
     pub async fn horizon_holders(&self, min_age: Duration) -> Result<Vec<HorizonHolder>> {
         Ok(sqlx::query_as(&self.sql.health.horizon_holders)
             .bind(min_age.as_secs_f64())
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?)
     }
 }

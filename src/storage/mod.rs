@@ -11,6 +11,7 @@ mod claim_ring;
 mod control;
 mod health;
 mod periodic;
+mod pooling;
 mod queue_ring;
 mod read;
 mod rescue;
@@ -19,7 +20,7 @@ mod ring_maintenance;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::schema::SchemaName;
 
@@ -29,6 +30,7 @@ pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::{BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits};
 pub use health::{HorizonHolder, Readiness, TableHealth};
 pub use periodic::ScheduleRecord;
+use pooling::{ConnStatements, PoolStatements, Pooling};
 pub use queue_ring::Inserted;
 pub use read::{
     HistoryEntry, JobRecord, JobState, PendingJob, Progress, ProgressRecord, QueueCounts,
@@ -54,6 +56,7 @@ struct Statements {
 #[derive(Clone, Debug)]
 pub struct Storage {
     pool: PgPool,
+    pooling: Pooling,
     schema: SchemaName,
     sql: Arc<Statements>,
     /// Queues whose lanes are known to exist (committed).
@@ -76,14 +79,55 @@ impl Storage {
         });
         Self {
             pool,
+            pooling: Pooling::Direct,
             schema,
             sql,
             known_queues: Arc::default(),
         }
     }
 
+    /// This storage's pool reaches PostgreSQL through a transaction-mode pooler (PgBouncer with
+    /// `pool_mode = transaction`): every statement is sent unnamed and runs inside a transaction.
+    /// `session`, if given, reaches the server directly and carries what needs a session of its
+    /// own: LISTEN and the maintenance leader's lock (see `session_pool`).
+    pub fn behind_transaction_pooler(mut self, session: Option<PgPool>) -> Self {
+        self.pooling = Pooling::TransactionPooler { session };
+        self
+    }
+
+    /// Whether the pool goes through a transaction-mode pooler.
+    pub fn transaction_pooler(&self) -> bool {
+        matches!(self.pooling, Pooling::TransactionPooler { .. })
+    }
+
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// A pool whose connections are server sessions (for LISTEN and session advisory locks): the
+    /// pool itself, unless it goes through a transaction pooler; then the direct pool given with
+    /// `behind_transaction_pooler`, if any.
+    pub fn session_pool(&self) -> Option<&PgPool> {
+        match &self.pooling {
+            Pooling::Direct => Some(&self.pool),
+            Pooling::TransactionPooler { session } => session.as_ref(),
+        }
+    }
+
+    /// The pool as an executor of one statement (in a transaction of its own behind a pooler).
+    fn db(&self) -> PoolStatements<'_> {
+        PoolStatements {
+            pool: &self.pool,
+            pooler: self.transaction_pooler(),
+        }
+    }
+
+    /// A caller's connection as an executor (unnamed statements behind a pooler).
+    fn on<'c>(&self, conn: &'c mut PgConnection) -> ConnStatements<'c> {
+        ConnStatements {
+            conn,
+            pooler: self.transaction_pooler(),
+        }
     }
 
     pub fn schema(&self) -> &SchemaName {

@@ -58,7 +58,7 @@ impl Storage {
     ) -> Result<(Option<DateTime<Utc>>, bool)> {
         Ok(sqlx::query_as(&self.sql.periodic.state)
             .bind(schedule)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -75,7 +75,7 @@ impl Storage {
         let ours: bool = sqlx::query_scalar(&self.sql.periodic.begin_fire)
             .bind(schedule)
             .bind(fire_at)
-            .fetch_one(&mut *tx)
+            .fetch_one(self.on(&mut tx))
             .await?;
         if !ours {
             tx.rollback().await?;
@@ -86,7 +86,7 @@ impl Storage {
             .bind(schedule)
             .bind(fire_at)
             .bind(job_id)
-            .fetch_one(&mut *tx)
+            .fetch_one(self.on(&mut tx))
             .await?;
         if recorded {
             tx.commit().await?;
@@ -108,7 +108,7 @@ impl Storage {
         }
         Ok(sqlx::query_scalar(&self.sql.periodic.request_trigger)
             .bind(schedule)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -116,7 +116,7 @@ impl Storage {
     pub(crate) async fn triggered_schedules(&self, schedules: &[&str]) -> Result<Vec<String>> {
         Ok(sqlx::query_scalar(&self.sql.periodic.triggered)
             .bind(schedules)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?)
     }
 
@@ -126,7 +126,7 @@ impl Storage {
         let mut tx = self.pool.begin().await?;
         let taken: Option<DateTime<Utc>> = sqlx::query_scalar(&self.sql.periodic.take_trigger)
             .bind(schedule)
-            .fetch_one(&mut *tx)
+            .fetch_one(self.on(&mut tx))
             .await?;
         if taken.is_none() {
             tx.rollback().await?;
@@ -143,14 +143,14 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.periodic.set_paused)
             .bind(schedule)
             .bind(paused)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
     /// Every schedule that has fired (in about the last week) or is paused.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
         let rows = sqlx::query(&self.sql.periodic.schedules)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?;
         rows.into_iter()
             .map(|row| {

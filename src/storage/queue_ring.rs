@@ -5,7 +5,7 @@
 //! `deferred_jobs`, unique jobs through the unique-key lock.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, Row};
+use sqlx::{Executor, PgConnection, Row};
 
 use super::Storage;
 use crate::error::Result;
@@ -105,7 +105,7 @@ impl Storage {
         }
         sqlx::query(&self.sql.queue_ring.ensure_lanes)
             .bind(queue)
-            .execute(&self.pool)
+            .execute(self.db())
             .await?;
         if let Ok(mut known) = self.known_queues.lock() {
             known.insert(queue.to_string());
@@ -130,7 +130,7 @@ impl Storage {
         }
         let exists: bool = sqlx::query_scalar(&self.sql.queue_ring.queue_lanes_exist)
             .bind(queue)
-            .fetch_one(&mut *conn)
+            .fetch_one(self.on(conn))
             .await?;
         if exists {
             if let Ok(mut known) = self.known_queues.lock() {
@@ -183,36 +183,31 @@ impl Storage {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        for job in jobs {
-            self.ensure_queue_from(conn, &job.queue).await?;
-        }
         // One statement is atomic on its own: no transaction of ours around it, so it also never
         // touches a transaction the caller opened with a raw `BEGIN` (sqlx cannot see those).
+        // Behind a transaction pooler a statement needs a transaction around it, so a connection
+        // sqlx knows no transaction of takes the path below, which finds or opens one.
         // one clock for the check and the grouping, so both see the same due and future jobs
         let now = Utc::now();
-        if single_statement(jobs, now) {
+        let in_known_transaction = sqlx::Connection::is_in_transaction(&*conn);
+        if single_statement(jobs, now) && (in_known_transaction || !self.transaction_pooler()) {
             return self.insert_groups(conn, jobs, &texts, now).await;
         }
         // Several statements, all or nothing: a savepoint inside the caller's transaction, a
         // transaction of their own otherwise (a COPY group's segment must not commit without its
         // rows). When sqlx knows of no transaction, a SAVEPOINT tells whether the caller opened one
         // with a raw `BEGIN`: it succeeds only inside a transaction block. Committing our own
-        // `BEGIN` there would commit the caller's transaction early.
-        if !sqlx::Connection::is_in_transaction(&*conn) {
-            match sqlx::query("SAVEPOINT ringwork_insert")
-                .execute(&mut *conn)
-                .await
-            {
+        // `BEGIN` there would commit the caller's transaction early. (These statements have no
+        // parameters and go as simple queries: one exchange, safe behind a transaction pooler.)
+        if !in_known_transaction {
+            match conn.execute("SAVEPOINT ringwork_insert").await {
                 Ok(_) => {
                     let inserted = self.insert_groups(conn, jobs, &texts, now).await;
                     if inserted.is_err() {
-                        sqlx::query("ROLLBACK TO SAVEPOINT ringwork_insert")
-                            .execute(&mut *conn)
+                        conn.execute("ROLLBACK TO SAVEPOINT ringwork_insert")
                             .await?;
                     }
-                    sqlx::query("RELEASE SAVEPOINT ringwork_insert")
-                        .execute(&mut *conn)
-                        .await?;
+                    conn.execute("RELEASE SAVEPOINT ringwork_insert").await?;
                     return inserted;
                 }
                 // 25P01 no_active_sql_transaction: a plain connection
@@ -226,6 +221,7 @@ impl Storage {
         Ok(ids)
     }
 
+    /// Write the jobs (their lanes first, if this process has not seen their queues) on `conn`.
     async fn insert_groups(
         &self,
         conn: &mut PgConnection,
@@ -233,6 +229,9 @@ impl Storage {
         texts: &[Encoded],
         now: DateTime<Utc>,
     ) -> Result<Vec<Inserted>> {
+        for job in jobs {
+            self.ensure_queue_from(conn, &job.queue).await?;
+        }
         let mut ids: Vec<Inserted> = (0..jobs.len())
             .map(|_| Inserted {
                 job_id: 0,
@@ -278,7 +277,7 @@ impl Storage {
                     .bind(&run_at)
                     .bind(&timeouts)
                     .bind(&traceparents)
-                    .fetch_all(&mut *conn)
+                    .fetch_all(self.on(conn))
                     .await?
             } else if members.len() <= COPY_THRESHOLD {
                 let args: Vec<serde_json::Value> =
@@ -291,7 +290,7 @@ impl Storage {
                     .bind(&max_attempts)
                     .bind(&timeouts)
                     .bind(&traceparents)
-                    .fetch_all(&mut *conn)
+                    .fetch_all(self.on(conn))
                     .await?
             } else {
                 self.copy_group(conn, &queue, priority, &members, jobs, texts)
@@ -325,7 +324,7 @@ impl Storage {
                     .bind(job.run_at)
                     .bind(job.timeout_ms())
                     .bind(texts[index].traceparent.as_deref())
-                    .fetch_one(&mut *conn)
+                    .fetch_one(self.on(conn))
                     .await?;
             ids[index] = Inserted {
                 job_id,
@@ -348,7 +347,7 @@ impl Storage {
             .bind(queue)
             .bind(priority)
             .bind(members.len() as i32)
-            .fetch_one(&mut *conn)
+            .fetch_one(self.on(conn))
             .await?;
         let slot: i32 = row.try_get("ready_slot")?;
         let lane: i32 = row.try_get("lane_id")?;

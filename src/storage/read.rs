@@ -144,7 +144,7 @@ impl Storage {
             .bind(queue)
             .bind(kind)
             .bind(limit)
-            .fetch_all(conn)
+            .fetch_all(self.on(conn))
             .await?;
         rows.into_iter()
             .map(|row| {
@@ -167,7 +167,7 @@ impl Storage {
     pub async fn available_count(&self, queue: &str) -> Result<i64> {
         Ok(sqlx::query_scalar(&self.sql.read.available_count)
             .bind(queue)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 
@@ -177,7 +177,7 @@ impl Storage {
     pub async fn queue_counts(&self, queue: Option<&str>) -> Result<Vec<QueueCounts>> {
         let rows = sqlx::query(&self.sql.read.queue_counts)
             .bind(queue)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?;
         rows.into_iter()
             .map(|row| {
@@ -202,7 +202,7 @@ impl Storage {
     pub async fn oldest_available_wait(&self, queue: &str) -> Result<Option<std::time::Duration>> {
         let secs: Option<f64> = sqlx::query_scalar(&self.sql.read.oldest_available_wait)
             .bind(queue)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?;
         Ok(secs.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))))
     }
@@ -213,7 +213,7 @@ impl Storage {
         let row: Option<(String, String, String, i32, i64, Option<String>)> =
             sqlx::query_as(&self.sql.read.job_state)
                 .bind(job_id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.db())
                 .await?;
         row.map(|(state, queue, kind, attempt, run_lease, detail)| {
             Ok(JobState {
@@ -238,7 +238,7 @@ impl Storage {
         let rows: Vec<(i64, String, Option<String>, DateTime<Utc>)> =
             sqlx::query_as(&self.sql.read.job_history)
                 .bind(job_id)
-                .fetch_all(&self.pool)
+                .fetch_all(self.db())
                 .await?;
         let history = rows
             .into_iter()
@@ -266,7 +266,7 @@ impl Storage {
         let row: Option<(i64, serde_json::Value, DateTime<Utc>)> =
             sqlx::query_as(&self.sql.read.job_progress)
                 .bind(job_id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.db())
                 .await?;
         row.map(|(run_lease, progress, recorded_at)| {
             Ok(ProgressRecord {

@@ -27,7 +27,7 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.rescue.rescue)
             .bind(stale_after.as_secs_f64())
             .bind(limit)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?)
     }
 }

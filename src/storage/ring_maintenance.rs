@@ -112,7 +112,7 @@ impl Storage {
     /// Every slot of both rings, with the reason a sealed one cannot be pruned yet.
     pub async fn ring_slots(&self) -> Result<Vec<RingSlot>> {
         Ok(sqlx::query_as(&self.sql.ring_maintenance.ring_slots)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?)
     }
 
@@ -120,7 +120,7 @@ impl Storage {
     /// longest-open transaction first.
     pub async fn prune_blockers(&self) -> Result<Vec<PruneBlocker>> {
         Ok(sqlx::query_as(&self.sql.ring_maintenance.prune_blockers)
-            .fetch_all(&self.pool)
+            .fetch_all(self.db())
             .await?)
     }
 
@@ -129,7 +129,7 @@ impl Storage {
         Ok(
             sqlx::query_scalar(&self.sql.ring_maintenance.rotate_queue_ring)
                 .bind(min_age.as_secs_f64())
-                .fetch_one(&self.pool)
+                .fetch_one(self.db())
                 .await?,
         )
     }
@@ -139,7 +139,7 @@ impl Storage {
         Ok(
             sqlx::query_scalar(&self.sql.ring_maintenance.rotate_claim_ring)
                 .bind(min_age.as_secs_f64())
-                .fetch_one(&self.pool)
+                .fetch_one(self.db())
                 .await?,
         )
     }
@@ -147,7 +147,7 @@ impl Storage {
     pub async fn sealed_queue_slots(&self) -> Result<Vec<i32>> {
         Ok(
             sqlx::query_scalar(&self.sql.ring_maintenance.sealed_queue_slots)
-                .fetch_all(&self.pool)
+                .fetch_all(self.db())
                 .await?,
         )
     }
@@ -155,7 +155,7 @@ impl Storage {
     pub async fn sealed_claim_slots(&self) -> Result<Vec<i32>> {
         Ok(
             sqlx::query_scalar(&self.sql.ring_maintenance.sealed_claim_slots)
-                .fetch_all(&self.pool)
+                .fetch_all(self.db())
                 .await?,
         )
     }
@@ -192,7 +192,7 @@ impl Storage {
             .bind(options.keep_completed.as_secs_f64())
             .bind(options.keep_failed.as_secs_f64())
             .bind(options.park_idle.map(|d| d.as_secs_f64()))
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?;
         Ok(prune_result(result))
     }
@@ -202,7 +202,7 @@ impl Storage {
         let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_claim_slot)
             .bind(slot)
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await?;
         Ok(prune_result(result))
     }

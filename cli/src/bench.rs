@@ -964,8 +964,17 @@ async fn run_one(
         .await?;
     let storage = match system {
         System::Ringwork => {
+            // RINGWORK_BENCH_QUEUE_SLOTS / RINGWORK_BENCH_CLAIM_SLOTS: ring sizes other than the
+            // defaults (what the partition count costs the hot path)
+            let defaults = ringwork::RingSizes::default();
             let client = Client::builder(admin.clone())
                 .schema(BENCH_SCHEMA)
+                .rings(ringwork::RingSizes {
+                    queue_slots: env_number("RINGWORK_BENCH_QUEUE_SLOTS")
+                        .map_or(defaults.queue_slots, |n| n as u32),
+                    claim_slots: env_number("RINGWORK_BENCH_CLAIM_SLOTS")
+                        .map_or(defaults.claim_slots, |n| n as u32),
+                })
                 .build()
                 .await?;
             // RINGWORK_BENCH_MAX_RUNNING=N, RINGWORK_BENCH_RATE_LIMIT=N (per second),

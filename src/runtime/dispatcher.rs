@@ -72,6 +72,9 @@ impl Dispatcher {
         let mut busy_rounds = 0_u32;
         let mut last_full = false;
         let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
+        let refill_target = ((self.config.max_workers + self.config.claim_ahead) / 2)
+            .max(linger_target)
+            .min(self.config.claim_batch);
         // No handler has run yet: assume long ones, so a queue of long jobs never claims ahead.
         let handler_us = Arc::new(AtomicU64::new(UNKNOWN));
         let wait = Arc::new(WorkerWait {
@@ -104,12 +107,27 @@ impl Dispatcher {
                     None => break,
                 }
             }
-            // Under a backlog, gather a batch's worth of free workers (briefly) before claiming:
-            // each claim is a round trip and a commit, so a process with few workers would
-            // otherwise pay one per job.
-            if last_full && permits.len() < linger_target && !self.config.claim_linger.is_zero() {
-                let until = tokio::time::Instant::now() + self.config.claim_linger;
-                while permits.len() < linger_target {
+            // Under a backlog, gather a batch's worth of room (briefly) before claiming: each
+            // claim is a round trip and a commit, so a process with few workers would otherwise
+            // pay one per job or two. Claiming ahead, a batch is half the claim room: the other
+            // half is jobs claimed and not finished, at least `claim_ahead / 2 - max_workers / 2`
+            // of them waiting for a worker, so the workers stay busy while the room fills and
+            // while the claim runs. The wait is bounded by what the handler average predicts
+            // for the missing room (twice over), never more than `CLAIM_AHEAD_MAX_HANDLER`.
+            let target = if ahead { refill_target } else { linger_target };
+            if last_full && permits.len() < target && !self.config.claim_linger.is_zero() {
+                let linger = if ahead {
+                    let missing = (target - permits.len()) as u64;
+                    Duration::from_micros(
+                        (average.saturating_mul(missing) * 2 / self.config.max_workers as u64)
+                            .min(CLAIM_AHEAD_MAX_HANDLER.as_micros() as u64),
+                    )
+                    .max(self.config.claim_linger)
+                } else {
+                    self.config.claim_linger
+                };
+                let until = tokio::time::Instant::now() + linger;
+                while permits.len() < target {
                     match tokio::time::timeout_at(until, self.room(ahead)).await {
                         Ok(Some(room)) => permits.push(room),
                         _ => break,

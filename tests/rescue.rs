@@ -441,6 +441,95 @@ async fn an_attempt_listed_twice_in_one_batch_is_closed_and_counted_once() {
     db.cleanup().await;
 }
 
+/// `complete_batch` looks each compact claim batch up once (`open_attempts`): every attempt must
+/// still be judged against its own batch's evidence, closures and lease.
+#[tokio::test]
+async fn one_completion_over_several_claim_batches_judges_each_attempt_by_its_own_evidence() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(
+        &db,
+        vec![job(1), job(2), job(3).timeout(Duration::from_secs(600))],
+    )
+    .await;
+    let first = storage.claim("default", 3, None).await.unwrap();
+    enqueue(&db, vec![job(4), job(5), job(6)]).await;
+    let second = storage.claim("default", 3, None).await.unwrap();
+    assert_ne!(
+        first[0].receipt_id / 4096,
+        second[0].receipt_id / 4096,
+        "two claim batches"
+    );
+    assert!(
+        first[2].deadline_at.is_some(),
+        "job 3 has a row-local claim"
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[first[1].attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied]
+    );
+    let wrong_lease = ringwork::AttemptRef {
+        run_lease: second[0].run_lease + 1,
+        ..second[0].attempt_ref()
+    };
+    let wrong_job = ringwork::AttemptRef {
+        job_id: second[2].job_id,
+        ..second[1].attempt_ref()
+    };
+    let outcomes = storage
+        .complete_batch(&[
+            first[0].attempt_ref(),
+            first[1].attempt_ref(), // closed by the call above
+            first[2].attempt_ref(), // row-local
+            wrong_lease,
+            second[1].attempt_ref(),
+            second[1].attempt_ref(), // listed twice
+            wrong_job,               // another attempt's receipt
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Stale,
+            Outcome::Applied,
+            Outcome::Stale,
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Stale,
+        ]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT sum(closed_count)::int8 FROM {s}.lease_claim_closure_batches")
+            .await,
+        3,
+        "compact closures: job 2, then jobs 1 and 5"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claim_closures")
+            .await,
+        1
+    );
+    assert_eq!(
+        storage.count_in_flight(None).await.unwrap(),
+        2,
+        "jobs 4 and 6"
+    );
+    assert_eq!(
+        storage
+            .complete_batch(&[second[2].attempt_ref(), second[0].attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied, Outcome::Applied]
+    );
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 0);
+    db.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_slot_does_not_stall_rotation_or_pruning_of_the_others() {
     let db = TestDb::new().await;

@@ -8,24 +8,58 @@
 -- Open-claim evidence by shape. Compact: a batch item with no covering closure batch. Row-local:
 -- a lease_claims row with no lease_claim_closures row. Both lookups name the claim slot.
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION __S__.open_claim(p_claim_slot int, p_receipt_id bigint, p_job_id bigint, p_run_lease bigint)
-RETURNS TABLE (shape text, ready_slot int, attempt int, max_attempts int, queue text)
+-- The attempts of a batch (a completion, close or heartbeat batch) that are still open, with their
+-- evidence's shape and where their job lives. A compact claim batch is looked up once, however many of its attempts the input
+-- names: its row, and the closure batches that overlap it (one GiST probe), give its still-open
+-- receipts, and each attempt is checked against them in memory. A completion batch of 27 attempts
+-- from 3 claim batches costs 3 probes of each kind instead of 27 (and 27 of the row-local kind).
+-- Only attempts that are not compact members of their claim batch probe the row-local evidence.
+-- The LATERAL subqueries end in LIMIT/OFFSET so that they stay parameterized index probes under
+-- the callers' generic plans (a hash join would read every claim batch of the ring).
+CREATE OR REPLACE FUNCTION __S__.open_attempts(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                               p_run_leases bigint[])
+RETURNS TABLE (claim_slot int, receipt_id bigint, job_id bigint, run_lease bigint, shape text, ready_slot int,
+               attempt int, max_attempts int, queue text)
 LANGUAGE sql STABLE AS $$
-    SELECT 'compact', b.ready_slots[o.i], b.attempts[o.i], b.max_attempts[o.i], b.queue
-    FROM __S__.lease_claim_batches b,
-         LATERAL (SELECT (p_receipt_id - b.batch_id * 4096 + 1)::int AS i) o
-    WHERE b.claim_slot = p_claim_slot AND b.batch_id = p_receipt_id / 4096
-      AND b.job_ids[o.i] = p_job_id AND b.run_leases[o.i] = p_run_lease
-      AND b.receipt_ranges @> p_receipt_id
-      AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
-                      WHERE c.claim_slot = p_claim_slot AND c.receipt_ranges @> p_receipt_id)
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases)
+               AS i(claim_slot, receipt_id, job_id, run_lease)
+    ), batches AS MATERIALIZED (
+        SELECT k.claim_slot, k.batch_id, b.job_ids, b.run_leases, b.ready_slots, b.attempts, b.max_attempts,
+               b.queue, b.receipt_ranges,
+               b.receipt_ranges - coalesce(x.closed, '{}'::int8multirange) AS open_receipts
+        FROM (SELECT DISTINCT i.claim_slot, i.receipt_id / 4096 AS batch_id FROM input i) k
+        CROSS JOIN LATERAL (
+            SELECT b.* FROM __S__.lease_claim_batches b
+            WHERE b.claim_slot = k.claim_slot AND b.batch_id = k.batch_id
+            LIMIT 1
+        ) b
+        CROSS JOIN LATERAL (
+            SELECT range_agg(c.receipt_ranges) AS closed
+            FROM __S__.lease_claim_closure_batches c
+            WHERE c.claim_slot = k.claim_slot AND c.receipt_ranges && b.receipt_ranges
+        ) x
+    )
+    SELECT i.claim_slot, i.receipt_id, i.job_id, i.run_lease, 'compact', b.ready_slots[o.i], b.attempts[o.i],
+           b.max_attempts[o.i], b.queue
+    FROM input i
+    JOIN batches b ON b.claim_slot = i.claim_slot AND b.batch_id = i.receipt_id / 4096
+    CROSS JOIN LATERAL (SELECT (i.receipt_id - b.batch_id * 4096 + 1)::int AS i) o
+    WHERE b.job_ids[o.i] = i.job_id AND b.run_leases[o.i] = i.run_lease AND b.open_receipts @> i.receipt_id
     UNION ALL
-    SELECT 'row', l.ready_slot, l.attempt, l.max_attempts, l.queue
-    FROM __S__.lease_claims l
-    WHERE l.claim_slot = p_claim_slot AND l.receipt_id = p_receipt_id
-      AND l.job_id = p_job_id AND l.run_lease = p_run_lease
-      AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
-                      WHERE c.claim_slot = p_claim_slot AND c.receipt_id = p_receipt_id)
+    SELECT i.claim_slot, i.receipt_id, i.job_id, i.run_lease, 'row', l.ready_slot, l.attempt, l.max_attempts, l.queue
+    FROM input i
+    CROSS JOIN LATERAL (
+        SELECT l.* FROM __S__.lease_claims l
+        WHERE l.claim_slot = i.claim_slot AND l.receipt_id = i.receipt_id
+          AND l.job_id = i.job_id AND l.run_lease = i.run_lease
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                          WHERE c.claim_slot = i.claim_slot AND c.receipt_id = i.receipt_id)
+        OFFSET 0
+    ) l
+    WHERE NOT EXISTS (SELECT 1 FROM batches b
+                      WHERE b.claim_slot = i.claim_slot AND b.batch_id = i.receipt_id / 4096
+                        AND b.receipt_ranges @> i.receipt_id)
 $$;
 
 -- How many integers a multirange of int8 holds (its ranges are canonical: [lower, upper)).
@@ -509,8 +543,9 @@ BEGIN
                AS i(claim_slot, receipt_id, job_id, run_lease)
     ), open AS MATERIALIZED (
         -- DISTINCT: an attempt listed twice must be closed (and counted) once
-        SELECT DISTINCT ON (i.claim_slot, i.receipt_id) i.*, o.shape, o.ready_slot, o.queue
-        FROM input i, LATERAL __S__.open_claim(i.claim_slot, i.receipt_id, i.job_id, i.run_lease) o
+        SELECT DISTINCT ON (o.claim_slot, o.receipt_id) o.claim_slot, o.receipt_id, o.job_id, o.run_lease,
+               o.shape, o.ready_slot, o.queue
+        FROM __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases) o
     ), closure AS (
         INSERT INTO __S__.lease_claim_closure_batches (claim_slot, batch_id, receipt_ranges, closed_count, outcome)
         SELECT o.claim_slot, nextval('__S__.evidence_batch_ids'), range_agg(int8range(o.receipt_id, o.receipt_id + 1)),
@@ -564,7 +599,9 @@ BEGIN
                     WHEN q.dlq_enabled THEN 'dlq'
                     ELSE 'failed' END AS route
         FROM input i
-        CROSS JOIN LATERAL __S__.open_claim(i.claim_slot, i.receipt_id, i.job_id, i.run_lease) o
+        JOIN __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases) o
+          ON o.claim_slot = i.claim_slot AND o.receipt_id = i.receipt_id AND o.job_id = i.job_id
+         AND o.run_lease = i.run_lease
         JOIN __S__.ready_entries e
           ON e.ready_slot = o.ready_slot AND e.job_id = i.job_id AND e.run_lease = i.run_lease - 1
         JOIN __S__.queues q ON q.queue = e.queue
@@ -636,7 +673,9 @@ BEGIN
                AS i(claim_slot, receipt_id, job_id, run_lease, progress)
     ), open AS MATERIALIZED (
         SELECT DISTINCT ON (i.job_id, i.run_lease) i.* FROM input i
-        WHERE EXISTS (SELECT 1 FROM __S__.open_claim(i.claim_slot, i.receipt_id, i.job_id, i.run_lease))
+        JOIN __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases) o
+          ON o.claim_slot = i.claim_slot AND o.receipt_id = i.receipt_id AND o.job_id = i.job_id
+         AND o.run_lease = i.run_lease
     ), upsert AS (
         INSERT INTO __S__.attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
         SELECT o.job_id, o.run_lease, now(), o.progress FROM open o

@@ -38,3 +38,5 @@ BEGIN
     END IF;
 END
 $$;
+-- open_claim (one attempt) gave way to open_attempts (a batch, one probe per claim batch)
+DROP FUNCTION IF EXISTS __S__.open_claim(int, bigint, bigint, bigint);

@@ -16,8 +16,19 @@ use tokio::sync::OnceCell;
 // one without depending on the CLI crate.
 #[path = "../../cli/src/embedded.rs"]
 pub mod embedded;
+pub mod pgbouncer;
 
 static SERVER_URL: OnceCell<String> = OnceCell::const_new();
+/// With `RINGWORK_TEST_PGBOUNCER` set: one pgbouncer (transaction mode) per test binary, in front
+/// of the test server; it stops with the process.
+static BOUNCER: OnceCell<pgbouncer::PgBouncer> = OnceCell::const_new();
+
+/// Whether `TestDb::client` and `TestDb::storage` go through a transaction-mode pgbouncer
+/// (`RINGWORK_TEST_PGBOUNCER=1`; `.ci/run` runs some test binaries so). Raw SQL of the tests and
+/// migrations stay on the direct pool.
+pub fn through_pgbouncer() -> bool {
+    std::env::var_os("RINGWORK_TEST_PGBOUNCER").is_some_and(|v| !v.is_empty() && v != "0")
+}
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 async fn server_url() -> String {
@@ -50,6 +61,8 @@ pub struct TestDb {
     pub url: String,
     pub pool: PgPool,
     pub schema: SchemaName,
+    /// A pool through pgbouncer, when `through_pgbouncer()`.
+    pub bounced: Option<PgPool>,
 }
 
 impl TestDb {
@@ -66,7 +79,20 @@ impl TestDb {
         ringwork::schema::migrate(&pool, &schema, ringwork::RingSizes::default())
             .await
             .expect("migrate");
-        Self { url, pool, schema }
+        let bounced = if through_pgbouncer() {
+            let bouncer = BOUNCER
+                .get_or_init(|| async { pgbouncer::PgBouncer::start(&url, 4) })
+                .await;
+            Some(bouncer.pool(12).await)
+        } else {
+            None
+        };
+        Self {
+            url,
+            pool,
+            schema,
+            bounced,
+        }
     }
 
     pub async fn connect(url: &str, max: u32) -> PgPool {
@@ -78,13 +104,25 @@ impl TestDb {
             .expect("connect")
     }
 
+    /// Storage on this schema (through pgbouncer when `through_pgbouncer()`).
     pub fn storage(&self) -> Storage {
-        Storage::new(self.pool.clone(), self.schema.clone())
+        match &self.bounced {
+            Some(bounced) => Storage::new(bounced.clone(), self.schema.clone())
+                .behind_transaction_pooler(Some(self.pool.clone())),
+            None => Storage::new(self.pool.clone(), self.schema.clone()),
+        }
     }
 
-    /// A client builder on this schema with fast maintenance.
+    /// A client builder on this schema with fast maintenance (through pgbouncer when
+    /// `through_pgbouncer()`, with the direct pool as its session pool).
     pub fn client(&self) -> ClientBuilder {
-        Client::builder(self.pool.clone())
+        let builder = match &self.bounced {
+            Some(bounced) => {
+                Client::builder(bounced.clone()).transaction_pooler(Some(self.pool.clone()))
+            }
+            None => Client::builder(self.pool.clone()),
+        };
+        builder
             .schema(self.schema.as_str())
             .maintenance(fast_maintenance())
     }

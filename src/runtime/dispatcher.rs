@@ -72,9 +72,11 @@ impl Dispatcher {
         let mut busy_rounds = 0_u32;
         let mut last_full = false;
         let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
+        // never more room than `claim_ahead`: at least `max_workers` jobs stay claimed while the
+        // room fills, so no worker idles for the wait (or the claim's round trip)
         let refill_target = ((self.config.max_workers + self.config.claim_ahead) / 2)
-            .max(linger_target)
-            .min(self.config.claim_batch);
+            .min(self.config.claim_ahead)
+            .clamp(1, self.config.claim_batch);
         // No handler has run yet: assume long ones, so a queue of long jobs never claims ahead.
         let handler_us = Arc::new(AtomicU64::new(UNKNOWN));
         let wait = Arc::new(WorkerWait {
@@ -109,11 +111,12 @@ impl Dispatcher {
             }
             // Under a backlog, gather a batch's worth of room (briefly) before claiming: each
             // claim is a round trip and a commit, so a process with few workers would otherwise
-            // pay one per job or two. Claiming ahead, a batch is half the claim room: the other
-            // half is jobs claimed and not finished, at least `claim_ahead / 2 - max_workers / 2`
-            // of them waiting for a worker, so the workers stay busy while the room fills and
-            // while the claim runs. The wait is bounded by what the handler average predicts
-            // for the missing room (twice over), never more than `CLAIM_AHEAD_MAX_HANDLER`.
+            // pay one per job or two. Claiming ahead, a batch is half the claim room, and never
+            // more than `claim_ahead`: the rest is jobs claimed and not finished, at least
+            // `max_workers` of them, so the workers stay busy while the room fills and while the
+            // claim runs. The wait is bounded by what the handler average predicts for the
+            // missing room (twice over), never more than `CLAIM_AHEAD_MAX_HANDLER`, and ends
+            // at once when the client stops.
             let target = if ahead { refill_target } else { linger_target };
             if last_full && permits.len() < target && !self.config.claim_linger.is_zero() {
                 let linger = if ahead {
@@ -128,11 +131,18 @@ impl Dispatcher {
                 };
                 let until = tokio::time::Instant::now() + linger;
                 while permits.len() < target {
-                    match tokio::time::timeout_at(until, self.room(ahead)).await {
-                        Ok(Some(room)) => permits.push(room),
-                        _ => break,
+                    tokio::select! {
+                        room = tokio::time::timeout_at(until, self.room(ahead)) => match room {
+                            Ok(Some(room)) => permits.push(room),
+                            _ => break,
+                        },
+                        _ = stop.changed() => return,
                     }
                 }
+            }
+            // stopped while gathering room: claim nothing (shutdown starts no new handler)
+            if *stop.borrow() {
+                return;
             }
             let asked = permits.len();
             let span = tracing::debug_span!(

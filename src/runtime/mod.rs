@@ -46,8 +46,9 @@ pub struct QueueConfig {
     /// all of `max_workers` (at most `claim_batch`) to be free before it claims, so that a process
     /// with few workers claims in batches instead of one job per round trip. Zero claims as soon as one worker is
     /// free. It never delays a job when the queue is not saturated. While claiming ahead, the
-    /// dispatcher waits for half its claim room instead (bounded by the handler average, at most
-    /// `CLAIM_AHEAD_MAX_HANDLER`, at least this): the other half keeps the workers busy.
+    /// dispatcher waits for half its claim room instead, at most `claim_ahead` (bounded by the
+    /// handler average, at most `CLAIM_AHEAD_MAX_HANDLER`, at least this): the `max_workers` or
+    /// more jobs still claimed keep the workers busy.
     pub claim_linger: Duration,
     /// Jobs this process may hold claimed beyond its busy workers, waiting for the next free one,
     /// so that the next claim's round trip overlaps the running handlers instead of leaving the

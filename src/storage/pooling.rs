@@ -114,6 +114,9 @@ impl<'p> Executor<'p> for PoolStatements<'p> {
     where
         'p: 'e,
     {
+        if self.pooler {
+            return Box::pin(async { Err(named_statement_refused()) });
+        }
         self.pool.prepare_with(sql, parameters)
     }
 
@@ -124,12 +127,27 @@ impl<'p> Executor<'p> for PoolStatements<'p> {
     where
         'p: 'e,
     {
+        if self.pooler {
+            return Box::pin(async { Err(named_statement_refused()) });
+        }
         self.pool.describe(sql)
     }
 }
 
+/// The storage never prepares a statement to keep: behind a transaction pooler it would be
+/// prepared on one server connection, outside any transaction, and looked up on another.
+fn named_statement_refused() -> sqlx::Error {
+    sqlx::Error::Configuration(
+        "behind a transaction pooler, ringwork runs no prepared statement outside a transaction"
+            .into(),
+    )
+}
+
 /// A caller's connection as an executor: behind a transaction pooler, statements go unnamed. The
-/// caller keeps them inside a transaction (the storage's insert checks and opens one if needed).
+/// caller keeps them inside a transaction: the storage's insert checks and opens one if needed;
+/// the other calls that take a connection (`pending_jobs`, `complete_on`, the test kit's
+/// `enqueued`) say so. (Opening one here could commit a transaction the caller began with a raw
+/// `BEGIN`, which sqlx does not see.)
 #[derive(Debug)]
 pub(crate) struct ConnStatements<'c> {
     pub(crate) conn: &'c mut PgConnection,

@@ -132,7 +132,8 @@ impl Storage {
     /// Jobs waiting to run (available, scheduled, retryable), optionally of one queue and kind,
     /// oldest first, at most `limit`, read on `conn`: inside a transaction this includes the jobs
     /// that transaction enqueued and has not committed. It reads job rows; for tests and small
-    /// inspections, not for scraping a large queue.
+    /// inspections, not for scraping a large queue. Behind a transaction pooler, `conn` must be in
+    /// a transaction.
     pub async fn pending_jobs(
         &self,
         conn: &mut sqlx::PgConnection,

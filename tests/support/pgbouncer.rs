@@ -63,8 +63,9 @@ impl PgBouncer {
         }
         let child = command
             .arg(&ini)
+            // it logs to its logfile; an inherited stderr would outlive the test binary
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
         // a watchdog stops it when the test binary exits (a static one is never dropped)

@@ -29,6 +29,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
@@ -55,8 +57,9 @@ pub use runtime::{
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
     ArchiveTable, AttemptRef, BulkOutcome, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter,
-    HistoryEntry, HorizonHolder, Inserted, JobFilter, JobRecord, JobState, KeyLimit, Outcome,
-    PendingJob, Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits,
-    QueueSlotPrune, Readiness, RingSlot, ScheduleRecord, Storage, TableHealth,
+    HistoryEntry, HorizonHolder, Inserted, JobFilter, JobPage, JobRecord, JobState, KeyLimit,
+    ListedJob, Outcome, PendingJob, Progress, ProgressRecord, PruneBlocker, PruneResult,
+    QueueCounts, QueueLimits, QueueSlotPrune, Readiness, RingSlot, ScheduleRecord, Storage,
+    TableHealth,
 };
 pub use telemetry::Telemetry;

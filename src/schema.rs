@@ -62,6 +62,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "key_rate_limits",
         include_str!("../migrations/0013_key_rate_limits.sql"),
     ),
+    (
+        "listing_indexes",
+        include_str!("../migrations/0014_listing_indexes.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -6,38 +6,15 @@ mod support;
 
 use std::time::Duration;
 
-use ringwork::{
-    ArchiveTable, CancelOutcome, CloseOutcome, NewJob, PruneResult, QueueSlotPrune, Storage,
-};
+use ringwork::{ArchiveTable, CancelOutcome, CloseOutcome, NewJob, PruneResult, Storage};
 use serde_json::json;
 use support::TestDb;
 
 const NO_WAIT: Duration = Duration::from_millis(25);
 const DAY: Duration = Duration::from_secs(24 * 3600);
-const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
 fn job(n: i64) -> NewJob {
     NewJob::from_parts("archived_kind", json!({ "n": n })).unwrap()
-}
-
-/// Seal both rings' current slots and prune every sealed slot of both.
-async fn rotate_and_prune(storage: &Storage, keep_completed: Duration) -> Vec<PruneResult> {
-    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
-    storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
-    for slot in storage.sealed_claim_slots().await.unwrap() {
-        storage.prune_claim_slot(slot, NO_WAIT).await.unwrap();
-    }
-    let options = QueueSlotPrune {
-        lock_timeout: NO_WAIT,
-        keep_completed,
-        keep_failed: WEEK,
-        park_idle: None,
-    };
-    let mut results = Vec::new();
-    for slot in storage.sealed_queue_slots().await.unwrap() {
-        results.push(storage.prune_queue_slot_with(slot, &options).await.unwrap());
-    }
-    results
 }
 
 #[tokio::test]
@@ -68,7 +45,7 @@ async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
         .unwrap();
 
     assert_eq!(
-        rotate_and_prune(&storage, DAY).await,
+        support::rotate_and_prune(&storage, DAY).await,
         vec![PruneResult::Pruned]
     );
     for ring_table in [
@@ -141,7 +118,7 @@ async fn a_keep_of_zero_archives_nothing() {
         .await
         .unwrap();
     assert_eq!(
-        rotate_and_prune(&storage, Duration::ZERO).await,
+        support::rotate_and_prune(&storage, Duration::ZERO).await,
         vec![PruneResult::Pruned]
     );
     assert_eq!(
@@ -183,7 +160,7 @@ async fn two_concurrent_folds_of_the_totals_keep_every_count_once() {
         .await
         .unwrap();
     assert_eq!(
-        rotate_and_prune(&storage, DAY).await,
+        support::rotate_and_prune(&storage, DAY).await,
         vec![PruneResult::Pruned]
     );
     for (ahead, completed, failed) in [(1, 10, 1), (3, 100, 2), (5, 1000, 3)] {
@@ -253,7 +230,7 @@ async fn prunes_racing_folds_count_every_terminal_job_exactly_once() {
                     )])
                     .await
                     .unwrap();
-                rotate_and_prune(&storage, DAY).await;
+                support::rotate_and_prune(&storage, DAY).await;
             }
         })
     };
@@ -265,7 +242,7 @@ async fn prunes_racing_folds_count_every_terminal_job_exactly_once() {
         storage.fold_terminal_totals(NO_WAIT).await.unwrap();
     }
     pruner.await.unwrap();
-    rotate_and_prune(&storage, DAY).await;
+    support::rotate_and_prune(&storage, DAY).await;
     storage
         .fold_terminal_totals(Duration::from_secs(5))
         .await

@@ -289,6 +289,24 @@ enum Command {
         /// Count horizon holders whose transaction has been open at least this many seconds.
         #[arg(long, default_value_t = 10)]
         horizon_min_secs: u64,
+        /// Do not serve the web dashboard (at /dashboard).
+        #[arg(long)]
+        no_dashboard: bool,
+        /// Turn the dashboard's actions (pause, retry, cancel, purge) on for browsers that sign in
+        /// with this token; without it (or --dashboard-behind-proxy) the dashboard is read-only.
+        #[arg(
+            long,
+            env = "RINGWORK_DASHBOARD_TOKEN",
+            conflicts_with = "dashboard_behind_proxy"
+        )]
+        dashboard_token: Option<String>,
+        /// Turn the dashboard's actions on for every visitor: an authenticating proxy in front of
+        /// this server decides who gets in.
+        #[arg(long)]
+        dashboard_behind_proxy: bool,
+        /// Seconds between the samples of the dashboard's overview (it keeps an hour of them).
+        #[arg(long, default_value_t = 10)]
+        dashboard_sample_secs: u64,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, default_value = "ringwork")]
@@ -959,9 +977,26 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             otlp_interval_secs,
             no_maintenance,
             horizon_min_secs,
+            no_dashboard,
+            dashboard_token,
+            dashboard_behind_proxy,
+            dashboard_sample_secs,
             database_url,
             schema,
         } => {
+            let dashboard = match (no_dashboard, dashboard_token, dashboard_behind_proxy) {
+                (true, _, _) => None,
+                (false, Some(token), _) => {
+                    if token.len() < 16 {
+                        return Err(ringwork::Error::Config(
+                            "--dashboard-token must be at least 16 characters: it is the dashboard's only credential".into(),
+                        ));
+                    }
+                    Some(ringwork::dashboard::Actions::Token(token))
+                }
+                (false, None, true) => Some(ringwork::dashboard::Actions::BehindProxy),
+                (false, None, false) => Some(ringwork::dashboard::Actions::ReadOnly),
+            };
             // refuses a schema that is not installed, or newer than this binary
             let storage = open_storage_with(&database_url, &schema, 4).await?;
             serve::run(
@@ -973,6 +1008,8 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                     maintenance: !no_maintenance,
                     horizon_min_age: Duration::from_secs(horizon_min_secs),
                     schema,
+                    dashboard,
+                    dashboard_sample: Duration::from_secs(dashboard_sample_secs.max(1)),
                 },
             )
             .await?;

@@ -5,8 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::response::Redirect;
+use axum::routing::get;
 use opentelemetry_otlp::{MetricExporter, WithExportConfig};
 use opentelemetry_sdk::metrics::PeriodicReader;
+use ringwork::dashboard::Dashboard;
 use ringwork::http::{router, Endpoints, PrometheusExporter};
 use ringwork::{Client, MaintenanceConfig};
 use tracing::{info, warn};
@@ -18,6 +21,9 @@ pub struct ServeOptions {
     pub maintenance: bool,
     pub horizon_min_age: Duration,
     pub schema: String,
+    /// Serve the dashboard at /dashboard with these actions; `None`: no dashboard.
+    pub dashboard: Option<ringwork::dashboard::Actions>,
+    pub dashboard_sample: Duration,
 }
 
 pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<()> {
@@ -88,7 +94,7 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
             }
         })
     });
-    let app = router(
+    let mut app = router(
         Endpoints::new(client.storage().clone())
             .prometheus(Arc::clone(&exporter))
             .liveness(running.liveness())
@@ -96,10 +102,23 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
             // an operator's endpoint: unready when no process leads maintenance
             .require_leader(true),
     );
+    if let Some(actions) = options.dashboard {
+        app = app
+            .nest(
+                "/dashboard",
+                Dashboard::new(client.storage().clone())
+                    .base_path("/dashboard")
+                    .actions(actions)
+                    .horizon_min_age(options.horizon_min_age)
+                    .sample_every(options.dashboard_sample)
+                    .router(),
+            )
+            .route("/", get(|| async { Redirect::to("/dashboard") }));
+    }
     let local = listener
         .local_addr()
         .map_err(|e| ringwork::Error::Config(format!("listener has no address: {e}")))?;
-    info!(%local, "serving /metrics, /healthz, /readyz");
+    info!(%local, "serving /metrics, /healthz, /readyz and /dashboard");
     // the bound address on stdout, for scripts and tests that pass port 0
     println!("listening on http://{local}");
     let mut terminate =

@@ -3,11 +3,11 @@
 //! client's dispatchers; `/readyz` names the maintenance leader; `ringwork serve` answers the same
 //! endpoints and pushes OTLP to a test receiver.
 
+mod common;
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -366,33 +366,18 @@ async fn serve_answers_metrics_health_and_readiness_and_pushes_otlp() {
     let db = TestDb::new().await;
     db.storage().ensure_queue("served_q").await.unwrap();
     let (otlp, received) = otlp_receiver().await;
-    let mut serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringwork"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--otlp-interval-secs",
-            "1",
-        ])
-        .args(["--otlp-endpoint", &format!("http://{otlp}/v1/metrics")])
-        .args(["--database-url", &db.url, "--schema", db.schema.as_str()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start ringwork serve");
-    let mut stdout = BufReader::new(serve.stdout.take().unwrap());
-    let mut first = String::new();
-    tokio::time::timeout(Duration::from_secs(20), stdout.read_line(&mut first))
-        .await
-        .expect("serve printed its address")
-        .unwrap();
-    let addr: SocketAddr = first
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-        .parse()
-        .unwrap();
+    let otlp_endpoint = format!("http://{otlp}/v1/metrics");
+    let (mut serve, addr) = common::spawn_serve(&[
+        "--otlp-interval-secs",
+        "1",
+        "--otlp-endpoint",
+        &otlp_endpoint,
+        "--database-url",
+        &db.url,
+        "--schema",
+        db.schema.as_str(),
+    ])
+    .await;
 
     assert_eq!(get(addr, "/healthz").await, (200, "ok\n".to_string()));
     // serve takes part in the election: alone on this schema, it leads

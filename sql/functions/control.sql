@@ -337,3 +337,19 @@ LANGUAGE sql AS $$
     SELECT (SELECT max(p.job_id) FROM picked p), (SELECT count(*)::int FROM picked),
            (SELECT count(*)::int FROM gone)
 $$;
+
+-- Retry one job now (the dashboard's button, `Storage::retry_job`): a dead-lettered job runs again
+-- with fresh attempts (dlq_retry); a scheduled or retryable job becomes due now. Returns
+-- 'retried', or 'not_retryable' when the job is in neither place (it is waiting, running, finished,
+-- or unknown). A failed or cancelled job in history is not retried: history is not rewritten.
+CREATE OR REPLACE FUNCTION __S__.retry_job(p_job_id bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM __S__.dlq_entries x WHERE x.job_id = p_job_id) THEN
+        RETURN CASE WHEN __S__.dlq_retry(p_job_id) THEN 'retried' ELSE 'not_retryable' END;
+    END IF;
+    UPDATE __S__.deferred_jobs d SET run_at = now()
+    WHERE d.job_id = p_job_id AND d.held_key IS NULL AND d.run_at > now();
+    RETURN CASE WHEN FOUND THEN 'retried' ELSE 'not_retryable' END;
+END
+$$;

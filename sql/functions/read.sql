@@ -169,3 +169,212 @@ LANGUAGE sql STABLE AS $$
     WHERE a.job_id = p_job_id AND a.progress IS NOT NULL
     ORDER BY a.run_lease DESC LIMIT 1
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Job listings for the dashboard (issue 13): one page of jobs of one state, optionally of one queue
+-- and one kind, with keyset paging. Each row carries its page_key; the next page passes the last
+-- row's page_key as p_after (NULL: the first page). Every branch walks an index from the page key
+-- and stops after p_limit rows, so a page never scans the ring:
+--   available:  pickup order, lane by lane (ready_entries by (lane_id, lane_pos) past the lane's
+--               cursor), then parked jobs and jobs held under a key limit, by job id;
+--   scheduled, retryable: by job id (deferred_jobs' primary key);
+--   running:    by job id, from the open claims (the claim ring: a few seconds of claims);
+--   completed, failed, cancelled: newest first by (finalized_at, job_id): the ring's history rows,
+--               then the archive's (a completion batch is one row: its jobs are unnested);
+--   dead_lettered: newest first by (failed_at, job_id).
+-- A kind filter is applied on the rows walked, so a rare kind in a large state walks further.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.list_jobs(p_queue text, p_state text, p_kind text, p_after text, p_limit int)
+RETURNS TABLE (job_id bigint, state text, queue text, kind text, args jsonb, attempt int, at timestamptz,
+               detail text, page_key text)
+LANGUAGE plpgsql STABLE SET jit = off AS $$
+DECLARE
+    v_left int := greatest(p_limit, 0);
+    v_n int;
+    v_lane record;
+    v_phase text := coalesce(left(p_after, 1), 'L');
+    v_after_lane int := -1;
+    v_after_pos bigint := -1;
+    v_after_id bigint := 0;
+    v_before_at timestamptz := 'infinity';
+    v_before_id bigint := 9223372036854775807;
+BEGIN
+    IF p_state NOT IN ('available', 'scheduled', 'retryable', 'running', 'completed', 'failed', 'cancelled',
+                       'dead_lettered') THEN
+        RAISE EXCEPTION 'unknown job state %', p_state USING ERRCODE = '22023';
+    END IF;
+    -- page keys: L<lane>:<pos> (a ready row), P<job> (parked), H<job> (held), J<job> (by job id),
+    -- T<microseconds since epoch>:<job> (newest first by time)
+    BEGIN
+        IF p_after LIKE 'L%' THEN
+            v_after_lane := split_part(substr(p_after, 2), ':', 1)::int;
+            v_after_pos := split_part(substr(p_after, 2), ':', 2)::bigint;
+        ELSIF p_after LIKE 'T%' THEN
+            v_before_at := 'epoch'::timestamptz
+                           + (split_part(substr(p_after, 2), ':', 1) || ' microseconds')::interval;
+            v_before_id := split_part(substr(p_after, 2), ':', 2)::bigint;
+        ELSIF p_after IS NOT NULL THEN
+            v_after_id := substr(p_after, 2)::bigint;
+        END IF;
+    EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
+                   OR interval_field_overflow OR datetime_field_overflow THEN
+        RAISE EXCEPTION 'malformed page key %', p_after USING ERRCODE = '22023';
+    END;
+
+    IF p_state = 'available' THEN
+        IF v_phase = 'L' THEN
+            FOR v_lane IN
+                SELECT l.lane_id FROM __S__.queue_lanes l
+                WHERE (p_queue IS NULL OR l.queue = p_queue) AND l.lane_id >= v_after_lane
+                  AND __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq),
+                                                pg_sequence_last_value(l.cursor_seq))
+                ORDER BY l.lane_id
+            LOOP
+                EXIT WHEN v_left = 0;
+                RETURN QUERY
+                    SELECT e.job_id, 'available'::text, e.queue, e.kind, e.args, e.attempt, e.run_at, NULL::text,
+                           'L' || e.lane_id || ':' || e.lane_pos
+                    FROM __S__.ready_entries e
+                    WHERE e.lane_id = v_lane.lane_id
+                      AND e.lane_pos > greatest(__S__.lane_cursor(v_lane.lane_id),
+                                                CASE WHEN v_lane.lane_id = v_after_lane THEN v_after_pos ELSE -1 END)
+                      AND (p_kind IS NULL OR e.kind = p_kind)
+                      AND NOT EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                                      WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
+                                        AND t.run_lease = e.run_lease)
+                    ORDER BY e.lane_pos LIMIT v_left;
+                GET DIAGNOSTICS v_n = ROW_COUNT;
+                v_left := v_left - v_n;
+            END LOOP;
+            v_after_id := 0;
+        END IF;
+        IF v_phase IN ('L', 'P') AND v_left > 0 THEN
+            RETURN QUERY
+                SELECT x.job_id, 'available'::text, x.queue, x.kind, x.args, x.attempt, x.run_at, 'parked'::text,
+                       'P' || x.job_id
+                FROM __S__.parked_entries x
+                WHERE NOT x.cancelled AND x.job_id > v_after_id
+                  AND (p_queue IS NULL OR x.queue = p_queue) AND (p_kind IS NULL OR x.kind = p_kind)
+                ORDER BY x.job_id LIMIT v_left;
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            v_left := v_left - v_n;
+            v_after_id := 0;
+        END IF;
+        IF v_left > 0 THEN
+            RETURN QUERY
+                SELECT d.job_id, 'available'::text, d.queue, d.kind, d.args, d.attempt, d.created_at,
+                       'held: key at its limit'::text, 'H' || d.job_id
+                FROM __S__.deferred_jobs d
+                WHERE d.held_key IS NOT NULL AND d.job_id > v_after_id
+                  AND (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
+                ORDER BY d.job_id LIMIT v_left;
+        END IF;
+    ELSIF p_state IN ('scheduled', 'retryable') THEN
+        RETURN QUERY
+            SELECT d.job_id, p_state, d.queue, d.kind, d.args, d.attempt, d.run_at, d.last_error, 'J' || d.job_id
+            FROM __S__.deferred_jobs d
+            WHERE d.held_key IS NULL AND d.job_id > v_after_id
+              AND (CASE WHEN p_state = 'scheduled' THEN d.attempt = 0 ELSE d.attempt > 0 END)
+              AND (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
+            ORDER BY d.job_id LIMIT v_left;
+    ELSIF p_state = 'running' THEN
+        RETURN QUERY
+            SELECT r.job_id, 'running'::text, e.queue, e.kind, e.args, e.attempt + 1, r.claimed_at, NULL::text,
+                   'J' || r.job_id
+            FROM (
+                SELECT b.job_ids[i] AS job_id, b.run_leases[i] AS run_lease, b.ready_slots[i] AS ready_slot,
+                       b.claimed_at
+                FROM __S__.lease_claim_batches b, generate_subscripts(b.job_ids, 1) i
+                WHERE (p_queue IS NULL OR b.queue = p_queue) AND b.job_ids[i] > v_after_id
+                  AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
+                  AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
+                                  WHERE c.claim_slot = b.claim_slot
+                                    AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1))
+                UNION ALL
+                SELECT l.job_id, l.run_lease, l.ready_slot, l.claimed_at FROM __S__.lease_claims l
+                WHERE (p_queue IS NULL OR l.queue = p_queue) AND l.job_id > v_after_id
+                  AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                                  WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id)
+            ) r
+            JOIN __S__.ready_entries e
+              ON e.ready_slot = r.ready_slot AND e.job_id = r.job_id AND e.run_lease = r.run_lease - 1
+            WHERE (p_kind IS NULL OR e.kind = p_kind)
+            ORDER BY r.job_id LIMIT v_left;
+    ELSIF p_state = 'dead_lettered' THEN
+        RETURN QUERY
+            SELECT x.job_id, 'dead_lettered'::text, x.queue, x.kind, x.args, x.attempt, x.failed_at, x.error,
+                   'T' || (extract(epoch FROM x.failed_at) * 1000000)::bigint || ':' || x.job_id
+            FROM __S__.dlq_entries x
+            WHERE (x.failed_at, x.job_id) < (v_before_at, v_before_id)
+              AND (p_queue IS NULL OR x.queue = p_queue) AND (p_kind IS NULL OR x.kind = p_kind)
+            ORDER BY x.failed_at DESC, x.job_id DESC LIMIT v_left;
+    ELSE
+        -- terminal history: the ring's rows and the archive's, merged newest first. Each source
+        -- gives at most p_limit rows past the key, so the merge is exact.
+        RETURN QUERY
+            SELECT h.job_id, h.state, h.queue, h.kind, h.args, h.attempt, h.at, h.error,
+                   'T' || (extract(epoch FROM h.at) * 1000000)::bigint || ':' || h.job_id
+            FROM (
+                (SELECT d.job_id, d.state, d.queue, d.kind, d.args, d.attempt, d.finalized_at AS at, d.error
+                 FROM __S__.done_entries d
+                 WHERE d.state = p_state AND (p_queue IS NULL OR d.queue = p_queue)
+                   AND (p_kind IS NULL OR d.kind = p_kind)
+                   AND (d.finalized_at, d.job_id) < (v_before_at, v_before_id)
+                 ORDER BY d.finalized_at DESC, d.job_id DESC LIMIT v_left)
+                UNION ALL
+                (SELECT c.job_id, 'completed', b.queue, e.kind, e.args, e.attempt + 1, b.finalized_at, NULL
+                 FROM __S__.receipt_completion_batches b
+                 CROSS JOIN LATERAL unnest(b.job_ids, b.run_leases) AS c(job_id, run_lease)
+                 JOIN LATERAL (SELECT r.kind, r.args, r.attempt FROM __S__.ready_entries r
+                               WHERE r.ready_slot = b.ready_slot AND r.job_id = c.job_id
+                                 AND r.run_lease = c.run_lease - 1 LIMIT 1) e ON true
+                 WHERE p_state = 'completed' AND (p_queue IS NULL OR b.queue = p_queue)
+                   AND b.finalized_at <= v_before_at AND (p_kind IS NULL OR e.kind = p_kind)
+                   AND (b.finalized_at, c.job_id) < (v_before_at, v_before_id)
+                 ORDER BY b.finalized_at DESC, c.job_id DESC LIMIT v_left)
+                UNION ALL
+                (SELECT a.job_id, a.state, a.queue, a.kind, a.args, a.attempt, a.finalized_at, a.error
+                 FROM __S__.archived_jobs a
+                 WHERE a.state = p_state AND (p_queue IS NULL OR a.queue = p_queue)
+                   AND (p_kind IS NULL OR a.kind = p_kind)
+                   AND (a.finalized_at, a.job_id) < (v_before_at, v_before_id)
+                 ORDER BY a.finalized_at DESC, a.job_id DESC LIMIT v_left)
+                UNION ALL
+                (SELECT a.job_ids[i], 'completed', a.queue, a.kinds[i], a.args[i], a.attempts[i], a.finalized_at,
+                        NULL
+                 FROM (SELECT * FROM __S__.archived_completion_batches w
+                       WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
+                         AND w.finalized_at = v_before_at
+                       UNION ALL
+                       (SELECT * FROM __S__.archived_completion_batches w
+                        WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
+                          AND w.finalized_at < v_before_at
+                        ORDER BY w.finalized_at DESC LIMIT v_left)) a
+                 CROSS JOIN LATERAL generate_subscripts(a.job_ids, 1) i
+                 WHERE (p_kind IS NULL OR a.kinds[i] = p_kind)
+                   AND (a.finalized_at, a.job_ids[i]) < (v_before_at, v_before_id)
+                 ORDER BY a.finalized_at DESC, a.job_ids[i] DESC LIMIT v_left)
+            ) h
+            ORDER BY h.at DESC, h.job_id DESC LIMIT v_left;
+    END IF;
+END
+$$;
+
+-- A job's arguments, from wherever the job is now (its newest row), or NULL when unknown or aged
+-- out: the job page shows them next to job_state and job_history.
+CREATE OR REPLACE FUNCTION __S__.job_args(p_job_id bigint) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT a.args FROM (
+        SELECT x.args, x.run_lease FROM __S__.dlq_entries x WHERE x.job_id = p_job_id
+        UNION ALL
+        SELECT d.args, d.run_lease FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT p.args, p.run_lease FROM __S__.parked_entries p WHERE p.job_id = p_job_id
+        UNION ALL
+        SELECT e.args, e.run_lease FROM __S__.ready_entries e WHERE e.job_id = p_job_id
+        UNION ALL
+        SELECT d.args, d.run_lease FROM __S__.done_entries d WHERE d.job_id = p_job_id
+        UNION ALL
+        SELECT h.args, h.run_lease FROM __S__.archived_job(p_job_id) h
+    ) a ORDER BY a.run_lease DESC LIMIT 1
+$$;

@@ -12,6 +12,7 @@ use crate::schema::SchemaName;
 #[derive(Debug)]
 pub(super) struct Statements {
     cancel_job: String,
+    retry_job: String,
     unique_job: String,
     set_queue_paused: String,
     set_queue_dead_letter: String,
@@ -25,6 +26,7 @@ impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
             cancel_job: format!("SELECT {s}.cancel_job($1, $2)"),
+            retry_job: format!("SELECT {s}.retry_job($1)"),
             unique_job: format!("SELECT {s}.unique_job($1)"),
             set_queue_paused: format!("SELECT {s}.set_queue_paused($1, $2)"),
             set_queue_dead_letter: format!("SELECT {s}.set_queue_dead_letter($1, $2)"),
@@ -321,6 +323,17 @@ impl Storage {
             Some(job_id) => self.cancel_job(job_id, reason).await,
             None => Ok(CancelOutcome::NotFound),
         }
+    }
+
+    /// Retry one job now: a dead-lettered job runs again with fresh attempts, a scheduled or
+    /// retryable job becomes due at once. Returns false when the job is in neither state (waiting,
+    /// running, finished, or unknown): history is not rewritten.
+    pub async fn retry_job(&self, job_id: i64) -> Result<bool> {
+        let text: String = sqlx::query_scalar(&self.sql.control.retry_job)
+            .bind(job_id)
+            .fetch_one(self.db())
+            .await?;
+        Ok(text == "retried")
     }
 
     /// Pause (no claims; enqueue still works) or resume a queue. Returns whether anything changed.

@@ -33,7 +33,8 @@ pub use periodic::ScheduleRecord;
 use pooling::{ConnStatements, PoolStatements, Pooling};
 pub use queue_ring::Inserted;
 pub use read::{
-    HistoryEntry, JobRecord, JobState, PendingJob, Progress, ProgressRecord, QueueCounts,
+    HistoryEntry, JobPage, JobRecord, JobState, ListedJob, PendingJob, Progress, ProgressRecord,
+    QueueCounts,
 };
 pub use ring_maintenance::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
 

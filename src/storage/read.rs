@@ -17,6 +17,8 @@ pub(super) struct Statements {
     job_history: String,
     pending_jobs: String,
     job_progress: String,
+    job_args: String,
+    list_jobs: String,
 }
 
 impl Statements {
@@ -38,6 +40,11 @@ impl Statements {
             ),
             job_history: format!("SELECT run_lease, state, error, at FROM {s}.job_history($1)"),
             job_progress: format!("SELECT run_lease, progress, recorded_at FROM {s}.job_progress($1)"),
+            job_args: format!("SELECT {s}.job_args($1)"),
+            list_jobs: format!(
+                "SELECT job_id, state, queue, kind, args, attempt, at, detail, page_key \
+                 FROM {s}.list_jobs($1, $2, $3, $4, $5)"
+            ),
             pending_jobs: format!(
                 "SELECT job_id, state, queue, kind, args, priority, attempt, run_at FROM {s}.pending_jobs($1, $2, $3)"
             ),
@@ -128,7 +135,92 @@ pub struct PendingJob {
     pub run_at: DateTime<Utc>,
 }
 
+/// One row of a job listing (see `Storage::list_jobs`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ListedJob {
+    pub job_id: i64,
+    pub state: crate::JobStatus,
+    pub queue: String,
+    pub kind: String,
+    pub args: serde_json::Value,
+    pub attempt: i32,
+    /// Waiting jobs: when they are (or were) due; running: when claimed; finished: when they
+    /// finished; dead-lettered: when they failed.
+    pub at: DateTime<Utc>,
+    /// The recorded error, or why a waiting job waits (`parked`, held under a key limit).
+    pub detail: Option<String>,
+    /// Pass the last row's key to get the next page.
+    pub page_key: String,
+}
+
+/// One page of a job listing: its rows and the key of the next page (`None` at the end).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct JobPage {
+    pub jobs: Vec<ListedJob>,
+    pub next: Option<String>,
+}
+
 impl Storage {
+    /// One page of the jobs of one state, optionally of one queue and one kind, after the page
+    /// key `after` (`None`: the first page). Waiting jobs come in pickup order (available) or job
+    /// id order (scheduled, retryable, running); finished and dead-lettered jobs newest first.
+    /// Each page is an index walk that stops after `limit` rows (at most 1,000), never a scan of
+    /// the ring (`sql/functions/read.sql`, `list_jobs`).
+    pub async fn list_jobs(
+        &self,
+        state: crate::JobStatus,
+        queue: Option<&str>,
+        kind: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage> {
+        let limit = limit.clamp(1, 1000);
+        if let Some(after) = after {
+            crate::job::validate_name("page key", after)?;
+        }
+        let rows = sqlx::query(&self.sql.read.list_jobs)
+            .bind(queue)
+            .bind(state.as_str())
+            .bind(kind)
+            .bind(after)
+            // one more row than asked: whether a next page exists
+            .bind(limit as i32 + 1)
+            .fetch_all(self.db())
+            .await?;
+        let mut jobs = rows
+            .into_iter()
+            .map(|row| {
+                Ok(ListedJob {
+                    job_id: row.try_get("job_id")?,
+                    state: row.try_get::<String, _>("state")?.parse()?,
+                    queue: row.try_get("queue")?,
+                    kind: row.try_get("kind")?,
+                    args: row.try_get("args")?,
+                    attempt: row.try_get("attempt")?,
+                    at: row.try_get("at")?,
+                    detail: row.try_get("detail")?,
+                    page_key: row.try_get("page_key")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let next = if jobs.len() > limit {
+            jobs.truncate(limit);
+            jobs.last().map(|job| job.page_key.clone())
+        } else {
+            None
+        };
+        Ok(JobPage { jobs, next })
+    }
+
+    /// The job's arguments from its newest stored row, `None` when the job is unknown or its
+    /// history has aged out.
+    pub async fn job_args(&self, job_id: i64) -> Result<Option<serde_json::Value>> {
+        Ok(sqlx::query_scalar(&self.sql.read.job_args)
+            .bind(job_id)
+            .fetch_one(self.db())
+            .await?)
+    }
+
     /// Jobs waiting to run (available, scheduled, retryable), optionally of one queue and kind,
     /// oldest first, at most `limit`, read on `conn`: inside a transaction this includes the jobs
     /// that transaction enqueued and has not committed. It reads job rows; for tests and small

@@ -191,3 +191,28 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Seal both rings' current slots and prune every sealed slot of both (prune's lock timeout
+/// 25 ms; failed and cancelled history kept 7 days): the ring's history moves to the archive.
+pub async fn rotate_and_prune(
+    storage: &Storage,
+    keep_completed: Duration,
+) -> Vec<ringwork::PruneResult> {
+    let no_wait = Duration::from_millis(25);
+    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+    storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+    for slot in storage.sealed_claim_slots().await.unwrap() {
+        storage.prune_claim_slot(slot, no_wait).await.unwrap();
+    }
+    let options = ringwork::QueueSlotPrune {
+        lock_timeout: no_wait,
+        keep_completed,
+        keep_failed: Duration::from_secs(7 * 24 * 3600),
+        park_idle: None,
+    };
+    let mut results = Vec::new();
+    for slot in storage.sealed_queue_slots().await.unwrap() {
+        results.push(storage.prune_queue_slot_with(slot, &options).await.unwrap());
+    }
+    results
+}

@@ -1,0 +1,508 @@
+//! The dashboard (issue 13) end to end: `ringwork serve` against a real database, driven by a
+//! headless Chromium through chromedriver (Debian's `chromium` and `chromium-driver`, which
+//! `.ci/run` installs). Jobs with known outcomes are run by a real client; the test reads what the
+//! pages show, signs in, pauses and resumes a queue, retries a dead-lettered job and sees it run,
+//! checks that a job whose args hold `<script>` is shown as text, and that actions without the
+//! CSRF field, from another site, or without signing in are refused. Screenshots of every page go
+//! to docs/dashboard/.
+
+mod common;
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
+use ringwork::{JobArgs, JobContext, JobError, JobStatus, NewJob, QueueConfig};
+use serde::{Deserialize, Serialize};
+use support::{embedded, eventually, TestDb};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TOKEN: &str = "dashboard-test-token-0123456789";
+const SCRIPT_ARG: &str = "<script>document.title='pwned'</script>";
+
+#[derive(Serialize, Deserialize)]
+struct Mail {
+    to: String,
+    fail: bool,
+}
+
+impl JobArgs for Mail {
+    const KIND: &'static str = "dash_mail";
+}
+
+/// chromedriver on a free port, stopped when dropped.
+struct Driver {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn start_driver() -> Driver {
+    let binary = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect(
+            "chromedriver not found: install Debian's chromium and chromium-driver (.ci/run does)",
+        );
+    let port = embedded::free_port().unwrap();
+    let child = tokio::process::Command::new(binary)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start chromedriver");
+    let url = format!("http://127.0.0.1:{port}");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await,
+        "chromedriver did not start"
+    );
+    Driver { child, url }
+}
+
+async fn open_browser(driver: &Driver) -> Browser {
+    let mut caps = serde_json::Map::new();
+    let mut args = vec![
+        "--headless=new",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1300,900",
+    ];
+    if embedded::is_root() {
+        // Chromium's sandbox refuses to run as root (CI runs as root)
+        args.push("--no-sandbox");
+    }
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({ "binary": "/usr/bin/chromium", "args": args }),
+    );
+    ClientBuilder::new(HttpConnector::new())
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .expect("a chromium session")
+}
+
+/// One HTTP/1.1 request with a form body: (status, body).
+async fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    stream
+        .write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+                 Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("send");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.expect("read");
+    let text = String::from_utf8_lossy(&response).to_string();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+async fn screenshot(browser: &Browser, name: &str) {
+    let png = browser.screenshot().await.expect("screenshot");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+}
+
+async fn click(browser: &Browser, locator: Locator<'_>) {
+    browser
+        .find(locator)
+        .await
+        .unwrap_or_else(|e| panic!("nothing to click: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn text_of(browser: &Browser, css: &str) -> String {
+    browser
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css}: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
+    let db = TestDb::new().await;
+    let healed = Arc::new(AtomicBool::new(false));
+    let runs = Arc::new(AtomicU32::new(0));
+    let client = {
+        let healed = Arc::clone(&healed);
+        let runs = Arc::clone(&runs);
+        db.client()
+            .maintenance(support::fast_maintenance())
+            .queue(
+                "mail",
+                QueueConfig {
+                    max_workers: 4,
+                    dead_letter: true,
+                    ..QueueConfig::default()
+                },
+            )
+            .register(move |_ctx: JobContext, job: Mail| {
+                let healed = Arc::clone(&healed);
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    if job.fail && !healed.load(Ordering::SeqCst) {
+                        Err(JobError::Terminal("smtp said no <b>550</b>".into()))
+                    } else {
+                        Ok(())
+                    }
+                }
+            })
+            .build()
+            .await
+            .unwrap()
+    };
+    let mail = |to: &str, fail: bool| {
+        NewJob::new(&Mail {
+            to: to.into(),
+            fail,
+        })
+        .unwrap()
+        .queue("mail")
+        .max_attempts(1)
+    };
+    let script_job = client.insert(mail(SCRIPT_ARG, false)).await.unwrap();
+    client.insert(mail("a@example.com", false)).await.unwrap();
+    client.insert(mail("b@example.com", false)).await.unwrap();
+    let failing = client
+        .insert(mail("bounce@example.com", true))
+        .await
+        .unwrap();
+    let later = client
+        .insert(
+            mail("later@example.com", false)
+                .run_at(chrono::Utc::now() + chrono::Duration::hours(1)),
+        )
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let storage = db.storage();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let counts = storage.queue_counts(Some("mail")).await.unwrap();
+            counts
+                .first()
+                .is_some_and(|c| c.completed == 3 && c.dead_lettered == 1 && c.running == 0)
+        })
+        .await,
+        "the jobs did not finish: {:?}",
+        storage.queue_counts(Some("mail")).await
+    );
+
+    // the server, with actions behind a token, mounted at /dashboard
+    let (mut serve, addr) = common::spawn_serve(&[
+        "--no-maintenance",
+        "--dashboard-token",
+        TOKEN,
+        "--dashboard-sample-secs",
+        "1",
+        "--database-url",
+        &db.url,
+        "--schema",
+        db.schema.as_str(),
+    ])
+    .await;
+    let base = format!("http://{addr}/dashboard");
+
+    let driver = start_driver().await;
+    let browser = open_browser(&driver).await;
+
+    // overview: a card per queue
+    browser.goto(&base).await.unwrap();
+    assert_eq!(
+        text_of(&browser, "div.card[data-queue='mail'] h3 a").await,
+        "mail"
+    );
+    assert_eq!(
+        text_of(&browser, "div.card[data-queue='mail'] .depth").await,
+        "0"
+    );
+    screenshot(&browser, "overview").await;
+
+    // queues: exact counts; read-only until signed in
+    browser.goto(&format!("{base}/queues")).await.unwrap();
+    let cell = |state: &str| format!("tr[data-queue='mail'] td[data-state='{state}']");
+    assert_eq!(text_of(&browser, &cell("completed")).await, "3");
+    assert_eq!(text_of(&browser, &cell("dead_lettered")).await, "1");
+    assert_eq!(text_of(&browser, &cell("scheduled")).await, "1");
+    assert_eq!(text_of(&browser, &cell("available")).await, "0");
+    assert!(
+        browser
+            .find_all(Locator::Css("tr[data-queue='mail'] button"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "no actions before signing in"
+    );
+
+    // an action without signing in, without the CSRF field, or from another site is refused
+    let (status, _) = post(addr, "/dashboard/queues/pause", &[], "queue=mail").await;
+    assert_eq!(status, 401);
+
+    // sign in
+    browser.goto(&format!("{base}/login")).await.unwrap();
+    browser
+        .find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    click(&browser, Locator::Id("sign-in")).await;
+    assert!(text_of(&browser, "header .mode")
+        .await
+        .contains("signed in"));
+    let cookie = browser
+        .get_named_cookie("ringwork_dashboard")
+        .await
+        .expect("the session cookie");
+    let cookie_header = format!("ringwork_dashboard={}", cookie.value());
+    let (status, _) = post(
+        addr,
+        "/dashboard/queues/pause",
+        &[("Cookie", &cookie_header)],
+        "queue=mail",
+    )
+    .await;
+    assert_eq!(status, 403, "no CSRF field");
+    browser.goto(&format!("{base}/queues")).await.unwrap();
+    let csrf = browser
+        .find(Locator::Css("tr[data-queue='mail'] input[name='csrf']"))
+        .await
+        .unwrap()
+        .attr("value")
+        .await
+        .unwrap()
+        .expect("a CSRF field");
+    let (status, _) = post(
+        addr,
+        "/dashboard/queues/pause",
+        &[
+            ("Cookie", &cookie_header),
+            ("Origin", "http://evil.example"),
+        ],
+        &format!("queue=mail&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 403, "from another site");
+    let (status, _) = post(
+        addr,
+        "/dashboard/queues/pause",
+        &[("Cookie", &cookie_header), ("Sec-Fetch-Site", "cross-site")],
+        &format!("queue=mail&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 403, "from another site (fetch metadata)");
+    assert!(!storage.queue_counts(Some("mail")).await.unwrap()[0].paused);
+
+    // pause and resume by clicking
+    screenshot(&browser, "queues").await;
+    click(&browser, Locator::Css("tr[data-queue='mail'] button")).await;
+    assert_eq!(
+        text_of(&browser, "tr[data-queue='mail'] span.state").await,
+        "paused"
+    );
+    assert!(storage.queue_counts(Some("mail")).await.unwrap()[0].paused);
+    assert_eq!(
+        text_of(&browser, "tr[data-queue='mail'] button").await,
+        "Resume"
+    );
+    click(&browser, Locator::Css("tr[data-queue='mail'] button")).await;
+    assert_eq!(
+        text_of(&browser, "tr[data-queue='mail'] button").await,
+        "Pause"
+    );
+    assert!(!storage.queue_counts(Some("mail")).await.unwrap()[0].paused);
+
+    // jobs: the completed ones, the script shown as text and never run
+    browser
+        .goto(&format!("{base}/jobs?state=completed&queue=mail"))
+        .await
+        .unwrap();
+    let rows = browser
+        .find_all(Locator::Css("table#jobs tbody tr"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3);
+    let script_cell = text_of(&browser, &format!("tr[data-job='{script_job}'] td.args")).await;
+    assert!(script_cell.contains(SCRIPT_ARG), "{script_cell}");
+    assert!(browser
+        .find_all(Locator::Css("script"))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_ne!(browser.title().await.unwrap(), "pwned");
+    screenshot(&browser, "jobs").await;
+
+    // a job's page
+    click(
+        &browser,
+        Locator::Css(&format!("tr[data-job='{script_job}'] a")),
+    )
+    .await;
+    assert_eq!(text_of(&browser, "#state").await, "completed");
+    assert!(text_of(&browser, "#args").await.contains(SCRIPT_ARG));
+    assert_ne!(browser.title().await.unwrap(), "pwned");
+    screenshot(&browser, "job").await;
+
+    // the scheduled job can be made due now; it then runs
+    browser.goto(&format!("{base}/jobs/{later}")).await.unwrap();
+    assert_eq!(text_of(&browser, "#state").await, "scheduled");
+    click(&browser, Locator::Id("retry")).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            storage.job_state(later).await.unwrap().unwrap().state == JobStatus::Completed
+        })
+        .await,
+        "the scheduled job did not run after 'Retry now'"
+    );
+
+    // dead letters: retry the failed one from a selection and see it run
+    browser.goto(&format!("{base}/dlq")).await.unwrap();
+    let error = text_of(&browser, &format!("tr[data-job='{failing}'] td.error")).await;
+    assert_eq!(error, "smtp said no <b>550</b>");
+    screenshot(&browser, "dead-letters").await;
+    healed.store(true, Ordering::SeqCst);
+    let runs_before = runs.load(Ordering::SeqCst);
+    click(
+        &browser,
+        Locator::Css(&format!("tr[data-job='{failing}'] input[type='checkbox']")),
+    )
+    .await;
+    click(&browser, Locator::Id("retry-selected")).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            storage.job_state(failing).await.unwrap().unwrap().state == JobStatus::Completed
+        })
+        .await,
+        "the retried job did not run"
+    );
+    assert!(runs.load(Ordering::SeqCst) > runs_before);
+    browser.goto(&format!("{base}/dlq")).await.unwrap();
+    assert!(browser
+        .find_all(Locator::Css("table#dead tbody tr"))
+        .await
+        .unwrap()
+        .is_empty());
+    browser
+        .goto(&format!("{base}/jobs/{failing}"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&browser, "#state").await, "completed");
+
+    // storage health
+    browser.goto(&format!("{base}/storage")).await.unwrap();
+    assert!(!browser
+        .find_all(Locator::Css("table#rings tbody tr"))
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(text_of(&browser, "table#tables")
+        .await
+        .contains("ready_entries"));
+    screenshot(&browser, "storage").await;
+
+    // the overview again: by now it has samples, and the retried jobs show as throughput
+    browser.goto(&base).await.unwrap();
+    let points = browser
+        .find(Locator::Css("div.card[data-queue='mail'] polyline"))
+        .await
+        .unwrap()
+        .attr("points")
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    assert!(points.split(' ').count() >= 2, "a sparkline: {points:?}");
+    screenshot(&browser, "overview").await;
+
+    browser.close().await.unwrap();
+    drop(driver);
+    serve.start_kill().unwrap();
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_read_only_dashboard_refuses_every_action() {
+    let db = TestDb::new().await;
+    db.storage().ensure_queue("ro_q").await.unwrap();
+    let (mut serve, addr) = common::spawn_serve(&[
+        "--no-maintenance",
+        "--database-url",
+        &db.url,
+        "--schema",
+        db.schema.as_str(),
+    ])
+    .await;
+    for path in [
+        "/dashboard/queues/pause",
+        "/dashboard/dlq/purge",
+        "/dashboard/jobs/1/cancel",
+    ] {
+        let (status, body) = post(addr, path, &[], "queue=ro_q&csrf=x").await;
+        assert_eq!(status, 403, "{path}");
+        assert!(body.contains("read-only"), "{body}");
+    }
+    // a bearer token means nothing without one configured
+    let (status, _) = post(
+        addr,
+        "/dashboard/queues/pause",
+        &[("Authorization", "Bearer anything-at-all-here")],
+        "queue=ro_q",
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(!db.storage().queue_counts(Some("ro_q")).await.unwrap()[0].paused);
+    // a short token is refused at start
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringwork"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--dashboard-token",
+            "short",
+        ])
+        .args(["--database-url", &db.url, "--schema", db.schema.as_str()])
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("at least 16 characters"));
+    serve.start_kill().unwrap();
+    db.cleanup().await;
+}

@@ -1,0 +1,592 @@
+//! The web dashboard (feature `dashboard`): overview, queues, jobs, a job's page, the dead-letter
+//! queue and storage health, server-rendered as an axum `Router` a service mounts under a path of
+//! its own; `ringwork serve` mounts it at `/dashboard`.
+//!
+//! ```no_run
+//! # async fn demo(storage: ringwork::Storage) -> Result<(), Box<dyn std::error::Error>> {
+//! use ringwork::dashboard::{Actions, Dashboard};
+//! let app = axum::Router::new().nest(
+//!     "/ops/jobs",
+//!     Dashboard::new(storage)
+//!         .base_path("/ops/jobs")
+//!         .actions(Actions::Token("a long random secret".into()))
+//!         .router(),
+//! );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:9464").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Safe by default:
+//! - read-only unless built with [`Actions::Token`] or [`Actions::BehindProxy`];
+//! - every action is a POST carrying a CSRF token (a form field derived from a secret the page
+//!   never reveals otherwise), refused when the browser says the request came from another site
+//!   (`Origin`, `Sec-Fetch-Site`);
+//! - with a token, the browser signs in once (`/login`) and keeps an HttpOnly, SameSite=Strict
+//!   cookie; scripts may send `Authorization: Bearer <token>` instead;
+//! - every value from the database is escaped by the templates (maud), and a Content-Security-Policy
+//!   allows no script at all: the pages have none.
+//!
+//! Reads need no token: the pages show job arguments (user data), so listen on a private address
+//! or behind the operator's own authenticating proxy (docs/dashboard.md).
+
+mod history;
+mod pages;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Form, Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use sha2::{Digest, Sha256};
+
+use crate::storage::Storage;
+use crate::JobStatus;
+
+use history::History;
+
+const STYLE: &str = include_str!("style.css");
+const SESSION_COOKIE: &str = "ringwork_dashboard";
+
+/// What the dashboard lets its visitors change.
+#[derive(Clone, Debug, Default)]
+pub enum Actions {
+    /// Pages only; every POST is refused (the default).
+    #[default]
+    ReadOnly,
+    /// Actions for a browser that signed in with this token (or a request carrying it as a bearer
+    /// token). Use a long random value: it is the dashboard's only credential.
+    Token(String),
+    /// Actions for every visitor: the operator's proxy in front authenticates them. CSRF
+    /// protection still applies.
+    BehindProxy,
+}
+
+/// The dashboard's configuration; [`Dashboard::router`] builds the pages.
+pub struct Dashboard {
+    storage: Storage,
+    base: String,
+    actions: Actions,
+    horizon_min_age: Duration,
+    sample_every: Duration,
+}
+
+impl Dashboard {
+    pub fn new(storage: Storage) -> Self {
+        Self {
+            storage,
+            base: String::new(),
+            actions: Actions::ReadOnly,
+            horizon_min_age: Duration::from_secs(60),
+            sample_every: Duration::from_secs(10),
+        }
+    }
+
+    /// The path the router is nested under (`/dashboard`), for the links and forms of the pages.
+    pub fn base_path(mut self, path: &str) -> Self {
+        self.base = path.trim_end_matches('/').to_string();
+        self
+    }
+
+    pub fn actions(mut self, actions: Actions) -> Self {
+        self.actions = actions;
+        self
+    }
+
+    /// Sessions whose transaction or snapshot is at least this old are listed as horizon holders
+    /// on the storage page (default 60 s).
+    pub fn horizon_min_age(mut self, min_age: Duration) -> Self {
+        self.horizon_min_age = min_age;
+        self
+    }
+
+    /// How often the overview samples the per-queue counts (default 10 s); it keeps an hour.
+    pub fn sample_every(mut self, every: Duration) -> Self {
+        self.sample_every = every.max(Duration::from_secs(1));
+        self
+    }
+
+    /// The pages as a router. Call it inside a Tokio runtime: it starts the overview's sampler,
+    /// which stops when the router is dropped.
+    pub fn router(self) -> Router {
+        let secret: [u8; 32] = match &self.actions {
+            Actions::Token(token) => digest(&[b"ringwork-dashboard-secret", token.as_bytes()]),
+            // nothing to derive it from: a fresh one per process (forms of an older process
+            // are refused after a restart; a reload fixes that)
+            _ => rand::random(),
+        };
+        let shared = Arc::new(Shared {
+            storage: self.storage,
+            base: self.base,
+            csrf: hex(&digest(&[&secret, b"csrf"])),
+            session: hex(&digest(&[&secret, b"session"])),
+            token_hash: match &self.actions {
+                Actions::Token(token) => Some(digest(&[token.as_bytes()])),
+                _ => None,
+            },
+            actions: self.actions,
+            horizon_min_age: self.horizon_min_age,
+            history: Mutex::new(History::new(self.sample_every, Duration::from_secs(3600))),
+        });
+        history::spawn_sampler(Arc::downgrade(&shared), self.sample_every);
+        Router::new()
+            .route("/", get(pages::overview))
+            .route("/queues", get(pages::queues))
+            .route("/queues/{action}", post(set_queue_paused))
+            .route("/jobs", get(pages::jobs))
+            .route("/jobs/{id}", get(pages::job))
+            .route("/jobs/{id}/{action}", post(job_action))
+            .route("/dlq", get(pages::dead_letters))
+            .route("/dlq/{action}", post(dead_letter_action))
+            .route("/storage", get(pages::storage))
+            .route("/login", get(pages::login).post(login))
+            .route("/logout", post(logout))
+            .route("/assets/style.css", get(style))
+            .layer(axum::middleware::map_response(security_headers))
+            .with_state(shared)
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct Shared {
+    storage: Storage,
+    base: String,
+    actions: Actions,
+    /// The CSRF form field every action carries.
+    csrf: String,
+    /// The session cookie's value (token mode).
+    session: String,
+    token_hash: Option<[u8; 32]>,
+    horizon_min_age: Duration,
+    history: Mutex<History>,
+}
+
+impl Shared {
+    /// A link to a page of the dashboard.
+    fn href(&self, path: &str) -> String {
+        // the overview is the mount point itself: a nested router's "/" does not answer "/base/"
+        if path == "/" && !self.base.is_empty() {
+            return self.base.clone();
+        }
+        format!("{}{}", self.base, path)
+    }
+
+    /// May this request change things? (Pages show the forms only when it may.)
+    fn may_act(&self, headers: &HeaderMap) -> bool {
+        match &self.actions {
+            Actions::ReadOnly => false,
+            Actions::BehindProxy => true,
+            Actions::Token(_) => self.signed_in(headers) || self.bearer(headers),
+        }
+    }
+
+    fn signed_in(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .any(|(name, value)| {
+                name == SESSION_COOKIE && same(value.as_bytes(), self.session.as_bytes())
+            })
+    }
+
+    fn bearer(&self, headers: &HeaderMap) -> bool {
+        let (Some(expected), Some(given)) = (
+            &self.token_hash,
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer ")),
+        ) else {
+            return false;
+        };
+        same(&digest(&[given.as_bytes()]), expected)
+    }
+
+    /// Refuse an action unless actions are on, the caller may act, the request did not come from
+    /// another site, and it carries the CSRF field (a bearer token needs none: a browser never
+    /// sends one on its own).
+    fn check_action(&self, headers: &HeaderMap, csrf: Option<&str>) -> Result<(), Refusal> {
+        if matches!(self.actions, Actions::ReadOnly) {
+            return Err(Refusal(
+                StatusCode::FORBIDDEN,
+                "the dashboard is read-only: start it with actions enabled (docs/dashboard.md)",
+            ));
+        }
+        if self.bearer(headers) {
+            return Ok(());
+        }
+        if !self.may_act(headers) {
+            return Err(Refusal(
+                StatusCode::UNAUTHORIZED,
+                "sign in with the dashboard's token first",
+            ));
+        }
+        if cross_site(headers) {
+            return Err(Refusal(
+                StatusCode::FORBIDDEN,
+                "refused: the request came from another site",
+            ));
+        }
+        match csrf {
+            Some(given) if same(given.as_bytes(), self.csrf.as_bytes()) => Ok(()),
+            _ => Err(Refusal(
+                StatusCode::FORBIDDEN,
+                "refused: the form's CSRF token is missing or stale; reload the page",
+            )),
+        }
+    }
+}
+
+/// Did the browser say this request came from another site? `Sec-Fetch-Site` when sent (every
+/// current browser), else an `Origin` whose host is not the request's `Host`.
+fn cross_site(headers: &HeaderMap) -> bool {
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        return !matches!(site, "same-origin" | "none");
+    }
+    match (
+        headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()),
+        headers.get(header::HOST).and_then(|v| v.to_str().ok()),
+    ) {
+        (None, _) => false,
+        (Some(origin), Some(host)) => {
+            origin.strip_prefix("http://") != Some(host)
+                && origin.strip_prefix("https://") != Some(host)
+        }
+        (Some(_), None) => true,
+    }
+}
+
+fn digest(parts: &[&[u8]]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Equal, in time that does not depend on where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    (status, pages::message_page("Refused", message)).into_response()
+}
+
+/// Why an action is refused: its status and a message for the page.
+struct Refusal(StatusCode, &'static str);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        refuse(self.0, self.1)
+    }
+}
+
+/// A failed read or write: bad input is the caller's (400), anything else the server's (500).
+fn failure(error: crate::Error) -> Response {
+    let status = match &error {
+        crate::Error::InvalidName { .. } | crate::Error::Config(_) => StatusCode::BAD_REQUEST,
+        crate::Error::Database(sqlx::Error::Database(db))
+            if db.code().as_deref() == Some("22023") =>
+        {
+            StatusCode::BAD_REQUEST
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    if status == StatusCode::INTERNAL_SERVER_ERROR {
+        tracing::warn!(error = %error, "dashboard: a database call failed");
+    }
+    (status, pages::message_page("Error", &error.to_string())).into_response()
+}
+
+async fn security_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "same-origin"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+async fn style() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=3600"),
+        ],
+        STYLE,
+    )
+        .into_response()
+}
+
+/// The fields of an action's form.
+#[derive(serde::Deserialize)]
+struct ActionForm {
+    csrf: Option<String>,
+    queue: Option<String>,
+}
+
+type AppState = State<Arc<Shared>>;
+
+fn see_other(to: String) -> Response {
+    Redirect::to(&to).into_response()
+}
+
+/// Pause or resume the form's queue (`/queues/pause`, `/queues/resume`).
+async fn set_queue_paused(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Path(action): Path<String>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let paused = match action.as_str() {
+        "pause" => true,
+        "resume" => false,
+        _ => return refuse(StatusCode::NOT_FOUND, "no such queue action"),
+    };
+    if let Err(refused) = shared.check_action(&headers, form.csrf.as_deref()) {
+        return refused.into_response();
+    }
+    let Some(queue) = form.queue.filter(|q| !q.is_empty()) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "which queue? (the form has no queue)",
+        );
+    };
+    match shared.storage.set_queue_paused(&queue, paused).await {
+        Ok(_) => see_other(shared.href("/queues")),
+        Err(e) => failure(e),
+    }
+}
+
+/// Retry or cancel one job (`/jobs/{id}/retry`, `/jobs/{id}/cancel`).
+async fn job_action(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Path((id, action)): Path<(i64, String)>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if action != "retry" && action != "cancel" {
+        return refuse(StatusCode::NOT_FOUND, "no such job action");
+    }
+    if let Err(refused) = shared.check_action(&headers, form.csrf.as_deref()) {
+        return refused.into_response();
+    }
+    let done = if action == "retry" {
+        shared.storage.retry_job(id).await
+    } else {
+        // a job that finished meanwhile stays finished: its page shows it
+        shared
+            .storage
+            .cancel_job(id, "cancelled from the dashboard")
+            .await
+            .map(|_| true)
+    };
+    match done {
+        Ok(true) => see_other(shared.href(&format!("/jobs/{id}"))),
+        Ok(false) => refuse(
+            StatusCode::CONFLICT,
+            "not retried: only scheduled, retryable and dead-lettered jobs can be retried",
+        ),
+        Err(e) => failure(e),
+    }
+}
+
+/// A dead-letter form: the CSRF field, a queue, and any number of `job` fields (a selection).
+struct DlqForm {
+    csrf: Option<String>,
+    queue: Option<String>,
+    jobs: Vec<i64>,
+}
+
+fn dlq_form(pairs: &[(String, String)]) -> Result<DlqForm, Refusal> {
+    let field = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, v)| k == name && !v.is_empty())
+            .map(|(_, v)| v.clone())
+    };
+    let jobs = pairs
+        .iter()
+        .filter(|(k, _)| k == "job")
+        .map(|(_, v)| {
+            v.parse::<i64>()
+                .map_err(|_| Refusal(StatusCode::BAD_REQUEST, "a selected job id is not a number"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(DlqForm {
+        csrf: field("csrf"),
+        queue: field("queue"),
+        jobs,
+    })
+}
+
+fn dlq_page(shared: &Shared, queue: Option<&str>) -> String {
+    match queue {
+        Some(queue) => shared.href(&format!("/dlq?{}", pages::query(&[("queue", queue)]))),
+        None => shared.href("/dlq"),
+    }
+}
+
+/// Retry or purge dead-lettered jobs (`/dlq/retry`, `/dlq/purge`): the selected ones, or with no
+/// selection every one of the form's queue (or of every queue).
+async fn dead_letter_action(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Path(action): Path<String>,
+    Form(pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let retry = match action.as_str() {
+        "retry" => true,
+        "purge" => false,
+        _ => return refuse(StatusCode::NOT_FOUND, "no such dead-letter action"),
+    };
+    let DlqForm { csrf, queue, jobs } = match dlq_form(&pairs) {
+        Ok(form) => form,
+        Err(refused) => return refused.into_response(),
+    };
+    if let Err(refused) = shared.check_action(&headers, csrf.as_deref()) {
+        return refused.into_response();
+    }
+    let storage = &shared.storage;
+    let result = async {
+        match (retry, jobs.is_empty()) {
+            (true, true) => {
+                storage
+                    .bulk_retry(&crate::JobFilter {
+                        queue: queue.clone(),
+                        kind: None,
+                        states: vec![JobStatus::DeadLettered],
+                        older_than: None,
+                    })
+                    .await?;
+            }
+            (false, true) => {
+                storage.dlq_purge(queue.as_deref(), None).await?;
+            }
+            (true, false) => {
+                for id in &jobs {
+                    storage.retry_job(*id).await?;
+                }
+            }
+            (false, false) => {
+                for id in &jobs {
+                    storage.dlq_purge(None, Some(*id)).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => see_other(dlq_page(&shared, queue.as_deref())),
+        Err(e) => failure(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    token: Option<String>,
+}
+
+async fn login(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let Some(expected) = shared.token_hash else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "this dashboard has no token to sign in with",
+        );
+    };
+    if cross_site(&headers) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "refused: the request came from another site",
+        );
+    }
+    let given = form.token.unwrap_or_default();
+    if !same(&digest(&[given.as_bytes()]), &expected) {
+        return refuse(StatusCode::UNAUTHORIZED, "wrong token");
+    }
+    let path = if shared.base.is_empty() {
+        "/"
+    } else {
+        &shared.base
+    };
+    let cookie = format!(
+        "{SESSION_COOKIE}={}; Path={path}; HttpOnly; SameSite=Strict",
+        shared.session
+    );
+    let mut response = see_other(shared.href("/"));
+    match HeaderValue::from_str(&cookie) {
+        Ok(value) => {
+            response.headers_mut().insert(header::SET_COOKIE, value);
+            response
+        }
+        Err(_) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot set the session cookie",
+        ),
+    }
+}
+
+async fn logout(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if let Err(refused) = shared.check_action(&headers, form.csrf.as_deref()) {
+        return refused.into_response();
+    }
+    let path = if shared.base.is_empty() {
+        "/"
+    } else {
+        &shared.base
+    };
+    let mut response = see_other(shared.href("/"));
+    if let Ok(value) = HeaderValue::from_str(&format!(
+        "{SESSION_COOKIE}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0"
+    )) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// Query parameters of the listing pages; empty fields mean "any".
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct ListQuery {
+    state: Option<String>,
+    queue: Option<String>,
+    kind: Option<String>,
+    after: Option<String>,
+}
+
+impl ListQuery {
+    fn get(value: &Option<String>) -> Option<&str> {
+        value.as_deref().filter(|v| !v.is_empty())
+    }
+}

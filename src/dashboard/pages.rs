@@ -1,0 +1,606 @@
+//! The pages. maud escapes every value it interpolates: job arguments, errors, queue and kind
+//! names are user data and reach the page only as text.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use maud::{html, Markup, DOCTYPE};
+
+use super::{failure, ListQuery, Shared};
+use crate::storage::QueueCounts;
+use crate::JobStatus;
+
+const PAGE_SIZE: usize = 50;
+
+type AppState = State<Arc<Shared>>;
+
+/// A URL query string (`a=1&b=x%20y`).
+pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
+    serde_urlencoded::to_string(pairs).unwrap_or_default()
+}
+
+/// A page of its own, without the dashboard's links (refusals and errors).
+pub(crate) fn message_page(title: &str, message: &str) -> Html<String> {
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head { meta charset="utf-8"; title { "ringwork · " (title) } }
+                body { h1 { (title) } p.error { (message) } }
+            }
+        }
+        .into_string(),
+    )
+}
+
+fn layout(shared: &Shared, headers: &HeaderMap, here: &str, title: &str, body: Markup) -> Response {
+    let nav = [
+        ("overview", "/", "Overview"),
+        ("queues", "/queues", "Queues"),
+        ("jobs", "/jobs", "Jobs"),
+        ("dlq", "/dlq", "Dead letters"),
+        ("storage", "/storage", "Storage"),
+    ];
+    let mode = match (&shared.actions, shared.may_act(headers)) {
+        (super::Actions::ReadOnly, _) => html! { "read-only" },
+        (super::Actions::BehindProxy, _) => html! { "actions on (behind your proxy)" },
+        (super::Actions::Token(_), true) => html! {
+            "signed in · "
+            form.inline method="post" action=(shared.href("/logout")) {
+                (csrf_field(shared)) button type="submit" { "sign out" }
+            }
+        },
+        (super::Actions::Token(_), false) => html! {
+            "read-only · " a href=(shared.href("/login")) { "sign in for actions" }
+        },
+    };
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    meta name="viewport" content="width=device-width, initial-scale=1";
+                    title { "ringwork · " (title) }
+                    link rel="stylesheet" href=(shared.href("/assets/style.css"));
+                }
+                body {
+                    header {
+                        span.brand { "ringwork" }
+                        nav {
+                            @for (id, path, label) in nav {
+                                a class=@if id == here { "here" } href=(shared.href(path)) { (label) }
+                            }
+                        }
+                        span.mode { "schema " (shared.storage.schema().as_str()) " · " (mode) }
+                    }
+                    main { (body) }
+                }
+            }
+        }
+        .into_string(),
+    )
+    .into_response()
+}
+
+fn csrf_field(shared: &Shared) -> Markup {
+    html! { input type="hidden" name="csrf" value=(shared.csrf); }
+}
+
+fn when(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+fn ago(at: DateTime<Utc>) -> String {
+    let secs = (Utc::now() - at).num_seconds();
+    let (n, unit) = if secs.abs() < 120 {
+        (secs, "s")
+    } else if secs.abs() < 7200 {
+        (secs / 60, "min")
+    } else if secs.abs() < 172_800 {
+        (secs / 3600, "h")
+    } else {
+        (secs / 86_400, "d")
+    };
+    if n < 0 {
+        format!("in {}{unit}", -n)
+    } else {
+        format!("{n}{unit} ago")
+    }
+}
+
+/// Compact JSON, cut to `max` characters (on a character boundary).
+fn short_json(value: &serde_json::Value, max: usize) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+fn state_badge(state: &str) -> Markup {
+    html! { span class={ "state " (state) } { (state) } }
+}
+
+fn jobs_link(shared: &Shared, state: JobStatus, queue: &str) -> String {
+    shared.href(&format!(
+        "/jobs?{}",
+        query(&[("state", state.as_str()), ("queue", queue)])
+    ))
+}
+
+/// A sparkline of `values` (oldest first) as an inline SVG polyline.
+fn sparkline(values: &[f64], bad: bool) -> Markup {
+    let (w, h) = (240.0, 36.0);
+    let max = values.iter().cloned().fold(0.0_f64, f64::max);
+    let points: Vec<String> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let x = if values.len() > 1 {
+                i as f64 * w / (values.len() - 1) as f64
+            } else {
+                w
+            };
+            let y = if max > 0.0 {
+                h - 2.0 - v / max * (h - 4.0)
+            } else {
+                h - 2.0
+            };
+            format!("{x:.1},{y:.1}")
+        })
+        .collect();
+    html! {
+        svg viewBox="0 0 240 36" preserveAspectRatio="none" role="img" {
+            polyline class=@if bad { "bad" } points=(points.join(" ")) {}
+        }
+    }
+}
+
+pub(crate) async fn overview(State(shared): AppState, headers: HeaderMap) -> Response {
+    let queues = match shared.storage.queue_counts(None).await {
+        Ok(queues) => queues,
+        Err(e) => return failure(e),
+    };
+    let (since, series): (_, Vec<_>) = match shared.history.lock() {
+        Ok(history) => (
+            history.first_at(),
+            queues.iter().map(|q| history.series(&q.queue)).collect(),
+        ),
+        Err(_) => (None, queues.iter().map(|_| Vec::new()).collect()),
+    };
+    let body = html! {
+        h1 { "Overview" }
+        p.muted {
+            "Throughput, failures and depth over the last hour, sampled by this server"
+            @if let Some(since) = since { " since " (when(since)) } "."
+        }
+        @if queues.is_empty() { p { "No queues yet: a queue appears with its first job." } }
+        div.cards {
+            @for (q, points) in queues.iter().zip(&series) {
+                @let completed: Vec<f64> = points.iter().map(|p| p.1).collect();
+                @let failures: Vec<f64> = points.iter().map(|p| p.2).collect();
+                @let depth: Vec<f64> = points.iter().map(|p| p.3 as f64).collect();
+                div.card data-queue=(q.queue) {
+                    h3 {
+                        a href=(jobs_link(&shared, JobStatus::Available, &q.queue)) { (q.queue) }
+                        @if q.paused { " " span class="state paused" { "paused" } }
+                    }
+                    div.spark {
+                        span { "completed / min" } (sparkline(&completed, false))
+                        span.num { (completed.last().map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into())) }
+                        span { "failed / min" } (sparkline(&failures, true))
+                        span.num { (failures.last().map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into())) }
+                        span { "available" } (sparkline(&depth, false))
+                        span.num.depth { (q.available) }
+                    }
+                    p.muted {
+                        (q.running) " running · " (q.scheduled + q.retryable) " waiting for their time · "
+                        (q.completed) " completed · " (q.failed) " failed · " (q.dead_lettered) " dead-lettered"
+                    }
+                }
+            }
+        }
+    };
+    layout(&shared, &headers, "overview", "Overview", body)
+}
+
+fn counts_row(shared: &Shared, q: &QueueCounts, may_act: bool) -> Markup {
+    let cell = |state: JobStatus, n: i64| {
+        html! { td.num data-state=(state.as_str()) { a href=(jobs_link(shared, state, &q.queue)) { (n) } } }
+    };
+    html! {
+        tr data-queue=(q.queue) {
+            td { (q.queue) @if q.paused { " " span class="state paused" { "paused" } } }
+            (cell(JobStatus::Available, q.available))
+            (cell(JobStatus::Scheduled, q.scheduled))
+            (cell(JobStatus::Retryable, q.retryable))
+            (cell(JobStatus::Running, q.running))
+            (cell(JobStatus::Completed, q.completed))
+            (cell(JobStatus::Failed, q.failed))
+            (cell(JobStatus::Cancelled, q.cancelled))
+            (cell(JobStatus::DeadLettered, q.dead_lettered))
+            @if may_act {
+                td {
+                    form.inline method="post"
+                        action=(shared.href(if q.paused { "/queues/resume" } else { "/queues/pause" })) {
+                        (csrf_field(shared))
+                        input type="hidden" name="queue" value=(q.queue);
+                        button type="submit" name="do" value=(if q.paused { "resume" } else { "pause" }) {
+                            (if q.paused { "Resume" } else { "Pause" })
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(crate) async fn queues(State(shared): AppState, headers: HeaderMap) -> Response {
+    let queues = match shared.storage.queue_counts(None).await {
+        Ok(queues) => queues,
+        Err(e) => return failure(e),
+    };
+    let may_act = shared.may_act(&headers);
+    let body = html! {
+        h1 { "Queues" }
+        p.muted { "Exact counts (no estimates). Completed, failed and cancelled are durable totals." }
+        table id="queues" {
+            thead { tr {
+                th { "queue" } th.num { "available" } th.num { "scheduled" } th.num { "retryable" }
+                th.num { "running" } th.num { "completed" } th.num { "failed" } th.num { "cancelled" }
+                th.num { "dead-lettered" } @if may_act { th { "" } }
+            } }
+            tbody { @for q in &queues { (counts_row(&shared, q, may_act)) } }
+        }
+    };
+    layout(&shared, &headers, "queues", "Queues", body)
+}
+
+pub(crate) async fn jobs(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(params): Query<ListQuery>,
+) -> Response {
+    let state_name = ListQuery::get(&params.state).unwrap_or("available");
+    let state: JobStatus = match state_name.parse() {
+        Ok(state) => state,
+        Err(_) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                message_page("Error", &format!("unknown job state {state_name:?}")),
+            )
+                .into_response()
+        }
+    };
+    let queue = ListQuery::get(&params.queue);
+    let kind = ListQuery::get(&params.kind);
+    let page = match shared
+        .storage
+        .list_jobs(state, queue, kind, ListQuery::get(&params.after), PAGE_SIZE)
+        .await
+    {
+        Ok(page) => page,
+        Err(e) => return failure(e),
+    };
+    let queues = shared.storage.queue_counts(None).await.unwrap_or_default();
+    let time_label = match state {
+        JobStatus::Available | JobStatus::Scheduled | JobStatus::Retryable => "due",
+        JobStatus::Running => "claimed",
+        JobStatus::DeadLettered => "failed",
+        _ => "finished",
+    };
+    let next = page.next.as_ref().map(|after| {
+        let mut pairs = vec![("state", state.as_str()), ("after", after.as_str())];
+        if let Some(queue) = queue {
+            pairs.push(("queue", queue));
+        }
+        if let Some(kind) = kind {
+            pairs.push(("kind", kind));
+        }
+        shared.href(&format!("/jobs?{}", query(&pairs)))
+    });
+    let body = html! {
+        h1 { "Jobs" }
+        form.filters method="get" action=(shared.href("/jobs")) {
+            label { "state"
+                select name="state" {
+                    @for s in JobStatus::ALL {
+                        option value=(s.as_str()) selected[s == state] { (s.as_str()) }
+                    }
+                }
+            }
+            label { "queue"
+                select name="queue" {
+                    option value="" { "any" }
+                    @for q in &queues {
+                        option value=(q.queue) selected[Some(q.queue.as_str()) == queue] { (q.queue) }
+                    }
+                }
+            }
+            label { "kind" input type="text" name="kind" value=(kind.unwrap_or("")); }
+            button type="submit" { "Show" }
+        }
+        table id="jobs" {
+            thead { tr {
+                th { "id" } th { "queue" } th { "kind" } th { "state" } th.num { "attempt" }
+                th { (time_label) } th { "args" } th { "detail" }
+            } }
+            tbody {
+                @for job in &page.jobs {
+                    tr data-job=(job.job_id) {
+                        td { a href=(shared.href(&format!("/jobs/{}", job.job_id))) { (job.job_id) } }
+                        td { (job.queue) } td { (job.kind) } td { (state_badge(job.state.as_str())) }
+                        td.num { (job.attempt) }
+                        td title=(when(job.at)) { (ago(job.at)) }
+                        td.args { (short_json(&job.args, 200)) }
+                        td.error { (job.detail.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        }
+        @if page.jobs.is_empty() { p.muted { "No " (state.as_str()) " jobs" @if let Some(q) = queue { " in " (q) } "." } }
+        @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
+    };
+    layout(&shared, &headers, "jobs", "Jobs", body)
+}
+
+pub(crate) async fn job(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+) -> Response {
+    let record = match shared.storage.load_job(id).await {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            return (
+                StatusCode::NOT_FOUND,
+                message_page(
+                    "Not found",
+                    &format!("job {id} is unknown, or its history has aged out"),
+                ),
+            )
+                .into_response()
+        }
+        Err(e) => return failure(e),
+    };
+    let args = match shared.storage.job_args(id).await {
+        Ok(args) => args,
+        Err(e) => return failure(e),
+    };
+    let state = record.state.state;
+    let retryable = matches!(
+        state,
+        JobStatus::Scheduled | JobStatus::Retryable | JobStatus::DeadLettered
+    );
+    let cancellable = matches!(
+        state,
+        JobStatus::Available | JobStatus::Scheduled | JobStatus::Retryable | JobStatus::Running
+    );
+    let may_act = shared.may_act(&headers);
+    let body = html! {
+        h1 { "Job " (id) }
+        dl.facts {
+            dt { "state" } dd id="state" { (state_badge(state.as_str())) }
+            dt { "queue" } dd { (record.state.queue) }
+            dt { "kind" } dd { (record.state.kind) }
+            dt { "attempt" } dd { (record.state.attempt) }
+            @if let Some(detail) = &record.state.detail { dt { "detail" } dd.error id="detail" { (detail) } }
+            @if let Some(progress) = &record.progress {
+                dt { "progress" }
+                dd { (format!("{:.0}%", progress.progress.percent)) " " (progress.progress.message)
+                     span.muted { " (attempt " (progress.run_lease) ", " (ago(progress.recorded_at)) ")" } }
+            }
+        }
+        @if may_act && (retryable || cancellable) {
+            div.actions {
+                @if retryable {
+                    form.inline method="post" action=(shared.href(&format!("/jobs/{id}/retry"))) {
+                        (csrf_field(&shared)) button id="retry" type="submit" { "Retry now" }
+                    }
+                }
+                @if cancellable {
+                    form.inline method="post" action=(shared.href(&format!("/jobs/{id}/cancel"))) {
+                        (csrf_field(&shared)) button.danger id="cancel" type="submit" { "Cancel" }
+                    }
+                }
+            }
+        }
+        h2 { "Arguments" }
+        @match &args {
+            Some(args) => pre id="args" { (serde_json::to_string_pretty(args).unwrap_or_else(|_| args.to_string())) },
+            None => p.muted { "not stored any more" },
+        }
+        h2 { "History" }
+        table id="history" {
+            thead { tr { th { "attempt lease" } th { "state" } th { "at" } th { "error" } } }
+            tbody {
+                @for entry in &record.history {
+                    tr {
+                        td.num { (entry.run_lease) } td { (state_badge(entry.state.as_str())) }
+                        td { (when(entry.at)) } td.error { (entry.error.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        }
+    };
+    layout(&shared, &headers, "jobs", &format!("Job {id}"), body)
+}
+
+pub(crate) async fn dead_letters(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(params): Query<ListQuery>,
+) -> Response {
+    let queue = ListQuery::get(&params.queue);
+    let page = match shared
+        .storage
+        .list_jobs(
+            JobStatus::DeadLettered,
+            queue,
+            ListQuery::get(&params.kind),
+            ListQuery::get(&params.after),
+            PAGE_SIZE,
+        )
+        .await
+    {
+        Ok(page) => page,
+        Err(e) => return failure(e),
+    };
+    let queues = shared.storage.queue_counts(None).await.unwrap_or_default();
+    let may_act = shared.may_act(&headers);
+    let next = page.next.as_ref().map(|after| {
+        let mut pairs = vec![("after", after.as_str())];
+        if let Some(queue) = queue {
+            pairs.push(("queue", queue));
+        }
+        shared.href(&format!("/dlq?{}", query(&pairs)))
+    });
+    let scope = queue
+        .map(|q| format!("in {q}"))
+        .unwrap_or_else(|| "in every queue".into());
+    let body = html! {
+        h1 { "Dead letters" }
+        form.filters method="get" action=(shared.href("/dlq")) {
+            label { "queue"
+                select name="queue" {
+                    option value="" { "any" }
+                    @for q in queues.iter().filter(|q| q.dead_lettered > 0 || Some(q.queue.as_str()) == queue) {
+                        option value=(q.queue) selected[Some(q.queue.as_str()) == queue] {
+                            (q.queue) " (" (q.dead_lettered) ")"
+                        }
+                    }
+                }
+            }
+            button type="submit" { "Show" }
+        }
+        form id="dlq" method="post" {
+            @if may_act {
+                (csrf_field(&shared))
+                @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
+                div.actions {
+                    button id="retry-selected" type="submit" formaction=(shared.href("/dlq/retry")) { "Retry selected" }
+                    button.danger id="purge-selected" type="submit" formaction=(shared.href("/dlq/purge")) { "Purge selected" }
+                }
+            }
+            table id="dead" {
+                thead { tr {
+                    @if may_act { th { "" } }
+                    th { "id" } th { "queue" } th { "kind" } th.num { "attempts" } th { "failed" } th { "args" } th { "error" }
+                } }
+                tbody {
+                    @for job in &page.jobs {
+                        tr data-job=(job.job_id) {
+                            @if may_act { td { input type="checkbox" name="job" value=(job.job_id); } }
+                            td { a href=(shared.href(&format!("/jobs/{}", job.job_id))) { (job.job_id) } }
+                            td { (job.queue) } td { (job.kind) } td.num { (job.attempt) }
+                            td title=(when(job.at)) { (ago(job.at)) }
+                            td.args { (short_json(&job.args, 200)) }
+                            td.error { (job.detail.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+        }
+        @if page.jobs.is_empty() { p.muted { "No dead-lettered jobs " (scope) "." } }
+        @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
+        @if may_act && !page.jobs.is_empty() {
+            h2 { "Everything " (scope) }
+            div.actions {
+                form.inline method="post" action=(shared.href("/dlq/retry")) {
+                    (csrf_field(&shared))
+                    @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
+                    button id="retry-all" type="submit" { "Retry all " (scope) }
+                }
+                form.inline method="post" action=(shared.href("/dlq/purge")) {
+                    (csrf_field(&shared))
+                    @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
+                    button.danger id="purge-all" type="submit" { "Purge all " (scope) }
+                }
+            }
+        }
+    };
+    layout(&shared, &headers, "dlq", "Dead letters", body)
+}
+
+pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Response {
+    let storage = &shared.storage;
+    let (rings, blockers, tables, holders) = match tokio::try_join!(
+        storage.ring_slots(),
+        storage.prune_blockers(),
+        storage.table_health(),
+        storage.horizon_holders(shared.horizon_min_age),
+    ) {
+        Ok(all) => all,
+        Err(e) => return failure(e),
+    };
+    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+    let body = html! {
+        h1 { "Storage" }
+        h2 { "Rings" }
+        table id="rings" {
+            thead { tr { th { "ring" } th.num { "slot" } th.num { "generation" } th { "state" } th { "since" } th { "not prunable because" } } }
+            tbody {
+                @for slot in &rings {
+                    tr {
+                        td { (slot.ring) } td.num { (slot.slot) } td.num { (slot.generation) } td { (slot.state) }
+                        td { (slot.state_since.map(ago).unwrap_or_default()) }
+                        td { (opt(&slot.blocker)) }
+                    }
+                }
+            }
+        }
+        h2 { "Prune blockers" }
+        @if blockers.is_empty() { p.muted id="no-blockers" { "No backend holds a lock a prune needs." } } @else {
+            table id="blockers" {
+                thead { tr { th { "ring" } th.num { "slot" } th.num { "pid" } th { "application" } th { "state" } th.num { "transaction age (s)" } th { "locks" } th { "query" } } }
+                tbody { @for b in &blockers { tr {
+                    td { (b.ring) } td.num { (b.slot) } td.num { (b.pid) } td { (opt(&b.application)) }
+                    td { (opt(&b.backend_state)) } td.num { (b.xact_age_secs.map(|s| format!("{s:.0}")).unwrap_or_default()) }
+                    td { (b.lock_modes) } td.args { (opt(&b.query)) }
+                } } }
+            }
+        }
+        h2 { "Tables" }
+        table id="tables" {
+            thead { tr { th { "table" } th.num { "live tuples" } th.num { "dead tuples" } th.num { "size (kB)" } } }
+            tbody { @for t in &tables { tr {
+                td { (t.table_name) } td.num { (t.live_tuples) } td.num { (t.dead_tuples) } td.num { (t.total_bytes / 1024) }
+            } } }
+        }
+        h2 { "Horizon holders" }
+        p.muted { "Sessions, replication slots and prepared transactions that keep vacuum from reclaiming dead rows in the rest of the database (ringwork's own rings do not depend on vacuum)." }
+        @if holders.is_empty() { p.muted id="no-holders" { "Nothing holds the horizon back." } } @else {
+            table id="holders" {
+                thead { tr { th { "kind" } th { "holder" } th { "user" } th { "application" } th { "client" } th { "state" } th { "since" } th.num { "xmin age" } th { "query" } } }
+                tbody { @for h in &holders { tr {
+                    td { (h.kind) } td { (h.holder) } td { (opt(&h.usename)) } td { (opt(&h.application)) }
+                    td { (opt(&h.client)) } td { (opt(&h.backend_state)) }
+                    td { (h.held_since.map(ago).unwrap_or_default()) }
+                    td.num { (h.xmin_age.map(|a| a.to_string()).unwrap_or_default()) }
+                    td.args { (opt(&h.query)) }
+                } } }
+            }
+        }
+    };
+    layout(&shared, &headers, "storage", "Storage", body)
+}
+
+pub(crate) async fn login(State(shared): AppState, headers: HeaderMap) -> Response {
+    let body = match shared.token_hash {
+        None => html! { h1 { "Sign in" } p { "This dashboard has no token: its actions are "
+        @if matches!(shared.actions, super::Actions::BehindProxy) { "on for everyone your proxy lets in." } @else { "off." } } },
+        Some(_) => html! {
+            h1 { "Sign in" }
+            p.muted { "Actions (pause, retry, cancel, purge) need the token the dashboard was started with." }
+            form method="post" action=(shared.href("/login")) {
+                input id="token" type="password" name="token" autocomplete="current-password" required;
+                " " button id="sign-in" type="submit" { "Sign in" }
+            }
+        },
+    };
+    layout(&shared, &headers, "", "Sign in", body)
+}

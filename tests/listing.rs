@@ -1,0 +1,278 @@
+//! Job listings (issue 13: the dashboard's jobs and dead-letter pages) on a real server: every job
+//! is listed once, in its state, across pages, whether its rows are in the ring or the archive;
+//! `retry_job` runs a dead-lettered job again and refuses a finished one.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::Utc;
+use ringwork::{CloseOutcome, JobStatus, ListedJob, NewJob, Storage};
+use serde_json::json;
+use support::TestDb;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+fn job(n: i64) -> NewJob {
+    NewJob::from_parts("listed", json!({ "n": n })).unwrap()
+}
+
+/// Every page of a listing, `size` rows at a time.
+async fn all_pages(
+    storage: &Storage,
+    state: JobStatus,
+    queue: Option<&str>,
+    size: usize,
+) -> Vec<ListedJob> {
+    let mut rows = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = storage
+            .list_jobs(state, queue, None, after.as_deref(), size)
+            .await
+            .unwrap();
+        assert!(page.jobs.len() <= size);
+        if page.next.is_some() {
+            assert_eq!(page.jobs.len(), size, "only the last page is short");
+        }
+        rows.extend(page.jobs);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return rows,
+        }
+    }
+}
+
+fn ids(rows: &[ListedJob]) -> Vec<i64> {
+    rows.iter().map(|r| r.job_id).collect()
+}
+
+fn assert_once(rows: &[ListedJob], expected: &[i64], what: &str) {
+    let listed = ids(rows);
+    let unique: HashSet<_> = listed.iter().collect();
+    assert_eq!(
+        unique.len(),
+        listed.len(),
+        "{what}: a job listed twice: {listed:?}"
+    );
+    let mut sorted = listed.clone();
+    sorted.sort();
+    let mut want = expected.to_vec();
+    want.sort();
+    assert_eq!(sorted, want, "{what}: listed {listed:?}");
+}
+
+#[tokio::test]
+async fn every_job_is_listed_once_in_its_state_across_pages_in_the_ring_and_the_archive() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+
+    // 16 jobs finished in several batches (some failed, one cancelled), then moved to the archive
+    let early = storage
+        .insert_many(&mut conn, &(0..16).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(
+        storage.cancel_job(early[15], "not needed").await.unwrap(),
+        ringwork::CancelOutcome::Cancelled
+    );
+    let mut completed = Vec::new();
+    let mut failed = Vec::new();
+    for _ in 0..3 {
+        let claimed = storage.claim("default", 5, None).await.unwrap();
+        assert_eq!(claimed.len(), 5);
+        let refs: Vec<_> = claimed[..4].iter().map(|j| j.attempt_ref()).collect();
+        storage.complete_batch(&refs).await.unwrap();
+        completed.extend(claimed[..4].iter().map(|j| j.job_id));
+        storage
+            .close_batch(&[(
+                claimed[4].attempt_ref(),
+                CloseOutcome::Failed {
+                    error: "boom".into(),
+                },
+            )])
+            .await
+            .unwrap();
+        failed.push(claimed[4].job_id);
+    }
+    support::rotate_and_prune(&storage, DAY).await;
+    assert!(
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_completion_batches")
+            .await
+            > 0,
+        "the completions are archived"
+    );
+    // 24 more over two priorities (two lanes): some finish (history still in the ring), one runs,
+    // the rest wait
+    let jobs: Vec<NewJob> = (16..40)
+        .map(|n| job(n).priority(if n % 2 == 0 { 1 } else { 3 }))
+        .collect();
+    let first = storage.insert_many(&mut conn, &jobs).await.unwrap();
+    let claimed = storage.claim("default", 6, None).await.unwrap();
+    let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&refs[..5]).await.unwrap();
+    completed.extend(claimed[..5].iter().map(|j| j.job_id));
+    let running = vec![claimed[5].job_id];
+    // scheduled for later, in another queue
+    let later = storage
+        .insert_many(
+            &mut conn,
+            &[
+                job(100)
+                    .queue("later_q")
+                    .run_at(Utc::now() + chrono::Duration::hours(1)),
+                job(101)
+                    .queue("later_q")
+                    .run_at(Utc::now() + chrono::Duration::hours(2)),
+            ],
+        )
+        .await
+        .unwrap();
+
+    let finished: HashSet<i64> = completed
+        .iter()
+        .chain(&failed)
+        .chain(&running)
+        .copied()
+        .collect();
+    let waiting: Vec<i64> = first
+        .iter()
+        .copied()
+        .filter(|id| !finished.contains(id))
+        .collect();
+
+    for size in [1, 3, 7, 100] {
+        let rows = all_pages(&storage, JobStatus::Completed, Some("default"), size).await;
+        assert_once(&rows, &completed, "completed");
+        assert!(
+            rows.windows(2)
+                .all(|w| (w[0].at, w[0].job_id) > (w[1].at, w[1].job_id)),
+            "finished jobs come newest first"
+        );
+        assert!(rows
+            .iter()
+            .all(|r| r.kind == "listed" && r.args["n"].is_i64()));
+        assert_once(
+            &all_pages(&storage, JobStatus::Failed, None, size).await,
+            &failed,
+            "failed",
+        );
+        let available = all_pages(&storage, JobStatus::Available, Some("default"), size).await;
+        assert_once(&available, &waiting, "available");
+        // pickup order: the priority-1 lane first, then the priority-3 lane
+        let priorities: Vec<bool> = available
+            .iter()
+            .map(|r| r.args["n"].as_i64().unwrap() % 2 == 0)
+            .collect();
+        assert!(
+            priorities.windows(2).all(|w| w[0] >= w[1]),
+            "one lane after the other: {priorities:?}"
+        );
+        assert_once(
+            &all_pages(&storage, JobStatus::Running, None, size).await,
+            &running,
+            "running",
+        );
+        assert_once(
+            &all_pages(&storage, JobStatus::Scheduled, Some("later_q"), size).await,
+            &later,
+            "scheduled",
+        );
+    }
+    let cancelled = all_pages(&storage, JobStatus::Cancelled, None, 10).await;
+    assert_once(&cancelled, &[early[15]], "cancelled");
+    assert!(
+        all_pages(&storage, JobStatus::Scheduled, Some("default"), 10)
+            .await
+            .is_empty()
+    );
+    // a kind filter
+    let page = storage
+        .list_jobs(JobStatus::Completed, None, Some("other_kind"), None, 10)
+        .await
+        .unwrap();
+    assert!(page.jobs.is_empty() && page.next.is_none());
+
+    // args from wherever the job is: archived, in the ring, waiting
+    for id in [
+        completed[0],
+        *completed.last().unwrap(),
+        waiting[0],
+        later[0],
+    ] {
+        let args = storage.job_args(id).await.unwrap().expect("args");
+        assert!(args["n"].is_i64(), "job {id}: {args}");
+    }
+    assert_eq!(storage.job_args(i64::MAX).await.unwrap(), None);
+
+    // a malformed page key is a clear error, not a wrong page
+    for bad in ["Lx:1", "T99:zz", "Jnope", "T1e999:1"] {
+        let err = storage
+            .list_jobs(JobStatus::Completed, None, None, Some(bad), 10)
+            .await
+            .expect_err(bad);
+        assert!(
+            err.to_string().contains("malformed page key"),
+            "{bad}: {err}"
+        );
+    }
+    let err = storage
+        .list_jobs(JobStatus::Available, None, None, Some("L1\0"), 10)
+        .await
+        .expect_err("NUL");
+    assert!(err.to_string().contains("page key"), "{err}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_lettered_job_is_listed_and_retried_and_a_finished_job_is_not() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &[job(0).queue("dlq_q").max_attempts(1)])
+        .await
+        .unwrap();
+    storage.set_queue_dead_letter("dlq_q", true).await.unwrap();
+    let claimed = storage.claim("dlq_q", 1, None).await.unwrap();
+    storage
+        .close_batch(&[(
+            claimed[0].attempt_ref(),
+            CloseOutcome::Failed {
+                error: "<b>bad</b>".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    let id = claimed[0].job_id;
+    let dead = all_pages(&storage, JobStatus::DeadLettered, Some("dlq_q"), 5).await;
+    assert_once(&dead, &[id], "dead-lettered");
+    assert_eq!(dead[0].detail.as_deref(), Some("<b>bad</b>"));
+
+    assert!(storage.retry_job(id).await.unwrap());
+    assert!(all_pages(&storage, JobStatus::DeadLettered, None, 5)
+        .await
+        .is_empty());
+    // a fresh attempt, due now: promotion brings it to the ring
+    assert_eq!(
+        storage.job_state(id).await.unwrap().unwrap().state,
+        JobStatus::Scheduled
+    );
+    storage.promote_due(100).await.unwrap();
+    assert_eq!(
+        storage.job_state(id).await.unwrap().unwrap().state,
+        JobStatus::Available
+    );
+    // a second retry, and a retry of a job that completed, change nothing
+    assert!(!storage.retry_job(id).await.unwrap());
+    let again = storage.claim("dlq_q", 1, None).await.unwrap();
+    storage
+        .complete_batch(&[again[0].attempt_ref()])
+        .await
+        .unwrap();
+    assert!(!storage.retry_job(id).await.unwrap());
+    assert!(!storage.retry_job(i64::MAX).await.unwrap());
+    db.cleanup().await;
+}

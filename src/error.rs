@@ -48,6 +48,12 @@ pub enum Error {
     )]
     Stale { job_id: i64, run_lease: i64 },
 
+    /// A callback id that this schema did not give out (malformed, or its signature does not
+    /// match), or one whose wait is over (answered already, timed out, or its attempt ended
+    /// before it waited).
+    #[error("callback {id}: {reason}")]
+    Callback { id: String, reason: String },
+
     /// The database schema is not the one this binary's migrations describe.
     #[error("schema {schema:?} cannot be used: {reason}")]
     SchemaMismatch { schema: String, reason: String },

@@ -196,3 +196,81 @@ async fn readyz(State(e): State<Arc<Endpoints>>) -> Response {
     };
     (status, Json(readiness)).into_response()
 }
+
+/// `POST /callbacks/{id}/{action}`: external callbacks (`complete`, `fail`, `retry`, `resume`,
+/// `heartbeat`) for jobs that wait in the lease ring. The id is the capability: 64 hex characters,
+/// signed with the schema's callback key, unguessable. Optional JSON body: `{"payload": ...}`
+/// (resume), `{"error": "..."}` (fail, retry), `{"extend_secs": N}` (heartbeat, default 300).
+/// Answers `200 {"outcome": "applied" | "recorded" | "extended"}`; `404` for an id this schema did
+/// not give out or whose wait is over; `409` when the wait was answered already; `400` for a bad
+/// body.
+pub fn callbacks_router(storage: Storage) -> Router {
+    Router::new()
+        .route("/callbacks/{id}/{action}", axum::routing::post(callback))
+        .with_state(storage)
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CallbackBody {
+    payload: Option<serde_json::Value>,
+    error: Option<String>,
+    extend_secs: Option<f64>,
+}
+
+async fn callback(
+    State(storage): State<Storage>,
+    axum::extract::Path((id, action)): axum::extract::Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let body: CallbackBody =
+        if body.iter().all(u8::is_ascii_whitespace) {
+            CallbackBody::default()
+        } else {
+            match serde_json::from_slice(&body) {
+                Ok(body) => body,
+                Err(e) => return (
+                    StatusCode::BAD_REQUEST,
+                    Json(
+                        serde_json::json!({ "error": format!("the body is not a callback: {e}") }),
+                    ),
+                )
+                    .into_response(),
+            }
+        };
+    let action = match crate::storage::CallbackAction::from_parts(
+        &action,
+        body.payload,
+        body.error,
+        body.extend_secs,
+    ) {
+        Ok(action) => action,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({ "error": e.to_string() })),
+            )
+                .into_response()
+        }
+    };
+    match storage.resolve_callback(&id, action).await {
+        Ok(outcome) => Json(serde_json::json!({ "outcome": outcome.as_str() })).into_response(),
+        Err(e) => {
+            let status = match &e {
+                Error::Callback { reason, .. } if reason.contains("already answered") => {
+                    StatusCode::CONFLICT
+                }
+                Error::Callback { reason, .. } if reason.contains("not a callback id") => {
+                    StatusCode::BAD_REQUEST
+                }
+                Error::Callback { .. } => StatusCode::NOT_FOUND,
+                Error::Config(_) => StatusCode::BAD_REQUEST,
+                _ => {
+                    warn!(error = %e, "callback: a database call failed");
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            };
+            (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+        }
+    }
+}

@@ -38,6 +38,9 @@ pub enum JobStatus {
     Scheduled,
     Retryable,
     Running,
+    /// Its handler registered a callback and returned `JobError::WaitForCallback`: it holds no
+    /// worker and waits in the lease ring for the callback or its timeout.
+    Waiting,
     Completed,
     Failed,
     Cancelled,
@@ -49,11 +52,12 @@ pub type UniqueState = JobStatus;
 
 impl JobStatus {
     /// Every state, in the order of a job's life.
-    pub const ALL: [JobStatus; 8] = [
+    pub const ALL: [JobStatus; 9] = [
         Self::Available,
         Self::Scheduled,
         Self::Retryable,
         Self::Running,
+        Self::Waiting,
         Self::Completed,
         Self::Failed,
         Self::Cancelled,
@@ -67,6 +71,7 @@ impl JobStatus {
             Self::Scheduled => "scheduled",
             Self::Retryable => "retryable",
             Self::Running => "running",
+            Self::Waiting => "waiting",
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -138,6 +143,7 @@ impl Default for Unique {
                 UniqueState::Scheduled,
                 UniqueState::Retryable,
                 UniqueState::Running,
+                UniqueState::Waiting,
             ],
         }
     }
@@ -335,6 +341,28 @@ impl NewJob {
     pub(crate) fn is_future(&self, now: DateTime<Utc>) -> bool {
         self.run_at.is_some_and(|at| at > now)
     }
+}
+
+/// Free text stored by the database (an error message): PostgreSQL text cannot hold U+0000.
+pub(crate) fn validate_text(what: &'static str, value: &str) -> Result<()> {
+    if value.contains('\0') {
+        return Err(Error::Config(format!(
+            "{what} contains a NUL character, which PostgreSQL cannot store"
+        )));
+    }
+    Ok(())
+}
+
+/// A JSON value stored as jsonb, which cannot hold U+0000 (serde_json writes it as \u0000).
+pub(crate) fn validate_json(what: &'static str, value: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| Error::Config(format!("{what} is not representable as JSON: {e}")))?;
+    if text.contains("\\u0000") {
+        return Err(Error::Config(format!(
+            "{what} contains a NUL character, which PostgreSQL cannot store"
+        )));
+    }
+    Ok(())
 }
 
 /// Queue names and kinds are bound as values, never spliced into SQL; they are still checked so

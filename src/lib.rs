@@ -56,10 +56,10 @@ pub use runtime::{
 };
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
-    ArchiveTable, AttemptRef, BulkOutcome, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter,
-    HistoryEntry, HorizonHolder, Inserted, JobFilter, JobPage, JobRecord, JobState, KeyLimit,
-    ListedJob, Outcome, PendingJob, Progress, ProgressRecord, PruneBlocker, PruneResult,
-    QueueCounts, QueueLimits, QueueSlotPrune, Readiness, RingSlot, ScheduleRecord, Storage,
-    TableHealth,
+    ArchiveTable, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction, CallbackOutcome,
+    CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, HorizonHolder, Inserted,
+    JobFilter, JobPage, JobRecord, JobState, KeyLimit, ListedJob, Outcome, PendingJob, Progress,
+    ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness,
+    RingSlot, ScheduleRecord, Storage, TableHealth,
 };
 pub use telemetry::Telemetry;

@@ -66,6 +66,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "listing_indexes",
         include_str!("../migrations/0014_listing_indexes.sql"),
     ),
+    (
+        "lease_ring",
+        include_str!("../migrations/0015_lease_ring.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -88,6 +92,10 @@ const FUNCTION_FILES: &[(&str, &str)] = &[
     (
         "ring_maintenance",
         include_str!("../sql/functions/ring_maintenance.sql"),
+    ),
+    (
+        "lease_ring",
+        include_str!("../sql/functions/lease_ring.sql"),
     ),
     ("read", include_str!("../sql/functions/read.sql")),
     ("backlog", include_str!("../sql/functions/backlog.sql")),
@@ -226,6 +234,12 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("queues", ChurnClass::Warm),
     ("queue_lanes", ChurnClass::Warm),
     ("attempt_state", ChurnClass::Warm),
+    // the lease ring (migration 0015): rows only for attempts that wait for a callback, updated and
+    // deleted, their dead versions truncated with their slot at every ring cycle; its ledger is
+    // one row per slot, truncated with it; the callback key is one row, written once
+    ("leases", ChurnClass::Warm),
+    ("lease_ring_ledger", ChurnClass::Warm),
+    ("callback_keys", ChurnClass::Warm),
     // bookkeeping: one row per migration applied and per function reload
     ("schema_migrations", ChurnClass::Warm),
     ("schema_functions", ChurnClass::Warm),

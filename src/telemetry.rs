@@ -328,6 +328,7 @@ impl Telemetry {
                 ("scheduled", c.scheduled),
                 ("retryable", c.retryable),
                 ("running", c.running),
+                ("waiting", c.waiting),
                 ("completed", c.completed),
                 ("failed", c.failed),
                 ("cancelled", c.cancelled),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::TestDb;
 
-const EXAMPLES: [&str; 12] = [
+const EXAMPLES: [&str; 13] = [
     "transactional_enqueue",
     "handler_errors",
     "complete_in_tx",
@@ -23,6 +23,7 @@ const EXAMPLES: [&str; 12] = [
     "queue_limits",
     "retry_policy",
     "bulk_operations",
+    "approval",
 ];
 
 fn example_binary(name: &str) -> PathBuf {

@@ -208,7 +208,15 @@ async fn every_job_is_listed_once_in_its_state_across_pages_in_the_ring_and_the_
     assert_eq!(storage.job_args(i64::MAX).await.unwrap(), None);
 
     // a malformed page key is a clear error, not a wrong page
-    for bad in ["Lx:1", "T99:zz", "Jnope", "T1e999:1"] {
+    for bad in [
+        "Lx:1",
+        "T99:zz",
+        "Jnope",
+        "T1e999:1",
+        "J5",
+        "T1 day 2:5",
+        "T1:2:3",
+    ] {
         let err = storage
             .list_jobs(JobStatus::Completed, None, None, Some(bad), 10)
             .await
@@ -255,17 +263,19 @@ async fn a_dead_lettered_job_is_listed_and_retried_and_a_finished_job_is_not() {
     assert!(all_pages(&storage, JobStatus::DeadLettered, None, 5)
         .await
         .is_empty());
-    // a fresh attempt, due now: promotion brings it to the ring
+    // a fresh attempt, due now: promotion brings it to the ring; retrying it again before that
+    // is harmless (it is due already)
     assert_eq!(
         storage.job_state(id).await.unwrap().unwrap().state,
         JobStatus::Scheduled
     );
+    assert!(storage.retry_job(id).await.unwrap());
     storage.promote_due(100).await.unwrap();
     assert_eq!(
         storage.job_state(id).await.unwrap().unwrap().state,
         JobStatus::Available
     );
-    // a second retry, and a retry of a job that completed, change nothing
+    // a retry of a waiting job, and of a job that completed, change nothing
     assert!(!storage.retry_job(id).await.unwrap());
     let again = storage.claim("dlq_q", 1, None).await.unwrap();
     storage

@@ -244,6 +244,27 @@ enum Command {
         #[arg(long, default_value = "ringwork", global = true)]
         schema: String,
     },
+    /// Answer a job that waits for an external callback: complete, fail, retry, resume (its
+    /// handler runs again and reads --payload), or heartbeat (extend its timeout).
+    Callback {
+        /// complete, fail, retry, resume or heartbeat.
+        action: String,
+        /// The callback id the handler registered (64 hex characters).
+        id: String,
+        /// JSON for resume (what JobContext::callback_payload reads).
+        #[arg(long)]
+        payload: Option<String>,
+        /// The error recorded by fail or retry.
+        #[arg(long)]
+        error: Option<String>,
+        /// Heartbeat: the new timeout, in seconds from now (default 300).
+        #[arg(long)]
+        extend_secs: Option<f64>,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
     /// Inspect and act on the dead-letter queue.
     Dlq {
         #[command(subcommand)]
@@ -289,9 +310,11 @@ enum Command {
         /// Count horizon holders whose transaction has been open at least this many seconds.
         #[arg(long, default_value_t = 10)]
         horizon_min_secs: u64,
-        /// Do not serve the web dashboard (at /dashboard).
+        /// Serve the web dashboard at /dashboard (read-only unless a token or
+        /// --dashboard-behind-proxy turns its actions on; a token also puts its pages behind
+        /// sign-in). Implied by --dashboard-token and --dashboard-behind-proxy.
         #[arg(long)]
-        no_dashboard: bool,
+        dashboard: bool,
         /// Turn the dashboard's actions (pause, retry, cancel, purge) on for browsers that sign in
         /// with this token; without it (or --dashboard-behind-proxy) the dashboard is read-only.
         #[arg(
@@ -912,6 +935,27 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                 outcome.changed, outcome.matched, outcome.steps
             );
         }
+        Command::Callback {
+            action,
+            id,
+            payload,
+            error,
+            extend_secs,
+            database_url,
+            schema,
+        } => {
+            let payload = payload
+                .map(|text| {
+                    serde_json::from_str(&text)
+                        .map_err(|e| ringwork::Error::Config(format!("--payload is not JSON: {e}")))
+                })
+                .transpose()?;
+            let action =
+                ringwork::CallbackAction::from_parts(&action, payload, error, extend_secs)?;
+            let storage = open_storage_from(database_url, &schema).await?;
+            let outcome = storage.resolve_callback(&id, action).await?;
+            println!("{}", outcome.as_str());
+        }
         Command::Dlq {
             action,
             database_url,
@@ -977,25 +1021,18 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             otlp_interval_secs,
             no_maintenance,
             horizon_min_secs,
-            no_dashboard,
+            dashboard,
             dashboard_token,
             dashboard_behind_proxy,
             dashboard_sample_secs,
             database_url,
             schema,
         } => {
-            let dashboard = match (no_dashboard, dashboard_token, dashboard_behind_proxy) {
-                (true, _, _) => None,
-                (false, Some(token), _) => {
-                    if token.len() < 16 {
-                        return Err(ringwork::Error::Config(
-                            "--dashboard-token must be at least 16 characters: it is the dashboard's only credential".into(),
-                        ));
-                    }
-                    Some(ringwork::dashboard::Actions::Token(token))
-                }
-                (false, None, true) => Some(ringwork::dashboard::Actions::BehindProxy),
-                (false, None, false) => Some(ringwork::dashboard::Actions::ReadOnly),
+            let dashboard = match (dashboard, dashboard_token, dashboard_behind_proxy) {
+                (_, Some(token), _) => Some(ringwork::dashboard::Actions::Token(token)),
+                (_, None, true) => Some(ringwork::dashboard::Actions::BehindProxy),
+                (true, None, false) => Some(ringwork::dashboard::Actions::ReadOnly),
+                (false, None, false) => None,
             };
             // refuses a schema that is not installed, or newer than this binary
             let storage = open_storage_with(&database_url, &schema, 4).await?;

@@ -10,7 +10,7 @@ use axum::routing::get;
 use opentelemetry_otlp::{MetricExporter, WithExportConfig};
 use opentelemetry_sdk::metrics::PeriodicReader;
 use ringwork::dashboard::Dashboard;
-use ringwork::http::{router, Endpoints, PrometheusExporter};
+use ringwork::http::{callbacks_router, router, Endpoints, PrometheusExporter};
 use ringwork::{Client, MaintenanceConfig};
 use tracing::{info, warn};
 
@@ -102,13 +102,15 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
             // an operator's endpoint: unready when no process leads maintenance
             .require_leader(true),
     );
+    // external callbacks for jobs that wait in the lease ring (the signed id is the capability)
+    app = app.merge(callbacks_router(client.storage().clone()));
     if let Some(actions) = options.dashboard {
         app = app
             .nest(
                 "/dashboard",
                 Dashboard::new(client.storage().clone())
                     .base_path("/dashboard")
-                    .actions(actions)
+                    .actions(actions)?
                     .horizon_min_age(options.horizon_min_age)
                     .sample_every(options.dashboard_sample)
                     .router(),
@@ -118,7 +120,7 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
     let local = listener
         .local_addr()
         .map_err(|e| ringwork::Error::Config(format!("listener has no address: {e}")))?;
-    info!(%local, "serving /metrics, /healthz, /readyz and /dashboard");
+    info!(%local, "serving /metrics, /healthz, /readyz, /callbacks and /dashboard");
     // the bound address on stdout, for scripts and tests that pass port 0
     println!("listening on http://{local}");
     let mut terminate =

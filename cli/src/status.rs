@@ -62,9 +62,9 @@ pub async fn run(
 /// The per-queue counts as a table, each line starting with `indent`; `ringwork counts` prints the
 /// same table.
 pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
-    let row = |cells: [&dyn std::fmt::Display; 10]| {
+    let row = |cells: [&dyn std::fmt::Display; 11]| {
         format!(
-            "{indent}{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10} {:>6}\n",
+            "{indent}{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>10} {:>6}\n",
             cells[0],
             cells[1],
             cells[2],
@@ -74,7 +74,8 @@ pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
             cells[6],
             cells[7],
             cells[8],
-            cells[9]
+            cells[9],
+            cells[10]
         )
     };
     let mut out = row([
@@ -84,6 +85,7 @@ pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
         &"scheduled",
         &"retryable",
         &"running",
+        &"waiting",
         &"completed",
         &"failed",
         &"cancelled",
@@ -100,6 +102,7 @@ pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
             &c.scheduled,
             &c.retryable,
             &c.running,
+            &c.waiting,
             &c.completed,
             &c.failed,
             &c.cancelled,

@@ -21,7 +21,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use ringwork::{JobArgs, JobContext, JobError, JobStatus, NewJob, QueueConfig};
 use serde::{Deserialize, Serialize};
 use support::{embedded, eventually, TestDb};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOKEN: &str = "dashboard-test-token-0123456789";
 const SCRIPT_ARG: &str = "<script>document.title='pwned'</script>";
@@ -99,29 +98,16 @@ async fn open_browser(driver: &Driver) -> Browser {
         .expect("a chromium session")
 }
 
-/// One HTTP/1.1 request with a form body: (status, body).
+/// One form POST: (status, body).
 async fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let extra: String = headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    stream
-        .write_all(
-            format!(
-                "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-                 Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n{extra}\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .expect("send");
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.expect("read");
-    let text = String::from_utf8_lossy(&response).to_string();
-    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, text)
+    common::post(
+        addr,
+        path,
+        headers,
+        "application/x-www-form-urlencoded",
+        body,
+    )
+    .await
 }
 
 async fn screenshot(browser: &Browser, name: &str) {
@@ -139,6 +125,23 @@ async fn click(browser: &Browser, locator: Locator<'_>) {
         .click()
         .await
         .unwrap();
+}
+
+/// Wait until the element's text holds `expected` (a click's navigation may not have landed yet).
+async fn wait_text(browser: &Browser, css: &str, expected: &str) {
+    let mut seen = String::new();
+    for _ in 0..100 {
+        if let Ok(element) = browser.find(Locator::Css(css)).await {
+            if let Ok(text) = element.text().await {
+                if text.contains(expected) {
+                    return;
+                }
+                seen = text;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{css}: expected {expected:?}, saw {seen:?}");
 }
 
 async fn text_of(browser: &Browser, css: &str) -> String {
@@ -242,6 +245,26 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     let driver = start_driver().await;
     let browser = open_browser(&driver).await;
 
+    // with a token every page needs sign-in, and an action without it is refused
+    browser.goto(&base).await.unwrap();
+    assert!(browser
+        .current_url()
+        .await
+        .unwrap()
+        .as_str()
+        .ends_with("/dashboard/login"));
+    let (status, _) = post(addr, "/dashboard/queues/pause", &[], "queue=mail").await;
+    assert_eq!(status, 401);
+    browser
+        .find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    click(&browser, Locator::Id("sign-in")).await;
+    wait_text(&browser, "header .mode", "signed in").await;
+
     // overview: a card per queue
     browser.goto(&base).await.unwrap();
     assert_eq!(
@@ -252,41 +275,14 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         text_of(&browser, "div.card[data-queue='mail'] .depth").await,
         "0"
     );
-    screenshot(&browser, "overview").await;
 
-    // queues: exact counts; read-only until signed in
+    // queues: exact counts
     browser.goto(&format!("{base}/queues")).await.unwrap();
     let cell = |state: &str| format!("tr[data-queue='mail'] td[data-state='{state}']");
     assert_eq!(text_of(&browser, &cell("completed")).await, "3");
     assert_eq!(text_of(&browser, &cell("dead_lettered")).await, "1");
     assert_eq!(text_of(&browser, &cell("scheduled")).await, "1");
     assert_eq!(text_of(&browser, &cell("available")).await, "0");
-    assert!(
-        browser
-            .find_all(Locator::Css("tr[data-queue='mail'] button"))
-            .await
-            .unwrap()
-            .is_empty(),
-        "no actions before signing in"
-    );
-
-    // an action without signing in, without the CSRF field, or from another site is refused
-    let (status, _) = post(addr, "/dashboard/queues/pause", &[], "queue=mail").await;
-    assert_eq!(status, 401);
-
-    // sign in
-    browser.goto(&format!("{base}/login")).await.unwrap();
-    browser
-        .find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    click(&browser, Locator::Id("sign-in")).await;
-    assert!(text_of(&browser, "header .mode")
-        .await
-        .contains("signed in"));
     let cookie = browser
         .get_named_cookie("ringwork_dashboard")
         .await
@@ -329,24 +325,31 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     .await;
     assert_eq!(status, 403, "from another site (fetch metadata)");
     assert!(!storage.queue_counts(Some("mail")).await.unwrap()[0].paused);
+    // an empty selection never widens into "all": nothing is purged
+    let (status, _) = post(
+        addr,
+        "/dashboard/dlq/purge",
+        &[("Cookie", &cookie_header)],
+        &format!("scope=selected&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        storage.queue_counts(Some("mail")).await.unwrap()[0].dead_lettered,
+        1
+    );
 
     // pause and resume by clicking
     screenshot(&browser, "queues").await;
     click(&browser, Locator::Css("tr[data-queue='mail'] button")).await;
+    wait_text(&browser, "tr[data-queue='mail'] button", "Resume").await;
     assert_eq!(
         text_of(&browser, "tr[data-queue='mail'] span.state").await,
         "paused"
     );
     assert!(storage.queue_counts(Some("mail")).await.unwrap()[0].paused);
-    assert_eq!(
-        text_of(&browser, "tr[data-queue='mail'] button").await,
-        "Resume"
-    );
     click(&browser, Locator::Css("tr[data-queue='mail'] button")).await;
-    assert_eq!(
-        text_of(&browser, "tr[data-queue='mail'] button").await,
-        "Pause"
-    );
+    wait_text(&browser, "tr[data-queue='mail'] button", "Pause").await;
     assert!(!storage.queue_counts(Some("mail")).await.unwrap()[0].paused);
 
     // jobs: the completed ones, the script shown as text and never run
@@ -463,6 +466,7 @@ async fn a_read_only_dashboard_refuses_every_action() {
     db.storage().ensure_queue("ro_q").await.unwrap();
     let (mut serve, addr) = common::spawn_serve(&[
         "--no-maintenance",
+        "--dashboard",
         "--database-url",
         &db.url,
         "--schema",

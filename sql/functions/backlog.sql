@@ -172,7 +172,7 @@ LANGUAGE sql AS $$
         SELECT c.unique_key, c.job_id FROM __S__.unique_keys c
         WHERE c.created_at < now() - p_older
           AND coalesce((SELECT s.state FROM __S__.job_state(c.job_id) s), 'gone')
-              NOT IN ('available', 'running', 'scheduled', 'retryable')
+              NOT IN ('available', 'running', 'waiting', 'scheduled', 'retryable')
         ORDER BY c.created_at
         LIMIT p_limit
     ), gone AS (

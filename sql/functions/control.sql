@@ -94,8 +94,20 @@ DECLARE
     v_claim record;
     v_parked_lane int;
     v_parked __S__.parked_entries;
+    v_lease __S__.leases;
 BEGIN
     v_current := __S__.current_queue_slot();
+    -- waiting for a callback (lease_ring.sql): the wait ends as cancelled; a later callback finds
+    -- nothing. The ring's shared lock first, as every lease operation takes it.
+    PERFORM __S__.lease_ring_shared();
+    IF EXISTS (SELECT 1 FROM __S__.leases l WHERE l.job_id = p_job_id AND l.state = 'waiting') THEN
+        PERFORM __S__.lock_attempt(p_job_id);
+        SELECT * INTO v_lease FROM __S__.leases l WHERE l.job_id = p_job_id AND l.state = 'waiting';
+        IF FOUND THEN
+            PERFORM __S__.end_wait(v_lease, 'cancel', NULL, p_reason);
+            RETURN 'cancelled';
+        END IF;
+    END IF;
     -- scheduled or waiting for a retry
     DELETE FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id RETURNING * INTO v_deferred;
     IF FOUND THEN
@@ -348,8 +360,9 @@ BEGIN
     IF EXISTS (SELECT 1 FROM __S__.dlq_entries x WHERE x.job_id = p_job_id) THEN
         RETURN CASE WHEN __S__.dlq_retry(p_job_id) THEN 'retried' ELSE 'not_retryable' END;
     END IF;
-    UPDATE __S__.deferred_jobs d SET run_at = now()
-    WHERE d.job_id = p_job_id AND d.held_key IS NULL AND d.run_at > now();
+    -- already due (not yet promoted) counts as retried: it runs at the next promotion
+    UPDATE __S__.deferred_jobs d SET run_at = least(d.run_at, now())
+    WHERE d.job_id = p_job_id AND d.held_key IS NULL;
     RETURN CASE WHEN FOUND THEN 'retried' ELSE 'not_retryable' END;
 END
 $$;

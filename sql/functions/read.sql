@@ -24,6 +24,11 @@ LANGUAGE sql STABLE AS $$
         FROM __S__.archived_job(p_job_id) a
         WHERE NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs x WHERE x.job_id = p_job_id AND x.run_lease > a.run_lease)
         UNION ALL
+        -- waiting for a callback (migration 0015): its claim is closed, its lease carries it
+        SELECT 'waiting', l.queue, l.kind, l.attempt, l.run_lease,
+               'waiting for a callback until ' || to_char(l.timeout_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS UTC'), 1
+        FROM __S__.leases l WHERE l.job_id = p_job_id AND l.state = 'waiting'
+        UNION ALL
         -- held under a key limit (migration 0012): waiting like any available job
         SELECT CASE WHEN d.held_key IS NOT NULL THEN 'available'
                     WHEN d.attempt = 0 THEN 'scheduled' ELSE 'retryable' END, d.queue, d.kind, d.attempt,
@@ -55,7 +60,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION __S__.queue_counts(p_queue text DEFAULT NULL)
 RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
-               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint)
+               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
 -- jit off: a custom plan of this statement over every ring partition can estimate above
 -- jit_above_cost, and compiling it took 0.9 s for a count that runs in 10 ms (bench-counts)
 LANGUAGE sql STABLE SET jit = off AS $$
@@ -78,7 +83,8 @@ LANGUAGE sql STABLE SET jit = off AS $$
            + tt.failed,
            (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'cancelled')
            + tt.cancelled,
-           (SELECT count(*) FROM __S__.dlq_entries d WHERE d.queue = q.queue)
+           (SELECT count(*) FROM __S__.dlq_entries d WHERE d.queue = q.queue),
+           __S__.waiting_count(q.queue)
     FROM __S__.queues q
     CROSS JOIN LATERAL (
         SELECT coalesce(sum(t.completed), 0)::bigint AS completed, coalesce(sum(t.failed), 0)::bigint AS failed,
@@ -173,12 +179,17 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 -- Job listings for the dashboard (issue 13): one page of jobs of one state, optionally of one queue
 -- and one kind, with keyset paging. Each row carries its page_key; the next page passes the last
--- row's page_key as p_after (NULL: the first page). Every branch walks an index from the page key
--- and stops after p_limit rows, so a page never scans the ring:
---   available:  pickup order, lane by lane (ready_entries by (lane_id, lane_pos) past the lane's
---               cursor), then parked jobs and jobs held under a key limit, by job id;
+-- row's page_key as p_after (NULL: the first page). The backlog tables (deferred, parked, DLQ,
+-- leases) and the archive are walked by index from the page key, stopping after p_limit rows;
+-- waiting jobs in the ring are walked lane by lane from each lane's cursor. What the rings hold of
+-- finished and running jobs (the last few rotations: seconds to minutes of history) is read
+-- whole for the queue and sorted, as exact counts read it:
+--   available:  lane by lane, highest priority first (ready_entries by (lane_id, lane_pos) past
+--               the lane's cursor: each lane in its pickup order; claims interleave the lanes of a
+--               priority and age lower ones), then parked jobs and jobs held under a key limit, by job id;
 --   scheduled, retryable: by job id (deferred_jobs' primary key);
 --   running:    by job id, from the open claims (the claim ring: a few seconds of claims);
+--   waiting:    by job id, from the lease ring (jobs waiting for a callback);
 --   completed, failed, cancelled: newest first by (finalized_at, job_id): the ring's history rows,
 --               then the archive's (a completion batch is one row: its jobs are unnested);
 --   dead_lettered: newest first by (failed_at, job_id).
@@ -194,21 +205,33 @@ DECLARE
     v_lane record;
     v_phase text := coalesce(left(p_after, 1), 'L');
     v_after_lane int := -1;
+    v_after_priority smallint := 0;
     v_after_pos bigint := -1;
     v_after_id bigint := 0;
     v_before_at timestamptz := 'infinity';
     v_before_id bigint := 9223372036854775807;
 BEGIN
-    IF p_state NOT IN ('available', 'scheduled', 'retryable', 'running', 'completed', 'failed', 'cancelled',
-                       'dead_lettered') THEN
+    IF p_state NOT IN ('available', 'scheduled', 'retryable', 'running', 'waiting', 'completed', 'failed',
+                       'cancelled', 'dead_lettered') THEN
         RAISE EXCEPTION 'unknown job state %', p_state USING ERRCODE = '22023';
     END IF;
     -- page keys: L<lane>:<pos> (a ready row), P<job> (parked), H<job> (held), J<job> (by job id),
-    -- T<microseconds since epoch>:<job> (newest first by time)
+    -- T<microseconds since epoch>:<job> (newest first by time); each state takes only its own
+    -- (the CASE in parentheses: PL/pgSQL ends an IF condition at its first THEN otherwise)
+    IF p_after IS NOT NULL AND p_after !~ (CASE
+           WHEN p_state = 'available' THEN '^(L[0-9]{1,10}:[0-9]{1,19}|[PH][0-9]{1,19})$'
+           WHEN p_state IN ('scheduled', 'retryable', 'running', 'waiting') THEN '^J[0-9]{1,19}$'
+           ELSE '^T-?[0-9]{1,19}:[0-9]{1,19}$' END) THEN
+        RAISE EXCEPTION 'malformed page key %', p_after USING ERRCODE = '22023';
+    END IF;
     BEGIN
         IF p_after LIKE 'L%' THEN
             v_after_lane := split_part(substr(p_after, 2), ':', 1)::int;
             v_after_pos := split_part(substr(p_after, 2), ':', 2)::bigint;
+            SELECT l.priority INTO v_after_priority FROM __S__.queue_lanes l WHERE l.lane_id = v_after_lane;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'malformed page key % (no such lane)', p_after USING ERRCODE = '22023';
+            END IF;
         ELSIF p_after LIKE 'T%' THEN
             v_before_at := 'epoch'::timestamptz
                            + (split_part(substr(p_after, 2), ':', 1) || ' microseconds')::interval;
@@ -225,10 +248,11 @@ BEGIN
         IF v_phase = 'L' THEN
             FOR v_lane IN
                 SELECT l.lane_id FROM __S__.queue_lanes l
-                WHERE (p_queue IS NULL OR l.queue = p_queue) AND l.lane_id >= v_after_lane
+                WHERE (p_queue IS NULL OR l.queue = p_queue)
+                  AND (l.priority, l.lane_id) >= (v_after_priority, v_after_lane)
                   AND __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq),
                                                 pg_sequence_last_value(l.cursor_seq))
-                ORDER BY l.lane_id
+                ORDER BY l.priority, l.lane_id
             LOOP
                 EXIT WHEN v_left = 0;
                 RETURN QUERY
@@ -300,6 +324,14 @@ BEGIN
               ON e.ready_slot = r.ready_slot AND e.job_id = r.job_id AND e.run_lease = r.run_lease - 1
             WHERE (p_kind IS NULL OR e.kind = p_kind)
             ORDER BY r.job_id LIMIT v_left;
+    ELSIF p_state = 'waiting' THEN
+        RETURN QUERY
+            SELECT l.job_id, 'waiting'::text, l.queue, l.kind, l.args, l.attempt, l.timeout_at,
+                   'waiting for a callback'::text, 'J' || l.job_id
+            FROM __S__.leases l
+            WHERE l.state = 'waiting' AND l.job_id > v_after_id
+              AND (p_queue IS NULL OR l.queue = p_queue) AND (p_kind IS NULL OR l.kind = p_kind)
+            ORDER BY l.job_id LIMIT v_left;
     ELSIF p_state = 'dead_lettered' THEN
         RETURN QUERY
             SELECT x.job_id, 'dead_lettered'::text, x.queue, x.kind, x.args, x.attempt, x.failed_at, x.error,
@@ -342,14 +374,19 @@ BEGIN
                 UNION ALL
                 (SELECT a.job_ids[i], 'completed', a.queue, a.kinds[i], a.args[i], a.attempts[i], a.finalized_at,
                         NULL
+                 -- every batch at the key's time, then the newest v_left older ones with a job of
+                 -- the kind (ties included: batches of one completion share their time), so each
+                 -- batch taken gives at least one row and the merge is exact
                  FROM (SELECT * FROM __S__.archived_completion_batches w
                        WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
+                         AND (p_kind IS NULL OR p_kind = ANY (w.kinds))
                          AND w.finalized_at = v_before_at
                        UNION ALL
                        (SELECT * FROM __S__.archived_completion_batches w
                         WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
+                          AND (p_kind IS NULL OR p_kind = ANY (w.kinds))
                           AND w.finalized_at < v_before_at
-                        ORDER BY w.finalized_at DESC LIMIT v_left)) a
+                        ORDER BY w.finalized_at DESC FETCH FIRST v_left ROWS WITH TIES)) a
                  CROSS JOIN LATERAL generate_subscripts(a.job_ids, 1) i
                  WHERE (p_kind IS NULL OR a.kinds[i] = p_kind)
                    AND (a.finalized_at, a.job_ids[i]) < (v_before_at, v_before_id)

@@ -9,7 +9,7 @@
 //!     "/ops/jobs",
 //!     Dashboard::new(storage)
 //!         .base_path("/ops/jobs")
-//!         .actions(Actions::Token("a long random secret".into()))
+//!         .actions(Actions::Token("a long random secret".into()))?
 //!         .router(),
 //! );
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:9464").await?;
@@ -22,13 +22,14 @@
 //! - every action is a POST carrying a CSRF token (a form field derived from a secret the page
 //!   never reveals otherwise), refused when the browser says the request came from another site
 //!   (`Origin`, `Sec-Fetch-Site`);
-//! - with a token, the browser signs in once (`/login`) and keeps an HttpOnly, SameSite=Strict
-//!   cookie; scripts may send `Authorization: Bearer <token>` instead;
+//! - with a token, every page needs it: the browser signs in once (`/login`) and keeps an
+//!   HttpOnly, SameSite=Strict cookie; scripts may send `Authorization: Bearer <token>` instead;
 //! - every value from the database is escaped by the templates (maud), and a Content-Security-Policy
 //!   allows no script at all: the pages have none.
 //!
-//! Reads need no token: the pages show job arguments (user data), so listen on a private address
-//! or behind the operator's own authenticating proxy (docs/dashboard.md).
+//! Read-only and behind-proxy dashboards need no sign-in to read: the pages show job arguments
+//! (user data) and other sessions' queries, so listen on a private address, or behind the
+//! operator's own authenticating proxy, or set a token (docs/dashboard.md).
 
 mod history;
 mod pages;
@@ -51,18 +52,30 @@ use history::History;
 const STYLE: &str = include_str!("style.css");
 const SESSION_COOKIE: &str = "ringwork_dashboard";
 
-/// What the dashboard lets its visitors change.
-#[derive(Clone, Debug, Default)]
+/// What the dashboard lets its visitors see and change.
+#[derive(Clone, Default)]
 pub enum Actions {
     /// Pages only; every POST is refused (the default).
     #[default]
     ReadOnly,
-    /// Actions for a browser that signed in with this token (or a request carrying it as a bearer
-    /// token). Use a long random value: it is the dashboard's only credential.
+    /// Every page and action for a browser that signed in with this token (or a request carrying
+    /// it as a bearer token); nothing for anyone else. At least 16 characters: use a long random
+    /// value, it is the dashboard's only credential.
     Token(String),
     /// Actions for every visitor: the operator's proxy in front authenticates them. CSRF
     /// protection still applies.
     BehindProxy,
+}
+
+impl std::fmt::Debug for Actions {
+    // never the token itself (configs get logged)
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ReadOnly => f.write_str("ReadOnly"),
+            Self::Token(_) => f.write_str("Token(<redacted>)"),
+            Self::BehindProxy => f.write_str("BehindProxy"),
+        }
+    }
 }
 
 /// The dashboard's configuration; [`Dashboard::router`] builds the pages.
@@ -91,9 +104,19 @@ impl Dashboard {
         self
     }
 
-    pub fn actions(mut self, actions: Actions) -> Self {
+    /// Turn actions on (and, with a token, put every page behind sign-in). A token shorter than
+    /// 16 characters is refused.
+    pub fn actions(mut self, actions: Actions) -> crate::Result<Self> {
+        if let Actions::Token(token) = &actions {
+            if token.chars().count() < 16 {
+                return Err(crate::Error::Config(
+                    "the dashboard token must be at least 16 characters: it is the dashboard's only credential"
+                        .into(),
+                ));
+            }
+        }
         self.actions = actions;
-        self
+        Ok(self)
     }
 
     /// Sessions whose transaction or snapshot is at least this old are listed as horizon holders
@@ -145,6 +168,10 @@ impl Dashboard {
             .route("/login", get(pages::login).post(login))
             .route("/logout", post(logout))
             .route("/assets/style.css", get(style))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&shared),
+                require_sign_in,
+            ))
             .layer(axum::middleware::map_response(security_headers))
             .with_state(shared)
     }
@@ -310,6 +337,30 @@ fn failure(error: crate::Error) -> Response {
     (status, pages::message_page("Error", &error.to_string())).into_response()
 }
 
+/// With a token, every page but the sign-in page and the stylesheet needs a signed-in browser (or
+/// the bearer token): a GET is sent to sign in, anything else is refused.
+async fn require_sign_in(
+    State(shared): AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let open = {
+        let path = request.uri().path();
+        path.ends_with("/login") || path.ends_with("/assets/style.css")
+    };
+    if !matches!(shared.actions, Actions::Token(_)) || open || shared.may_act(request.headers()) {
+        return next.run(request).await;
+    }
+    if request.method() == axum::http::Method::GET {
+        see_other(shared.href("/login"))
+    } else {
+        refuse(
+            StatusCode::UNAUTHORIZED,
+            "sign in with the dashboard's token first",
+        )
+    }
+}
+
 async fn security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     for (name, value) in [
@@ -414,11 +465,12 @@ async fn job_action(
     }
 }
 
-/// A dead-letter form: the CSRF field, a queue, and any number of `job` fields (a selection).
+/// A dead-letter form (its CSRF field is checked first): its scope (`selected`: the `job` fields;
+/// `all`: every dead-lettered job of `queue`, or of every queue), and a queue.
 struct DlqForm {
-    csrf: Option<String>,
     queue: Option<String>,
     jobs: Vec<i64>,
+    all: bool,
 }
 
 fn dlq_form(pairs: &[(String, String)]) -> Result<DlqForm, Refusal> {
@@ -436,10 +488,22 @@ fn dlq_form(pairs: &[(String, String)]) -> Result<DlqForm, Refusal> {
                 .map_err(|_| Refusal(StatusCode::BAD_REQUEST, "a selected job id is not a number"))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // the scope is explicit: an empty selection must never widen into "everything"
+    let all = match field("scope").as_deref() {
+        Some("all") => true,
+        Some("selected") if !jobs.is_empty() => false,
+        Some("selected") => {
+            return Err(Refusal(
+                StatusCode::BAD_REQUEST,
+                "nothing selected: tick the jobs to act on",
+            ))
+        }
+        _ => return Err(Refusal(StatusCode::BAD_REQUEST, "the form has no scope")),
+    };
     Ok(DlqForm {
-        csrf: field("csrf"),
         queue: field("queue"),
-        jobs,
+        jobs: if all { Vec::new() } else { jobs },
+        all,
     })
 }
 
@@ -450,8 +514,8 @@ fn dlq_page(shared: &Shared, queue: Option<&str>) -> String {
     }
 }
 
-/// Retry or purge dead-lettered jobs (`/dlq/retry`, `/dlq/purge`): the selected ones, or with no
-/// selection every one of the form's queue (or of every queue).
+/// Retry or purge dead-lettered jobs (`/dlq/retry`, `/dlq/purge`): the selected ones (scope
+/// `selected`), or every one of the form's queue, or of every queue (scope `all`).
 async fn dead_letter_action(
     State(shared): AppState,
     headers: HeaderMap,
@@ -463,16 +527,21 @@ async fn dead_letter_action(
         "purge" => false,
         _ => return refuse(StatusCode::NOT_FOUND, "no such dead-letter action"),
     };
-    let DlqForm { csrf, queue, jobs } = match dlq_form(&pairs) {
+    // read-only, signed out, cross-site and CSRF first, whatever the form holds
+    let csrf = pairs
+        .iter()
+        .find(|(k, _)| k == "csrf")
+        .map(|(_, v)| v.as_str());
+    if let Err(refused) = shared.check_action(&headers, csrf) {
+        return refused.into_response();
+    }
+    let DlqForm { queue, jobs, all } = match dlq_form(&pairs) {
         Ok(form) => form,
         Err(refused) => return refused.into_response(),
     };
-    if let Err(refused) = shared.check_action(&headers, csrf.as_deref()) {
-        return refused.into_response();
-    }
     let storage = &shared.storage;
     let result = async {
-        match (retry, jobs.is_empty()) {
+        match (retry, all) {
             (true, true) => {
                 storage
                     .bulk_retry(&crate::JobFilter {
@@ -529,7 +598,7 @@ async fn login(
         );
     }
     let given = form.token.unwrap_or_default();
-    if !same(&digest(&[given.as_bytes()]), &expected) {
+    if given.is_empty() || !same(&digest(&[given.as_bytes()]), &expected) {
         return refuse(StatusCode::UNAUTHORIZED, "wrong token");
     }
     let path = if shared.base.is_empty() {

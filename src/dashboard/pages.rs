@@ -198,7 +198,7 @@ pub(crate) async fn overview(State(shared): AppState, headers: HeaderMap) -> Res
                         span.num.depth { (q.available) }
                     }
                     p.muted {
-                        (q.running) " running · " (q.scheduled + q.retryable) " waiting for their time · "
+                        (q.running) " running · " (q.waiting) " waiting for a callback · " (q.scheduled + q.retryable) " waiting for their time · "
                         (q.completed) " completed · " (q.failed) " failed · " (q.dead_lettered) " dead-lettered"
                     }
                 }
@@ -219,6 +219,7 @@ fn counts_row(shared: &Shared, q: &QueueCounts, may_act: bool) -> Markup {
             (cell(JobStatus::Scheduled, q.scheduled))
             (cell(JobStatus::Retryable, q.retryable))
             (cell(JobStatus::Running, q.running))
+            (cell(JobStatus::Waiting, q.waiting))
             (cell(JobStatus::Completed, q.completed))
             (cell(JobStatus::Failed, q.failed))
             (cell(JobStatus::Cancelled, q.cancelled))
@@ -251,7 +252,7 @@ pub(crate) async fn queues(State(shared): AppState, headers: HeaderMap) -> Respo
         table id="queues" {
             thead { tr {
                 th { "queue" } th.num { "available" } th.num { "scheduled" } th.num { "retryable" }
-                th.num { "running" } th.num { "completed" } th.num { "failed" } th.num { "cancelled" }
+                th.num { "running" } th.num { "waiting" } th.num { "completed" } th.num { "failed" } th.num { "cancelled" }
                 th.num { "dead-lettered" } @if may_act { th { "" } }
             } }
             tbody { @for q in &queues { (counts_row(&shared, q, may_act)) } }
@@ -290,6 +291,7 @@ pub(crate) async fn jobs(
     let time_label = match state {
         JobStatus::Available | JobStatus::Scheduled | JobStatus::Retryable => "due",
         JobStatus::Running => "claimed",
+        JobStatus::Waiting => "times out",
         JobStatus::DeadLettered => "failed",
         _ => "finished",
     };
@@ -441,7 +443,8 @@ pub(crate) async fn dead_letters(
         .list_jobs(
             JobStatus::DeadLettered,
             queue,
-            ListQuery::get(&params.kind),
+            // by queue only: the bulk forms below act on a queue, so the list shows what they act on
+            None,
             ListQuery::get(&params.after),
             PAGE_SIZE,
         )
@@ -462,6 +465,26 @@ pub(crate) async fn dead_letters(
     let scope = queue
         .map(|q| format!("in {q}"))
         .unwrap_or_else(|| "in every queue".into());
+    let dead_table = html! {
+        table id="dead" {
+            thead { tr {
+                @if may_act { th { "" } }
+                th { "id" } th { "queue" } th { "kind" } th.num { "attempts" } th { "failed" } th { "args" } th { "error" }
+            } }
+            tbody {
+                @for job in &page.jobs {
+                    tr data-job=(job.job_id) {
+                        @if may_act { td { input type="checkbox" name="job" value=(job.job_id); } }
+                        td { a href=(shared.href(&format!("/jobs/{}", job.job_id))) { (job.job_id) } }
+                        td { (job.queue) } td { (job.kind) } td.num { (job.attempt) }
+                        td title=(when(job.at)) { (ago(job.at)) }
+                        td.args { (short_json(&job.args, 200)) }
+                        td.error { (job.detail.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        }
+    };
     let body = html! {
         h1 { "Dead letters" }
         form.filters method="get" action=(shared.href("/dlq")) {
@@ -477,33 +500,18 @@ pub(crate) async fn dead_letters(
             }
             button type="submit" { "Show" }
         }
-        form id="dlq" method="post" {
-            @if may_act {
+        @if may_act {
+            form id="dlq" method="post" {
                 (csrf_field(&shared))
                 @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
                 div.actions {
-                    button id="retry-selected" type="submit" formaction=(shared.href("/dlq/retry")) { "Retry selected" }
-                    button.danger id="purge-selected" type="submit" formaction=(shared.href("/dlq/purge")) { "Purge selected" }
+                    button id="retry-selected" type="submit" name="scope" value="selected" formaction=(shared.href("/dlq/retry")) { "Retry selected" }
+                    button.danger id="purge-selected" type="submit" name="scope" value="selected" formaction=(shared.href("/dlq/purge")) { "Purge selected" }
                 }
+                (dead_table)
             }
-            table id="dead" {
-                thead { tr {
-                    @if may_act { th { "" } }
-                    th { "id" } th { "queue" } th { "kind" } th.num { "attempts" } th { "failed" } th { "args" } th { "error" }
-                } }
-                tbody {
-                    @for job in &page.jobs {
-                        tr data-job=(job.job_id) {
-                            @if may_act { td { input type="checkbox" name="job" value=(job.job_id); } }
-                            td { a href=(shared.href(&format!("/jobs/{}", job.job_id))) { (job.job_id) } }
-                            td { (job.queue) } td { (job.kind) } td.num { (job.attempt) }
-                            td title=(when(job.at)) { (ago(job.at)) }
-                            td.args { (short_json(&job.args, 200)) }
-                            td.error { (job.detail.as_deref().unwrap_or("")) }
-                        }
-                    }
-                }
-            }
+        } @else {
+            (dead_table)
         }
         @if page.jobs.is_empty() { p.muted { "No dead-lettered jobs " (scope) "." } }
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
@@ -513,12 +521,12 @@ pub(crate) async fn dead_letters(
                 form.inline method="post" action=(shared.href("/dlq/retry")) {
                     (csrf_field(&shared))
                     @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
-                    button id="retry-all" type="submit" { "Retry all " (scope) }
+                    button id="retry-all" type="submit" name="scope" value="all" { "Retry all " (scope) }
                 }
                 form.inline method="post" action=(shared.href("/dlq/purge")) {
                     (csrf_field(&shared))
                     @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
-                    button.danger id="purge-all" type="submit" { "Purge all " (scope) }
+                    button.danger id="purge-all" type="submit" name="scope" value="all" { "Purge all " (scope) }
                 }
             }
         }

@@ -155,6 +155,10 @@ pub struct TickReport {
     pub pruned_claim_slots: Vec<i32>,
     pub promoted: i32,
     pub rescued: i32,
+    /// Waits for a callback that timed out and were ended (retried, or failed).
+    pub callbacks_timed_out: i32,
+    /// `rotated`, `young`, `empty` or `busy` (the lease ring).
+    pub lease_ring: String,
     pub dlq_expired: i32,
     pub unique_keys_expired: i32,
     pub archive_buckets_truncated: i32,

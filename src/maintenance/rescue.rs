@@ -1,6 +1,7 @@
 //! Rescue: deadline rescue, then stale rescue, over every claim slot's cursors, closing at most
 //! `rescue_batch` attempts per pass. A closed attempt goes back to retry (or to failed / the
-//! dead-letter queue when its attempts are used up).
+//! dead-letter queue when its attempts are used up). Then timeout rescue of the attempts that wait
+//! for a callback (the lease ring), which end the same way.
 
 use super::{MaintenanceConfig, TickReport};
 use crate::error::Result;
@@ -14,5 +15,7 @@ pub(super) async fn run(
     report.rescued = storage
         .rescue(config.stale_after, config.rescue_batch)
         .await?;
+    // waits for a callback past their timeout, on the lease side
+    report.callbacks_timed_out = storage.rescue_callbacks(config.rescue_batch).await?;
     Ok(())
 }

@@ -53,6 +53,9 @@ pub(super) async fn flush(storage: &Storage, metrics: &Metrics, batch: Vec<Finis
     let mut closes = Vec::new();
     let mut close_in_tx = Vec::new();
     for item in batch {
+        if item.settled {
+            continue;
+        }
         match item.result {
             Ok(()) => {
                 successes.push(item.attempt);

@@ -20,7 +20,7 @@ use super::handler::{
     retry_backoff, AttemptWrites, CancelSignal, JobContext, JobError, RetryPolicy,
 };
 use super::{Finished, Inner, RunningAttempt, CLAIM_AHEAD_MAX_HANDLER};
-use crate::storage::{ClaimedJob, CloseOutcome};
+use crate::storage::{AwaitOutcome, ClaimedJob, CloseOutcome};
 
 /// The zero of `RunningAttempt::poll_started`.
 pub(super) static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -130,6 +130,7 @@ pub(super) async fn run_job(
             result: Err(CloseOutcome::Snooze { at: Utc::now() }),
             handler_time: None,
             completed_in_tx: false,
+            settled: false,
         },
     };
     if let Ok(mut running) = inner.running.lock() {
@@ -230,6 +231,27 @@ pub(super) async fn run_handler(
             }
         }
     };
+    // a wait for a callback ends the attempt here, not in a completion batch: its claim closes and
+    // its lease waits (or a callback that came meanwhile applies at once)
+    let (result, settled) = match result {
+        Err(JobError::WaitForCallback) => match inner.engine.await_callback(&attempt).await {
+            Ok(AwaitOutcome::NoCallback) => (
+                Err(JobError::Terminal(
+                    "the handler returned WaitForCallback without registering a callback \
+                     (JobContext::register_callback)"
+                        .into(),
+                )),
+                false,
+            ),
+            Ok(_) => (Ok(()), true),
+            Err(e) => {
+                // the claim stays open: stale rescue runs the job again (at least once)
+                tracing::warn!(job_id = attempt.job_id, error = %e, "could not hand an attempt to its callback");
+                (Ok(()), true)
+            }
+        },
+        other => (other, false),
+    };
     let result = result.map_err(|error| {
         let policy = match &error {
             JobError::Retry(_) => Some(inner.retry_policy(queue, &job.kind)),
@@ -251,6 +273,7 @@ pub(super) async fn run_handler(
         }
     }
     let outcome = match &result {
+        Ok(()) if settled => "waiting",
         Ok(()) => "completed",
         Err(CloseOutcome::Retry { .. }) => "retried",
         Err(CloseOutcome::Snooze { .. }) => "snoozed",
@@ -274,6 +297,7 @@ pub(super) async fn run_handler(
         result,
         handler_time: Some(started.elapsed()),
         completed_in_tx: writes.completed_in_tx.load(Ordering::SeqCst),
+        settled,
     }
 }
 
@@ -323,6 +347,10 @@ fn close_outcome(job: &ClaimedJob, error: JobError, policy: Option<&RetryPolicy>
         JobError::RetryAfter(delay, e) => CloseOutcome::Retry {
             at: Utc::now() + chrono_duration(delay),
             error: e,
+        },
+        // handled before: the attempt waits, nothing to close
+        JobError::WaitForCallback => CloseOutcome::Failed {
+            error: "waiting for a callback".into(),
         },
     }
 }

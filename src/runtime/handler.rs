@@ -154,6 +154,46 @@ impl JobContext {
         }
     }
 
+    /// Register an external callback for this attempt: the returned id (64 hex characters,
+    /// signed, unguessable) is what the outside world answers with (`Storage::resolve_callback`,
+    /// `ringwork callback`, or `POST /callbacks/<id>/<action>` on `ringwork serve`). Then return
+    /// `Err(JobError::WaitForCallback)`: the job waits without a worker, at most `timeout` (a
+    /// callback heartbeat extends it) before it is retried. A callback that comes before the
+    /// handler returned is applied when it returns. One callback per attempt.
+    pub async fn register_callback(&self, timeout: std::time::Duration) -> Result<String> {
+        if timeout < std::time::Duration::from_secs(1)
+            || timeout > std::time::Duration::from_secs(365 * 24 * 3600)
+        {
+            return Err(Error::Config(format!(
+                "callback timeout must be 1 s..=365 days, got {timeout:?}"
+            )));
+        }
+        self.writes
+            .storage
+            .register_callback(&self.writes.attempt, timeout)
+            .await
+    }
+
+    /// The payload of the `resume` callback that made this attempt run, if any.
+    pub async fn callback_payload<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>> {
+        match self
+            .writes
+            .storage
+            .callback_payload(self.job_id, self.run_lease)
+            .await?
+        {
+            None => Ok(None),
+            Some(value) => {
+                serde_json::from_value(value)
+                    .map(Some)
+                    .map_err(|e| Error::InvalidArgs {
+                        kind: self.kind.clone(),
+                        reason: format!("callback payload does not decode: {e}"),
+                    })
+            }
+        }
+    }
+
     /// The last progress recorded for this job: by an earlier attempt that was retried, snoozed
     /// or rescued (resume from its checkpoint), or by this attempt once written.
     pub async fn last_progress(&self) -> Result<Option<ProgressRecord>> {
@@ -231,6 +271,11 @@ pub enum JobError {
     /// Run again after the delay without using an attempt (the job is not ready yet).
     Snooze(Duration),
     Terminal(String),
+    /// The handler registered a callback (`JobContext::register_callback`) and hands the job to
+    /// the outside world: the attempt ends, the worker is free, and the job waits in the lease ring
+    /// until the callback (complete, fail, retry, resume) or its timeout (a retry, or a failure
+    /// once the attempts are used up).
+    WaitForCallback,
 }
 
 impl JobError {
@@ -296,6 +341,7 @@ impl std::fmt::Display for JobError {
             Self::RetryAfter(d, e) => write!(f, "{e} (retry after {d:?})"),
             Self::Snooze(d) => write!(f, "snoozed for {d:?}"),
             Self::Terminal(e) => write!(f, "{e}"),
+            Self::WaitForCallback => write!(f, "waiting for a callback"),
         }
     }
 }

@@ -322,4 +322,6 @@ pub(crate) struct Finished {
     /// runtime's write for it is expected to be refused (that transaction committed), and applies
     /// only if that transaction rolled back. Either way it is not a stale write.
     pub(crate) completed_in_tx: bool,
+    /// The attempt's outcome is written already (it waits for a callback): nothing to flush.
+    pub(crate) settled: bool,
 }

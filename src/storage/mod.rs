@@ -10,6 +10,7 @@ mod backlog;
 mod claim_ring;
 mod control;
 mod health;
+mod lease_ring;
 mod periodic;
 mod pooling;
 mod queue_ring;
@@ -29,6 +30,7 @@ pub use backlog::DeadLetter;
 pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::{BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits};
 pub use health::{HorizonHolder, Readiness, TableHealth};
+pub use lease_ring::{AwaitOutcome, CallbackAction, CallbackOutcome};
 pub use periodic::ScheduleRecord;
 use pooling::{ConnStatements, PoolStatements, Pooling};
 pub use queue_ring::Inserted;
@@ -45,6 +47,7 @@ struct Statements {
     claim_ring: claim_ring::Statements,
     rescue: rescue::Statements,
     ring_maintenance: ring_maintenance::Statements,
+    lease_ring: lease_ring::Statements,
     backlog: backlog::Statements,
     archive: archive::Statements,
     control: control::Statements,
@@ -71,6 +74,7 @@ impl Storage {
             claim_ring: claim_ring::Statements::new(&schema),
             rescue: rescue::Statements::new(&schema),
             ring_maintenance: ring_maintenance::Statements::new(&schema),
+            lease_ring: lease_ring::Statements::new(&schema),
             backlog: backlog::Statements::new(&schema),
             archive: archive::Statements::new(&schema),
             control: control::Statements::new(&schema),

@@ -29,7 +29,7 @@ impl Statements {
             ),
             queue_counts: format!(
                 "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
-                 dead_lettered FROM {s}.queue_counts($1)"
+                 dead_lettered, waiting FROM {s}.queue_counts($1)"
             ),
             oldest_available_wait: format!(
                 "SELECT extract(epoch FROM {s}.oldest_available_wait($1))::float8"
@@ -80,6 +80,8 @@ pub struct QueueCounts {
     pub failed: i64,
     pub cancelled: i64,
     pub dead_lettered: i64,
+    /// Waiting for an external callback (the lease ring): no worker, no open claim.
+    pub waiting: i64,
 }
 
 /// One recorded step of a job's history (see `Storage::load_job`).
@@ -162,10 +164,11 @@ pub struct JobPage {
 
 impl Storage {
     /// One page of the jobs of one state, optionally of one queue and one kind, after the page
-    /// key `after` (`None`: the first page). Waiting jobs come in pickup order (available) or job
-    /// id order (scheduled, retryable, running); finished and dead-lettered jobs newest first.
-    /// Each page is an index walk that stops after `limit` rows (at most 1,000), never a scan of
-    /// the ring (`sql/functions/read.sql`, `list_jobs`).
+    /// key `after` (`None`: the first page). Available jobs lane by lane, highest priority first;
+    /// scheduled, retryable, running and waiting ones by job id; finished and dead-lettered jobs
+    /// newest first. At most `limit` rows (1..=1,000). The backlog tables and the archive are
+    /// walked by index; what the rings hold (seconds to minutes of history) is read whole for the
+    /// queue (`sql/functions/read.sql`, `list_jobs`).
     pub async fn list_jobs(
         &self,
         state: crate::JobStatus,
@@ -177,6 +180,12 @@ impl Storage {
         let limit = limit.clamp(1, 1000);
         if let Some(after) = after {
             crate::job::validate_name("page key", after)?;
+        }
+        if let Some(queue) = queue {
+            crate::job::validate_name("queue name", queue)?;
+        }
+        if let Some(kind) = kind {
+            crate::job::validate_name("job kind", kind)?;
         }
         let rows = sqlx::query(&self.sql.read.list_jobs)
             .bind(queue)
@@ -285,6 +294,7 @@ impl Storage {
                     failed: row.try_get("failed")?,
                     cancelled: row.try_get("cancelled")?,
                     dead_lettered: row.try_get("dead_lettered")?,
+                    waiting: row.try_get("waiting")?,
                 })
             })
             .collect()

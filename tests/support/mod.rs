@@ -216,3 +216,40 @@ pub async fn rotate_and_prune(
     }
     results
 }
+
+/// One job (kind `approval`) inserted into `queue` and claimed, its callback registered and
+/// awaited: the job waits in the lease ring. Returns the claim and the callback id.
+pub async fn waiting_job(
+    db: &TestDb,
+    storage: &Storage,
+    queue: &str,
+    max_attempts: i32,
+    timeout: Duration,
+) -> (ringwork::ClaimedJob, String) {
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(
+            &mut conn,
+            &[
+                ringwork::NewJob::from_parts("approval", serde_json::json!({ "order": 1 }))
+                    .unwrap()
+                    .queue(queue)
+                    .max_attempts(max_attempts),
+            ],
+        )
+        .await
+        .unwrap();
+    let claimed = storage.claim(queue, 1, None).await.unwrap().remove(0);
+    let id = storage
+        .register_callback(&claimed.attempt_ref(), timeout)
+        .await
+        .unwrap();
+    assert_eq!(
+        storage
+            .await_callback(&claimed.attempt_ref())
+            .await
+            .unwrap(),
+        ringwork::AwaitOutcome::Waiting
+    );
+    (claimed, id)
+}

@@ -1,10 +1,11 @@
+#![allow(dead_code)] // each test binary uses a part of it
 //! Shared by the CLI's tests: `ringwork serve` as a child process.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 
 /// Start `ringwork serve --listen 127.0.0.1:0` with `args` (database, schema, options) and wait for
@@ -31,4 +32,39 @@ pub async fn spawn_serve(args: &[&str]) -> (Child, SocketAddr) {
         .parse()
         .expect("an address");
     (serve, addr)
+}
+
+/// One HTTP/1.1 POST: (status, body).
+pub async fn post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    content_type: &str,
+    body: &str,
+) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    stream
+        .write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+                 Content-Type: {content_type}\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("send");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.expect("read");
+    let text = String::from_utf8_lossy(&response).to_string();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -202,8 +202,8 @@ async fn readyz(State(e): State<Arc<Endpoints>>) -> Response {
 /// signed with the schema's callback key, unguessable. Optional JSON body: `{"payload": ...}`
 /// (resume), `{"error": "..."}` (fail, retry), `{"extend_secs": N}` (heartbeat, default 300).
 /// Answers `200 {"outcome": "applied" | "recorded" | "extended"}`; `404` for an id this schema did
-/// not give out or whose wait is over; `409` when the wait was answered already; `400` for a bad
-/// body.
+/// not give out or whose wait is over; `409` when an earlier answer was recorded while its handler
+/// ran and waits to be applied; `400` for a malformed id, action or body.
 pub fn callbacks_router(storage: Storage) -> Router {
     Router::new()
         .route("/callbacks/{id}/{action}", axum::routing::post(callback))
@@ -267,7 +267,11 @@ async fn callback(
                 Error::Config(_) => StatusCode::BAD_REQUEST,
                 _ => {
                     warn!(error = %e, "callback: a database call failed");
-                    StatusCode::INTERNAL_SERVER_ERROR
+                    return (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        Json(serde_json::json!({ "error": "internal error; try again" })),
+                    )
+                        .into_response();
                 }
             };
             (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()

@@ -597,3 +597,106 @@ async fn lease_dead_tuples_stay_bounded_under_a_held_horizon() {
         .unwrap();
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_resume_payload_survives_a_retry_of_the_resumed_attempt() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let (claimed, id) =
+        support::waiting_job(&db, &storage, "payload_q", 3, Duration::from_secs(600)).await;
+    storage
+        .resolve_callback(
+            &id,
+            CallbackAction::Resume {
+                payload: json!({ "approved": true }),
+            },
+        )
+        .await
+        .unwrap();
+    storage.promote_due(100).await.unwrap();
+    let resumed = storage.claim("payload_q", 1, None).await.unwrap().remove(0);
+    assert_eq!(resumed.job_id, claimed.job_id);
+    assert_eq!(resumed.attempt, claimed.attempt, "a resume uses no attempt");
+    let payload = storage
+        .callback_payload(resumed.job_id, resumed.run_lease)
+        .await
+        .unwrap();
+    assert_eq!(payload, Some(json!({ "approved": true })));
+    // the resumed attempt fails and is retried: the next attempt still reads the payload
+    storage
+        .close_batch(&[(
+            resumed.attempt_ref(),
+            ringwork::CloseOutcome::Retry {
+                at: chrono::Utc::now(),
+                error: "flaky".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    storage.promote_due(100).await.unwrap();
+    let again = storage.claim("payload_q", 1, None).await.unwrap().remove(0);
+    assert!(again.run_lease > resumed.run_lease);
+    assert_eq!(
+        storage
+            .callback_payload(again.job_id, again.run_lease)
+            .await
+            .unwrap(),
+        Some(json!({ "approved": true }))
+    );
+    // the job ends: its payload goes with it
+    storage
+        .complete_batch(&[again.attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(
+        storage
+            .callback_payload(again.job_id, again.run_lease)
+            .await
+            .unwrap(),
+        None
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_answer_recorded_for_an_attempt_that_ends_otherwise_is_dropped_with_it() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(
+            &mut conn,
+            &[NewJob::from_parts("approval", json!({ "order": 3 })).unwrap()],
+        )
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 1, None).await.unwrap().remove(0);
+    let id = storage
+        .register_callback(&claimed.attempt_ref(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        storage
+            .resolve_callback(&id, CallbackAction::Complete)
+            .await
+            .unwrap(),
+        CallbackOutcome::Recorded
+    );
+    // the handler returns Ok instead of WaitForCallback: its own completion wins
+    storage
+        .complete_batch(&[claimed.attempt_ref()])
+        .await
+        .unwrap();
+    assert!(is_over(
+        storage
+            .resolve_callback(&id, CallbackAction::Complete)
+            .await
+    ));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.leases").await,
+        0,
+        "the orphaned lease went with the answer"
+    );
+    assert_eq!(state(&storage, claimed.job_id).await, JobStatus::Completed);
+    db.cleanup().await;
+}

@@ -647,7 +647,8 @@ BEGIN
         -- table holds at most one kept row per pending job plus one per running long attempt.
         DELETE FROM __S__.attempt_state a USING open o
         WHERE a.job_id = o.job_id
-          AND (o.route NOT IN ('retry', 'snoozed') OR (a.run_lease = o.run_lease AND a.progress IS NULL))
+          AND (o.route NOT IN ('retry', 'snoozed')
+               OR (a.run_lease = o.run_lease AND a.progress IS NULL AND a.callback IS NULL))
         RETURNING 1
     )
     SELECT i.job_id, i.run_lease,
@@ -686,6 +687,8 @@ BEGIN
         -- new progress replaces what an earlier attempt of the job left
         DELETE FROM __S__.attempt_state a USING open o
         WHERE o.progress IS NOT NULL AND a.job_id = o.job_id AND a.run_lease < o.run_lease
+          -- a resume's payload stays for every later attempt (lease_ring.sql, callback_payload)
+          AND a.callback IS NULL
         RETURNING 1
     )
     SELECT i.job_id, i.run_lease,

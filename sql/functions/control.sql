@@ -99,14 +99,14 @@ BEGIN
     v_current := __S__.current_queue_slot();
     -- waiting for a callback (lease_ring.sql): the wait ends as cancelled; a later callback finds
     -- nothing. The ring's shared lock first, as every lease operation takes it.
+    -- The attempt lock first, so an attempt that starts to wait (await_callback) does so before or
+    -- after this cancel looks, never in between.
     PERFORM __S__.lease_ring_shared();
-    IF EXISTS (SELECT 1 FROM __S__.leases l WHERE l.job_id = p_job_id AND l.state = 'waiting') THEN
-        PERFORM __S__.lock_attempt(p_job_id);
-        SELECT * INTO v_lease FROM __S__.leases l WHERE l.job_id = p_job_id AND l.state = 'waiting';
-        IF FOUND THEN
-            PERFORM __S__.end_wait(v_lease, 'cancel', NULL, p_reason);
-            RETURN 'cancelled';
-        END IF;
+    PERFORM __S__.lock_attempt(p_job_id);
+    SELECT * INTO v_lease FROM __S__.leases l WHERE l.job_id = p_job_id AND l.state = 'waiting';
+    IF FOUND THEN
+        PERFORM __S__.end_wait(v_lease, 'cancel', NULL, p_reason);
+        RETURN 'cancelled';
     END IF;
     -- scheduled or waiting for a retry
     DELETE FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id RETURNING * INTO v_deferred;

@@ -5,7 +5,10 @@
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 --
 -- Locks. Every function that reads or writes a lease row first takes the lease ring's advisory lock
--- in SHARE mode (lease_ring_shared), and rotation takes it exclusively. Rotation moves live rows
+-- in SHARE mode (lease_ring_shared), and rotation takes it exclusively. The readers (waiting_count
+-- for queue_counts, list_jobs) are VOLATILE for the same reason: their statements take a snapshot
+-- after the lock. job_state's lookup by job id reads the row without it: a call that waits behind a
+-- rotation can miss a waiting job for that moment. Rotation moves live rows
 -- (TRUNCATE and re-insert); a statement whose snapshot predates that move would not find them, so
 -- no such statement may be in flight when rotation runs, and every statement after the shared lock
 -- takes its snapshot after any rotation it waited for. Then, per job, the attempt lock
@@ -162,9 +165,9 @@ $$;
 -- A callback from outside, by callback id (its signature is checked by the caller, which holds the
 -- key). p_action: complete, fail, retry, resume, or heartbeat (the timeout becomes now() +
 -- p_extend). Returns 'applied' (the wait ended), 'recorded' (the handler has not returned yet: the
--- action is applied when it does), 'extended', 'already_resolved' (an earlier callback was
--- recorded), or 'unknown' (no such wait: never registered, already ended by a callback or its
--- timeout, or its attempt died before it waited).
+-- action is applied when it returns WaitForCallback), 'extended', 'already_resolved' (an earlier
+-- callback was recorded), or 'unknown' (no such wait: never registered, already ended by a callback
+-- or its timeout, or its attempt ended without waiting).
 CREATE OR REPLACE FUNCTION __S__.resolve_callback(p_callback_id bytea, p_action text, p_payload jsonb,
                                                   p_error text, p_extend interval) RETURNS text
 LANGUAGE plpgsql AS $$
@@ -186,10 +189,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'unknown';
     END IF;
-    IF v_lease.state = 'registered' AND NOT EXISTS (
+    IF v_lease.state IN ('registered', 'resolved') AND NOT EXISTS (
         SELECT 1 FROM __S__.open_attempts(ARRAY[v_lease.claim_slot], ARRAY[v_lease.receipt_id],
                                           ARRAY[v_lease.job_id], ARRAY[v_lease.run_lease])) THEN
-        -- its attempt ended without waiting (rescued, cancelled, or the handler returned otherwise)
+        -- its attempt ended without waiting (rescued, cancelled, or the handler returned otherwise):
+        -- an answer recorded for it is dropped with it
         DELETE FROM __S__.leases l WHERE l.lease_slot = v_lease.lease_slot AND l.callback_id = p_callback_id;
         RETURN 'unknown';
     END IF;
@@ -299,12 +303,19 @@ $$;
 
 -- How many jobs of the queue wait for a callback (queue_counts).
 CREATE OR REPLACE FUNCTION __S__.waiting_count(p_queue text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT count(*) FROM __S__.leases l WHERE l.queue = p_queue AND l.state = 'waiting'
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM __S__.lease_ring_shared();
+    RETURN (SELECT count(*) FROM __S__.leases l WHERE l.queue = p_queue AND l.state = 'waiting');
+END
 $$;
 
--- The payload a resumed attempt was given.
+-- The payload of the job's last resume, for the attempts that follow it (whatever their run_lease:
+-- a hold under a key limit or a retry moves it on). Kept until the job ends (close_batch keeps a
+-- row that holds one).
 CREATE OR REPLACE FUNCTION __S__.callback_payload(p_job_id bigint, p_run_lease bigint) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT a.callback FROM __S__.attempt_state a WHERE a.job_id = p_job_id AND a.run_lease = p_run_lease
+    SELECT a.callback FROM __S__.attempt_state a
+    WHERE a.job_id = p_job_id AND a.run_lease <= p_run_lease AND a.callback IS NOT NULL
+    ORDER BY a.run_lease DESC LIMIT 1
 $$;

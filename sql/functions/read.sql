@@ -198,7 +198,8 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.list_jobs(p_queue text, p_state text, p_kind text, p_after text, p_limit int)
 RETURNS TABLE (job_id bigint, state text, queue text, kind text, args jsonb, attempt int, at timestamptz,
                detail text, page_key text)
-LANGUAGE plpgsql STABLE SET jit = off AS $$
+-- VOLATILE: its waiting branch takes the lease ring's lock, and its statements a snapshot after it
+LANGUAGE plpgsql VOLATILE SET jit = off AS $$
 DECLARE
     v_left int := greatest(p_limit, 0);
     v_n int;
@@ -325,6 +326,7 @@ BEGIN
             WHERE (p_kind IS NULL OR e.kind = p_kind)
             ORDER BY r.job_id LIMIT v_left;
     ELSIF p_state = 'waiting' THEN
+        PERFORM __S__.lease_ring_shared();
         RETURN QUERY
             SELECT l.job_id, 'waiting'::text, l.queue, l.kind, l.args, l.attempt, l.timeout_at,
                    'waiting for a callback'::text, 'J' || l.job_id
@@ -403,6 +405,8 @@ CREATE OR REPLACE FUNCTION __S__.job_args(p_job_id bigint) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT a.args FROM (
         SELECT x.args, x.run_lease FROM __S__.dlq_entries x WHERE x.job_id = p_job_id
+        UNION ALL
+        SELECT w.args, w.run_lease FROM __S__.leases w WHERE w.job_id = p_job_id
         UNION ALL
         SELECT d.args, d.run_lease FROM __S__.deferred_jobs d WHERE d.job_id = p_job_id
         UNION ALL

@@ -347,6 +347,7 @@ LANGUAGE sql STABLE AS $$
     WITH held AS (
         SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_|queue_ring_ledger_)' THEN 'queue'
                     WHEN c.relname ~ '^(lease_claim|claim_ring_ledger_|claim_rescue_cursors_)' THEN 'claim'
+                    WHEN c.relname ~ '^(leases_|lease_ring_ledger_)' THEN 'lease'
                     ELSE 'archive' END AS ring,
                substring(c.relname FROM '_([0-9]+)$')::int AS slot, l.pid, l.mode
         FROM pg_locks l
@@ -360,7 +361,7 @@ LANGUAGE sql STABLE AS $$
            string_agg(DISTINCT h.mode, ', '), left(a.query, 200)
     FROM held h
     JOIN pg_stat_activity a ON a.pid = h.pid
-    WHERE h.ring = 'archive'
+    WHERE h.ring IN ('archive', 'lease')
        OR (h.ring = 'queue' AND EXISTS (SELECT 1 FROM __S__.queue_ring_slots s WHERE s.slot = h.slot AND s.state = 'sealed'))
        OR (h.ring = 'claim' AND EXISTS (SELECT 1 FROM __S__.claim_ring_slots s WHERE s.slot = h.slot AND s.state = 'sealed'))
     GROUP BY h.ring, h.slot, h.pid, a.application_name, a.state, a.xact_start, a.query

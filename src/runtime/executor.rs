@@ -234,7 +234,7 @@ pub(super) async fn run_handler(
     // a wait for a callback ends the attempt here, not in a completion batch: its claim closes and
     // its lease waits (or a callback that came meanwhile applies at once)
     let (result, settled) = match result {
-        Err(JobError::WaitForCallback) => match inner.engine.await_callback(&attempt).await {
+        Err(JobError::WaitForCallback) => match await_callback(inner, &writes, attempt).await {
             Ok(AwaitOutcome::NoCallback) => (
                 Err(JobError::Terminal(
                     "the handler returned WaitForCallback without registering a callback \
@@ -246,7 +246,7 @@ pub(super) async fn run_handler(
             Ok(_) => (Ok(()), true),
             Err(e) => {
                 // the claim stays open: stale rescue runs the job again (at least once)
-                tracing::warn!(job_id = attempt.job_id, error = %e, "could not hand an attempt to its callback");
+                tracing::error!(job_id = attempt.job_id, error = %e, "could not hand an attempt to its callback; rescue will run it again");
                 (Ok(()), true)
             }
         },
@@ -298,6 +298,37 @@ pub(super) async fn run_handler(
         handler_time: Some(started.elapsed()),
         completed_in_tx: writes.completed_in_tx.load(Ordering::SeqCst),
         settled,
+    }
+}
+
+/// Hand an attempt whose handler returned `WaitForCallback` to its callback: first the progress it
+/// reported since its last heartbeat (the next attempt resumes from it), then `await_callback`,
+/// retried with backoff like a completion batch (a lost connection must not cost the attempt).
+async fn await_callback(
+    inner: &Inner,
+    writes: &AttemptWrites,
+    attempt: crate::storage::AttemptRef,
+) -> crate::Result<AwaitOutcome> {
+    if let Some(progress) = writes.take_progress() {
+        if let Err(e) = inner
+            .engine
+            .heartbeat_batch(&[(attempt, Some(progress))])
+            .await
+        {
+            tracing::warn!(job_id = attempt.job_id, error = %e, "could not write the progress of an attempt that starts to wait");
+        }
+    }
+    let mut tries = 0_u32;
+    loop {
+        match inner.engine.await_callback(&attempt).await {
+            Ok(outcome) => return Ok(outcome),
+            Err(e) if tries < 5 => {
+                tracing::warn!(job_id = attempt.job_id, error = %e, "await_callback failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * 2_u64.pow(tries))).await;
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -66,6 +66,9 @@ pub enum RunOutcome {
     },
     /// The attempt was closed under the handler (cancelled): its outcome changed nothing.
     Stale,
+    /// The handler returned `WaitForCallback`: the job waits for its callback (or a callback that
+    /// came while it ran was applied).
+    Waiting,
 }
 
 /// What a drain ran, in order.
@@ -139,6 +142,7 @@ pub(crate) async fn drain(
             )
             .await;
             let outcome = match &finished.result {
+                Ok(()) if finished.settled => RunOutcome::Waiting,
                 Ok(()) => RunOutcome::Completed,
                 Err(CloseOutcome::Retry { error, .. }) => RunOutcome::Retried {
                     error: error.clone(),

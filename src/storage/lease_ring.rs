@@ -174,6 +174,14 @@ fn tag(secret: &[u8], id: &[u8]) -> Result<Vec<u8>> {
 impl Storage {
     /// The schema's callback key, made on first use (32 bytes from the OS's random source).
     async fn callback_key(&self) -> Result<Vec<u8>> {
+        // read once per Storage: a flood of forged ids costs no database round trip
+        self.callback_key
+            .get_or_try_init(|| self.load_callback_key())
+            .await
+            .cloned()
+    }
+
+    async fn load_callback_key(&self) -> Result<Vec<u8>> {
         let key: Option<Vec<u8>> = sqlx::query_scalar(&self.sql.lease_ring.key)
             .fetch_optional(self.db())
             .await?;
@@ -217,8 +225,8 @@ impl Storage {
         Ok(raw.to_vec())
     }
 
-    /// Register a callback for an open attempt: the id to hand to the outside world, valid until
-    /// `timeout` after the handler returns `JobError::WaitForCallback` (a heartbeat extends it).
+    /// Register a callback for an open attempt: the id to hand to the outside world. The wait
+    /// times out `timeout` after this registration (a heartbeat extends it).
     pub async fn register_callback(
         &self,
         attempt: &AttemptRef,
@@ -303,7 +311,10 @@ impl Storage {
             "applied" => Ok(CallbackOutcome::Applied),
             "recorded" => Ok(CallbackOutcome::Recorded),
             "extended" => Ok(CallbackOutcome::Extended),
-            "already_resolved" => Err(over("already answered; its job goes on from that answer")),
+            "already_resolved" => Err(over(
+                "already answered while its handler ran; that answer applies when the handler returns \
+                 WaitForCallback (and is dropped if it returns otherwise)",
+            )),
             _ => Err(over(
                 "no such wait: it was answered or timed out already, or its attempt ended first",
             )),

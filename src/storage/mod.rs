@@ -65,6 +65,8 @@ pub struct Storage {
     sql: Arc<Statements>,
     /// Queues whose lanes are known to exist (committed).
     known_queues: Arc<Mutex<HashSet<String>>>,
+    /// The schema's callback key (lease_ring), read on first use.
+    callback_key: Arc<tokio::sync::OnceCell<Vec<u8>>>,
 }
 
 impl Storage {
@@ -88,6 +90,7 @@ impl Storage {
             schema,
             sql,
             known_queues: Arc::default(),
+            callback_key: Arc::default(),
         }
     }
 

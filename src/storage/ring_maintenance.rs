@@ -86,7 +86,7 @@ pub struct RingSlot {
 /// archive expiry) gives up on as `busy`.
 #[derive(Clone, Debug, PartialEq, sqlx::FromRow, serde::Serialize)]
 pub struct PruneBlocker {
-    /// `queue`, `claim` or `archive`.
+    /// `queue`, `claim`, `lease` (a lease ring child: what makes its rotation `busy`) or `archive`.
     pub ring: String,
     pub slot: i32,
     pub pid: i32,

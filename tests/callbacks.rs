@@ -585,9 +585,12 @@ async fn lease_dead_tuples_stay_bounded_under_a_held_horizon() {
         sizes.push(size().await);
     }
     // 24 rounds of 30 waits, 8 slots: each slot written three times, truncated in between; the
-    // third cycle ends where the second did (a slot's pages settle during the first)
+    // third cycle stays where the second was (a slot's pages settle during the first, and vary by
+    // a page or two from cycle to cycle). Without the truncates each round would add ~40 KB.
+    let second = sizes[8..16].iter().max().copied().unwrap_or(0);
+    let third = sizes[16..24].iter().max().copied().unwrap_or(0);
     assert!(
-        sizes[23] <= sizes[15] + 16_384,
+        third <= second + 16_384,
         "the lease ring grew under a held horizon: {sizes:?}"
     );
     assert!(sizes[23] > 0);

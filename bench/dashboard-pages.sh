@@ -7,7 +7,7 @@ set -euo pipefail
 url=$1 schema=$2 n=${3:-20}
 bin=${RINGWORK_BIN:-./target/release/ringwork}
 out=$(mktemp)
-"$bin" serve --listen 127.0.0.1:0 --no-maintenance --database-url "$url" --schema "$schema" >"$out" 2>/dev/null &
+"$bin" serve --dashboard --listen 127.0.0.1:0 --no-maintenance --database-url "$url" --schema "$schema" >"$out" 2>/dev/null &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; rm -f "$out"' EXIT
 for _ in $(seq 1 100); do grep -q listening "$out" && break; sleep 0.2; done

@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod bytes;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
 mod error;

@@ -303,11 +303,7 @@ fn sha256_hex(parts: &[&str]) -> String {
         // a separator, so that moving text from one file to the next changes the hash
         hasher.update([0u8]);
     }
-    hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::bytes::hex(&hasher.finalize())
 }
 
 /// The checksum recorded for migration `version` (1-based).

@@ -44,6 +44,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use sha2::{Digest, Sha256};
 
+use crate::bytes::{constant_time_eq as same, hex};
 use crate::storage::Storage;
 use crate::JobStatus;
 
@@ -296,15 +297,6 @@ fn digest(parts: &[&[u8]]) -> [u8; 32] {
         hasher.update(part);
     }
     hasher.finalize().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Equal, in time that does not depend on where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn refuse(status: StatusCode, message: &str) -> Response {

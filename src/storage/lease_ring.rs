@@ -11,6 +11,7 @@ use sha2::Sha256;
 
 use super::claim_ring::AttemptRef;
 use super::Storage;
+use crate::bytes::{constant_time_eq, hex, unhex};
 use crate::error::{Error, Result};
 use crate::schema::SchemaName;
 
@@ -150,20 +151,6 @@ pub enum AwaitOutcome {
 const ID_BYTES: usize = 16;
 const TAG_BYTES: usize = 16;
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.is_ascii() {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
-        .collect()
-}
-
 fn tag(secret: &[u8], id: &[u8]) -> Result<Vec<u8>> {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret)
         .map_err(|e| Error::Config(format!("callback key unusable: {e}")))?;
@@ -212,12 +199,7 @@ impl Storage {
             .ok_or_else(|| invalid("not a callback id (64 hexadecimal characters expected)"))?;
         let (raw, given) = bytes.split_at(ID_BYTES);
         let expected = tag(&self.callback_key().await?, raw)?;
-        let same = expected
-            .iter()
-            .zip(given)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
-        if !same {
+        if !constant_time_eq(&expected, given) {
             return Err(invalid(
                 "signature does not match: this id was not given out by this schema",
             ));

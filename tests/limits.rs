@@ -665,3 +665,92 @@ async fn a_limit_far_above_what_runs_is_settled_by_the_bound_and_still_holds() {
     assert_eq!(storage.count_in_flight(Some("bounded")).await.unwrap(), 50);
     db.cleanup().await;
 }
+
+/// How many times each counting function ran inside `claims` limited claims of `queue`, two jobs
+/// each, in one transaction with function tracking on (`pg_stat_get_xact_function_calls`: this
+/// transaction's own calls, no statistics delay).
+async fn counting_calls(db: &TestDb, queue: &str, claims: usize) -> (i64, i64) {
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    for _ in 0..claims {
+        let claimed: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {}.claim($1, 2)",
+            db.schema.as_str()
+        ))
+        .bind(queue)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        assert_eq!(
+            claimed, 2,
+            "far below every limit: each claim gets its jobs"
+        );
+    }
+    let calls = |function: &str| {
+        format!(
+            "SELECT coalesce(pg_stat_get_xact_function_calls('{}.{function}'::regprocedure), 0)",
+            db.schema.as_str()
+        )
+    };
+    let bound: i64 = sqlx::query_scalar(&calls("claimed_since(text, bigint)"))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let exact: i64 = sqlx::query_scalar(&calls("count_running_from(text, bigint)"))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    (bound, exact)
+}
+
+/// What a limited claim pays when its limits are far from binding: a rate-limited queue never
+/// counts its running attempts (that walk once cost a rate-limited claim a quarter of a plain
+/// claim's time, for a result it threw away), and a concurrency limit well above what runs is
+/// settled by the cheap bound, with no exact count.
+#[tokio::test]
+async fn limits_far_from_binding_skip_the_running_count() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage
+        .set_queue_limits(
+            "rated",
+            QueueLimits {
+                rate: Some((1_000_000, Duration::from_secs(1))),
+                ..QueueLimits::default()
+            },
+        )
+        .await
+        .unwrap();
+    storage
+        .set_queue_limits(
+            "capped",
+            QueueLimits {
+                max_running: Some(1_000),
+                ..QueueLimits::default()
+            },
+        )
+        .await
+        .unwrap();
+    let client = db.client().build().await.unwrap();
+    for queue in ["rated", "capped"] {
+        let jobs: Vec<NewJob> = (0..10)
+            .map(|_| NewJob::new(&Work { ms: 0 }).unwrap().queue(queue))
+            .collect();
+        client.insert_many(&jobs).await.unwrap();
+    }
+    assert_eq!(
+        counting_calls(&db, "rated", 5).await,
+        (0, 0),
+        "a rate limit alone never counts running attempts"
+    );
+    assert_eq!(
+        counting_calls(&db, "capped", 5).await,
+        (5, 0),
+        "one bound per claim, no exact count"
+    );
+    db.cleanup().await;
+}

@@ -165,9 +165,14 @@ $$;
 -- Forget keys older than p_older whose job is no longer pending (or whose history is gone), at most
 -- p_limit per call. A pending job's key is kept however old it is. The outer conditions repeat the
 -- key's age and holder: if insert_unique re-takes the key while this DELETE waits for its row, the
--- row is re-checked against them (not against the subquery) and survives.
+-- row is re-checked against them (not against the subquery) and survives. PL/pgSQL so that the
+-- plan (job_state inlined over every ring partition: about 6 ms to plan) is made once per session,
+-- not at every maintenance tick.
 CREATE OR REPLACE FUNCTION __S__.unique_keys_expire(p_older interval, p_limit int) RETURNS int
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_gone int;
+BEGIN
     WITH candidates AS MATERIALIZED (
         SELECT c.unique_key, c.job_id FROM __S__.unique_keys c
         WHERE c.created_at < now() - p_older
@@ -179,7 +184,9 @@ LANGUAGE sql AS $$
         DELETE FROM __S__.unique_keys k USING candidates x
         WHERE k.unique_key = x.unique_key AND k.job_id = x.job_id AND k.created_at < now() - p_older
         RETURNING 1)
-    SELECT count(*)::int FROM gone
+    SELECT count(*)::int INTO v_gone FROM gone;
+    RETURN v_gone;
+END
 $$;
 
 -- Retry a dead-lettered job: it leaves the DLQ (DELETE ... RETURNING: of two concurrent retries

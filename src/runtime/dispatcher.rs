@@ -200,7 +200,6 @@ impl Dispatcher {
                 }
                 Ok(_) => {
                     drop(permits);
-                    last_full = false;
                     failures = 0;
                     // Empty, or every shard with work was locked by another claimer?
                     let busy = self
@@ -209,6 +208,11 @@ impl Dispatcher {
                         .queue_has_backlog(&self.queue)
                         .await
                         .unwrap_or(false);
+                    // Work held by other claimers is still a backlog: the next claim gathers a
+                    // batch's worth of room like one after a full claim. Claiming whatever room
+                    // is free the moment the shard frees up made many small claims with many
+                    // processes (8x4: more claims and commits per job).
+                    last_full = busy;
                     // A shard locked by another claimer frees up within milliseconds (claims never
                     // wait for a shard): retry after 4, 8, then every 16 ms while the work stays
                     // with other claimers. A paused queue reports no backlog and waits for the

@@ -667,11 +667,14 @@ async fn a_limit_far_above_what_runs_is_settled_by_the_bound_and_still_holds() {
 }
 
 /// How many times each counting function ran inside `claims` limited claims of `queue`, two jobs
-/// each, in one transaction with function tracking on (`pg_stat_get_xact_function_calls`: this
-/// transaction's own calls, no statistics delay).
+/// each, in one transaction with function tracking on for every language (`'all'`: the count does
+/// not depend on whether the functions are SQL or PL/pgSQL). `pg_stat_get_xact_function_calls`
+/// reads the backend's counts not yet flushed to the statistics, with no delay: this transaction's
+/// calls, plus any from the connection's last second (none here: nothing else on this pool claims).
+/// Setting `track_functions` needs a superuser, as the test database's `postgres` is.
 async fn counting_calls(db: &TestDb, queue: &str, claims: usize) -> (i64, i64) {
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query("SET LOCAL track_functions = 'pl'")
+    sqlx::query("SET LOCAL track_functions = 'all'")
         .execute(&mut *tx)
         .await
         .unwrap();

@@ -165,13 +165,14 @@ $$;
 -- Forget keys older than p_older whose job is no longer pending (or whose history is gone), at most
 -- p_limit per call. A pending job's key is kept however old it is. The outer conditions repeat the
 -- key's age and holder: if insert_unique re-takes the key while this DELETE waits for its row, the
--- row is re-checked against them (not against the subquery) and survives. PL/pgSQL so that the
--- plan (job_state inlined over every ring partition: about 6 ms to plan) is made once per session,
--- not at every maintenance tick; jit off because that plan's cost estimate (every partition of
--- every ring table) passes jit_above_cost: compiling its 800 expressions took 280 ms per call,
--- for a statement that runs in well under a millisecond when few keys have expired.
+-- row is re-checked against them (not against the subquery) and survives. PL/pgSQL with a forced
+-- generic plan so that the plan (job_state inlined over every ring partition: about 6 ms to plan)
+-- is made once per session, not at every maintenance tick; jit off because that plan's cost
+-- estimate (every partition of every ring table) passes jit_above_cost: compiling its 800
+-- expressions took 280 ms per call, for a statement that runs in well under a millisecond when
+-- few keys have expired.
 CREATE OR REPLACE FUNCTION __S__.unique_keys_expire(p_older interval, p_limit int) RETURNS int
-LANGUAGE plpgsql SET jit = off AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_gone int;
 BEGIN

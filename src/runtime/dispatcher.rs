@@ -71,6 +71,8 @@ impl Dispatcher {
         let mut failures = 0_u32;
         let mut busy_rounds = 0_u32;
         let mut last_full = false;
+        // the last claim came back empty while other claimers held the queue's work
+        let mut last_busy = false;
         let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
         // never more room than `claim_ahead`: at least `max_workers` jobs stay claimed while the
         // room fills, so no worker idles for the wait (or the claim's round trip)
@@ -118,7 +120,13 @@ impl Dispatcher {
             // missing room (twice over), never more than `CLAIM_AHEAD_MAX_HANDLER`, and ends
             // at once when the client stops.
             let target = if ahead { refill_target } else { linger_target };
-            if last_full && permits.len() < target && !self.config.claim_linger.is_zero() {
+            // Work held by other claimers is still a backlog: claiming ahead, the claim after
+            // such an empty one gathers room as one after a full claim does (claiming whatever
+            // room was free the moment a shard freed up made many small claims with many small
+            // processes: 8x4 made more claims and commits per job). Not claiming ahead, workers
+            // would wait idle for it, and a fleet limit that cut the claim answers "busy" too.
+            let backlog = last_full || (last_busy && ahead);
+            if backlog && permits.len() < target && !self.config.claim_linger.is_zero() {
                 let linger = if ahead {
                     let missing = (target - permits.len()) as u64;
                     Duration::from_micros(
@@ -172,6 +180,7 @@ impl Dispatcher {
             match claimed {
                 Ok(jobs) if !jobs.is_empty() => {
                     last_full = jobs.len() == asked;
+                    last_busy = false;
                     failures = 0;
                     busy_rounds = 0;
                     self.inner
@@ -208,11 +217,8 @@ impl Dispatcher {
                         .queue_has_backlog(&self.queue)
                         .await
                         .unwrap_or(false);
-                    // Work held by other claimers is still a backlog: the next claim gathers a
-                    // batch's worth of room like one after a full claim. Claiming whatever room
-                    // is free the moment the shard frees up made many small claims with many
-                    // processes (8x4: more claims and commits per job).
-                    last_full = busy;
+                    last_full = false;
+                    last_busy = busy;
                     // A shard locked by another claimer frees up within milliseconds (claims never
                     // wait for a shard): retry after 4, 8, then every 16 ms while the work stays
                     // with other claimers. A paused queue reports no backlog and waits for the
@@ -237,6 +243,7 @@ impl Dispatcher {
                 Err(e) => {
                     drop(permits);
                     last_full = false;
+                    last_busy = false;
                     failures = failures.saturating_add(1);
                     let backoff = Duration::from_millis(50 * 2_u64.pow(failures.min(6)));
                     warn!(queue = %self.queue, error = %e, "claim failed; retrying in {backoff:?}");

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ringwork::{
-    Client, Error, JobArgs, JobContext, JobError, JobStatus, KeyLimit, NewJob, QueueConfig,
-    QueueLimits, RunningClient,
+    Client, CompletionConfig, Error, JobArgs, JobContext, JobError, JobStatus, KeyLimit, NewJob,
+    QueueConfig, QueueLimits, RunningClient,
 };
 use serde::{Deserialize, Serialize};
 use support::TestDb;
@@ -69,6 +69,20 @@ async fn fleet(db: &TestDb, processes: usize, seen: &Arc<Seen>) -> Vec<RunningCl
     running
 }
 
+/// A fleet-wide concurrency limit of `max_running` on the queue "limited", alone.
+async fn limit_running(db: &TestDb, max_running: u32) {
+    let limits = QueueLimits {
+        max_running: Some(max_running),
+        rate: None,
+        per_key: None,
+    };
+    assert!(db
+        .storage()
+        .set_queue_limits("limited", limits)
+        .await
+        .unwrap());
+}
+
 async fn enqueue(db: &TestDb, n: usize, ms: u64) {
     let client = db.client().build().await.unwrap();
     let jobs: Vec<NewJob> = (0..n)
@@ -80,18 +94,7 @@ async fn enqueue(db: &TestDb, n: usize, ms: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_limit_of_5_is_never_exceeded_across_4_processes() {
     let db = TestDb::new().await;
-    let storage = db.storage();
-    assert!(storage
-        .set_queue_limits(
-            "limited",
-            QueueLimits {
-                max_running: Some(5),
-                rate: None,
-                per_key: None,
-            }
-        )
-        .await
-        .unwrap());
+    limit_running(&db, 5).await;
     enqueue(&db, 300, 20).await;
     let seen = Arc::new(Seen::default());
     let started = Instant::now();
@@ -755,5 +758,64 @@ async fn limits_far_from_binding_skip_the_running_count() {
         (5, 0),
         "one bound per claim, no exact count"
     );
+    db.cleanup().await;
+}
+
+/// A fleet `max_running` counts an attempt as running until its completion commits, so completions
+/// held for a flush would hold the limit's room: a claim that comes back short (the limit cut it)
+/// makes the completion batcher flush at once. With a 30-s flush pace and a limit of 1, 12 jobs of
+/// 5 ms must not take a pace each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_limit_does_not_wait_for_the_completion_pace() {
+    let db = TestDb::new().await;
+    limit_running(&db, 1).await;
+    enqueue(&db, 12, 5).await;
+    let seen = Arc::new(Seen::default());
+    let pool = TestDb::connect(&db.url, 4).await;
+    let handler_seen = Arc::clone(&seen);
+    let client = Client::builder(pool)
+        .schema(db.schema.as_str())
+        .maintenance(support::fast_maintenance())
+        .completion(CompletionConfig {
+            max_delay: Duration::from_secs(30),
+            ..CompletionConfig::default()
+        })
+        .queue(
+            "limited",
+            QueueConfig {
+                max_workers: 4,
+                poll_interval: Duration::from_millis(50),
+                ..QueueConfig::default()
+            },
+        )
+        .register(move |_ctx: JobContext, job: Work| {
+            let seen = Arc::clone(&handler_seen);
+            async move {
+                tokio::time::sleep(Duration::from_millis(job.ms)).await;
+                seen.done.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let started = Instant::now();
+    let finished = support::eventually(Duration::from_secs(20), || {
+        let storage = db.storage();
+        async move {
+            let counts = storage.queue_counts(Some("limited")).await.unwrap();
+            counts.first().map(|c| c.completed) == Some(12)
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        finished,
+        "12 jobs under a limit of 1 were not all completed within 20 s (ran {}; pace 30 s)",
+        seen.done.load(Ordering::SeqCst)
+    );
+    eprintln!("12 jobs of 5 ms under a limit of 1 with a 30-s flush pace: {took:?}");
     db.cleanup().await;
 }

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ringwork::schema::{churn_class, ChurnClass, SCHEMA_VERSION};
-use ringwork::{Client, Error, JobArgs, JobContext, JobError, NewJob, QueueConfig};
+use ringwork::{
+    Client, CompletionConfig, Error, JobArgs, JobContext, JobError, JobStatus, NewJob, QueueConfig,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use support::{eventually, fast_maintenance, no_maintenance, TestDb};
@@ -615,5 +617,49 @@ async fn a_claim_linger_over_a_second_is_refused() {
         Err(other) => panic!("expected a config error, got {other}"),
         Ok(_) => panic!("a 2-s claim_linger was accepted"),
     }
+    db.cleanup().await;
+}
+
+/// Completion pacing (completer.rs): flushes start at most once per `max_delay` under load, but a
+/// completion after a quiet spell is written at once, and so is one finishing while claims come
+/// back short. With a 30-s pace, three jobs run one after another each become durable within
+/// seconds (a fixed gather, or pacing without the short-claim flush, holds the second for 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_completions_are_written_at_once_when_the_queue_runs_dry() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .completion(CompletionConfig {
+            max_delay: Duration::from_secs(30),
+            ..CompletionConfig::default()
+        })
+        .queue("default", queue(4))
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let storage = db.storage();
+    for n in 0..3 {
+        let id = client
+            .insert(NewJob::new(&Count { n }).unwrap())
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let durable = eventually(Duration::from_secs(10), || {
+            let storage = storage.clone();
+            async move {
+                storage.job_state(id).await.unwrap().map(|s| s.state) == Some(JobStatus::Completed)
+            }
+        })
+        .await;
+        assert!(
+            durable,
+            "job {n}'s completion was not written within 10 s (pace 30 s)"
+        );
+        eprintln!("job {n}: durable after {:?}", started.elapsed());
+    }
+    running.shutdown(Duration::from_secs(5)).await;
     db.cleanup().await;
 }

@@ -31,7 +31,7 @@ use crate::embedded::EmbeddedPostgres;
 use ringwork::schema::churn_class;
 use ringwork::SchemaName;
 use ringwork::Storage;
-use ringwork::{Client, JobContext, JobError, MaintenanceConfig, QueueConfig};
+use ringwork::{Client, CompletionConfig, JobContext, JobError, MaintenanceConfig, QueueConfig};
 use ringwork::{Error, Result};
 use ringwork::{JobArgs, NewJob};
 use tracing::Instrument;
@@ -1806,6 +1806,14 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
                 None => MaintenanceConfig::default().keep_failed,
             },
             ..MaintenanceConfig::default()
+        })
+        // RINGWORK_BENCH_COMPLETION_DELAY_MS=N: the completion flush pace (`max_delay`), for
+        // comparing paces (docs/bench/2026-12-01-completion-pace.md)
+        .completion(CompletionConfig {
+            max_delay: env_number("RINGWORK_BENCH_COMPLETION_DELAY_MS")
+                .map(Duration::from_millis)
+                .unwrap_or(CompletionConfig::default().max_delay),
+            ..CompletionConfig::default()
         })
         .register(move |_ctx: JobContext, job: BenchJob| {
             let recorder = Arc::clone(&recorder);

@@ -381,11 +381,13 @@ impl Client {
             Arc::clone(&wakers),
             stop_rx.clone(),
         )));
+        let flush_now = Arc::new(Notify::new());
         let batcher = tokio::spawn(completer::completion_batcher(
             self.inner.engine.clone(),
             self.inner.completion.clone(),
             Arc::clone(&self.inner.metrics),
             self.inner.telemetry.clone(),
+            Arc::clone(&flush_now),
             done_rx,
         ));
         let mut dispatchers = Vec::new();
@@ -399,6 +401,7 @@ impl Client {
                 claims: Arc::new(Semaphore::new(config.max_workers + config.claim_ahead)),
                 wake: Arc::clone(&wakers[queue]),
                 done: done_tx.clone(),
+                flush_now: Arc::clone(&flush_now),
             };
             dispatchers.push(QueueRoom {
                 claims: Arc::clone(&dispatcher.claims),

@@ -133,10 +133,14 @@ impl QueueConfig {
 /// a job claimed ahead then waits about one handler's run for its worker.
 pub const CLAIM_AHEAD_MAX_HANDLER: Duration = Duration::from_millis(50);
 
-/// How completions are batched.
+/// How completions are batched (completer.rs): flushes are paced, not delayed.
 #[derive(Clone, Debug)]
 pub struct CompletionConfig {
+    /// Finished attempts per flush at most.
     pub max_batch: usize,
+    /// Under load, flushes start at most once per `max_delay`, so a finished attempt waits at most
+    /// this long for its flush to start. A completion after a quiet spell, or one finishing while
+    /// the process holds fewer claimed jobs than it has workers, is flushed at once.
     pub max_delay: Duration,
 }
 
@@ -144,7 +148,7 @@ impl Default for CompletionConfig {
     fn default() -> Self {
         Self {
             max_batch: 512,
-            max_delay: Duration::from_millis(5),
+            max_delay: Duration::from_millis(50),
         }
     }
 }

@@ -663,3 +663,62 @@ async fn paced_completions_are_written_at_once_when_the_queue_runs_dry() {
     running.shutdown(Duration::from_secs(5)).await;
     db.cleanup().await;
 }
+
+/// The last jobs of a queue running dry finish one after another, long after the claim that left
+/// workers idle: each must be flushed when it finishes, not at the pace (30 s here) nor at the
+/// next poll (30 s too). Three jobs of 0, 300 and 600 ms claimed together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_jobs_of_a_draining_queue_are_written_as_they_finish() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let jobs: Vec<_> = (0..3).map(|n| NewJob::new(&Count { n }).unwrap()).collect();
+    let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .completion(CompletionConfig {
+            max_delay: Duration::from_secs(30),
+            ..CompletionConfig::default()
+        })
+        .queue(
+            "default",
+            QueueConfig {
+                max_workers: 4,
+                poll_interval: Duration::from_secs(30),
+                ..QueueConfig::default()
+            },
+        )
+        .register(|_ctx: JobContext, args: Count| async move {
+            tokio::time::sleep(Duration::from_millis(args.n * 300)).await;
+            Ok::<(), JobError>(())
+        })
+        .build()
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let running = client.start().await.unwrap();
+    let durable = eventually(Duration::from_secs(10), || {
+        let storage = storage.clone();
+        let ids = ids.clone();
+        async move {
+            for id in ids {
+                if storage.job_state(id).await.unwrap().map(|s| s.state)
+                    != Some(JobStatus::Completed)
+                {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    assert!(
+        durable,
+        "the three completions were not all written within 10 s (pace and poll 30 s)"
+    );
+    eprintln!("three staggered jobs durable after {:?}", started.elapsed());
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}

@@ -150,8 +150,10 @@ $$;
 -- Fold every totals bucket but the current one into one row per queue in the current bucket, and
 -- truncate it: insert and truncate commit together, under the bucket's ACCESS EXCLUSIVE lock
 -- (waited for at most p_lock_timeout; a busy bucket is tried again next tick). The sums are read
--- after the lock is granted, so a second fold of the same bucket finds it empty. Returns the number
--- of buckets folded.
+-- after the lock is granted, so a fold after another finds the buckets empty. Returns the number
+-- of buckets folded. One fold at a time (a try-lock: a second returns 0 at once, the first is doing
+-- the work): two at once both read a bucket (ACCESS SHARE) and then both asked for its ACCESS
+-- EXCLUSIVE lock, a lock upgrade that deadlocked (seen in tests/archive.rs under load).
 CREATE OR REPLACE FUNCTION __S__.fold_terminal_totals(p_lock_timeout text) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -160,6 +162,9 @@ DECLARE
     v_any boolean;
     v_n int := 0;
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('totals_fold'), 0) THEN
+        RETURN 0;
+    END IF;
     FOR v_bucket IN 0 .. __S__.totals_buckets() - 1 LOOP
         CONTINUE WHEN v_bucket = v_current;
         v_child := format('%I.%I', '__S__', 'terminal_totals_' || v_bucket);

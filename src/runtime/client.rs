@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -402,6 +403,7 @@ impl Client {
                 wake: Arc::clone(&wakers[queue]),
                 done: done_tx.clone(),
                 flush_now: Arc::clone(&flush_now),
+                dry: Arc::new(AtomicBool::new(false)),
             };
             dispatchers.push(QueueRoom {
                 claims: Arc::clone(&dispatcher.claims),

@@ -21,10 +21,11 @@ use crate::telemetry::Telemetry;
 /// start at most once per `max_delay`, so a process's completions share one round trip and one
 /// commit per interval however few workers it has (with a fixed 5-ms gather, a process of 4
 /// workers made a flush per 26 jobs at saturation, one of 32 workers a flush per 105).
-/// `flush_now` ends a gather early: a dispatcher rings it when a claim came back short and left
-/// workers idle (dispatcher.rs, `short_claim`), because then the attempts waiting here may be what
-/// holds the queue back (a fleet `max_running` counts them as running until their flush commits),
-/// and a queue running dry has no load to share a flush with anyway.
+/// `flush_now` ends a gather early: a dispatcher rings it when a claim of its queue came back short
+/// and left workers idle, and, until a claim fills them again, at every job of that queue that
+/// finishes (dispatcher.rs, `after_claim`): then the attempts waiting here may be what holds the queue
+/// back (a fleet `max_running` counts them as running until their flush commits), and a queue
+/// running dry has no load to share a flush with anyway.
 pub(super) async fn completion_batcher(
     storage: Storage,
     config: CompletionConfig,
@@ -38,8 +39,17 @@ pub(super) async fn completion_batcher(
         let Some(first) = rx.recv().await else { return };
         let mut batch = vec![first];
         let now = Instant::now();
-        let deadline = last_flush.map_or(now, |at| (at + config.max_delay).max(now));
-        while batch.len() < config.max_batch {
+        let deadline = last_flush.map_or(now, |at| at + config.max_delay);
+        if deadline <= now {
+            // after a quiet spell: what is waiting already, at once (no timer tick)
+            while batch.len() < config.max_batch {
+                match rx.try_recv() {
+                    Ok(item) => batch.push(item),
+                    Err(_) => break,
+                }
+            }
+        }
+        while batch.len() < config.max_batch && deadline > now {
             tokio::select! {
                 biased;
                 item = tokio::time::timeout_at(deadline, rx.recv()) => match item {
@@ -58,7 +68,11 @@ pub(super) async fn completion_batcher(
                 }
             }
         }
-        last_flush = Some(Instant::now());
+        // a batch of attempts already settled writes nothing: it must not cost the next
+        // completion its quiet-spell flush
+        if batch.iter().any(|item| !item.settled) {
+            last_flush = Some(Instant::now());
+        }
         let span = tracing::debug_span!(
             "ringwork.complete",
             otel.name = "settle ringwork",

@@ -9,7 +9,7 @@
 //! average, or one is running long now), each claimed job first takes its worker; a job already
 //! waiting behind a handler that turned out long is handed back after a bounded wait.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,9 +29,12 @@ pub(super) struct Dispatcher {
     pub(super) claims: Arc<Semaphore>,
     pub(super) wake: Arc<Notify>,
     pub(super) done: mpsc::UnboundedSender<Finished>,
-    /// Rung when a claim comes back short: the completion batcher flushes what it holds now
+    /// Rung while the queue runs dry: the completion batcher flushes what it holds now
     /// (completer.rs).
     pub(super) flush_now: Arc<Notify>,
+    /// The last claim came back short and left workers idle (`after_claim`): every job of the
+    /// queue that finishes rings `flush_now` until a claim fills the workers again.
+    pub(super) dry: Arc<AtomicBool>,
 }
 
 /// The handler-time average before any handler has run.
@@ -198,6 +201,8 @@ impl Dispatcher {
                         let queue = self.queue.clone();
                         let wait = Arc::clone(&wait);
                         let handler_us = Arc::clone(&handler_us);
+                        let dry = Arc::clone(&self.dry);
+                        let flush_now = Arc::clone(&self.flush_now);
                         tokio::spawn(async move {
                             let Room { claim, worker } = room;
                             let finished =
@@ -206,16 +211,18 @@ impl Dispatcher {
                                 record_handler_time(&handler_us, took);
                             }
                             let _ = done.send(finished);
+                            // sent first: the flush this rings takes it along
+                            if dry.load(Ordering::Relaxed) {
+                                flush_now.notify_one();
+                            }
                             drop(claim);
                         });
                     }
-                    if !last_full {
-                        self.short_claim();
-                    }
+                    self.after_claim(!last_full);
                 }
                 Ok(_) => {
                     drop(permits);
-                    self.short_claim();
+                    self.after_claim(true);
                     failures = 0;
                     // Empty, or every shard with work was locked by another claimer?
                     let busy = self
@@ -263,16 +270,20 @@ impl Dispatcher {
         }
     }
 
-    /// A claim came back short. If this process now holds fewer jobs than it has workers, some
-    /// workers idle: the queue is running dry, or a fleet `max_running` cut the claim, and then
-    /// the completions waiting for their flush count as running and hold the limit's room. Either
-    /// way, flush them now (completer.rs). A process still holding work for every worker (a claim
-    /// cut short by other claimers' shards, under a backlog) keeps the flush pace: flushing at
-    /// every such claim made as many flushes per job as before pacing at 8x4.
-    fn short_claim(&self) {
+    /// After each claim (the room it did not use released): a short claim that leaves this queue
+    /// holding fewer jobs than it has workers means idle workers: the queue is running dry, or a
+    /// fleet `max_running` cut the claim, and then the completions waiting for their flush count
+    /// as running and hold the limit's room. Either way, flush them now, and every completion of
+    /// the queue until a claim fills the workers again (completer.rs). A queue still holding work
+    /// for every worker (a claim cut short by other claimers' shards, under a backlog) keeps the
+    /// flush pace: flushing at every such claim made as many flushes per job as before pacing at
+    /// 8x4.
+    fn after_claim(&self, short: bool) {
         let room = self.config.max_workers + self.config.claim_ahead;
         let held = room.saturating_sub(self.claims.available_permits());
-        if held < self.config.max_workers {
+        let dry = short && held < self.config.max_workers;
+        self.dry.store(dry, Ordering::Relaxed);
+        if dry {
             self.flush_now.notify_one();
         }
     }

@@ -139,8 +139,9 @@ pub struct CompletionConfig {
     /// Finished attempts per flush at most.
     pub max_batch: usize,
     /// Under load, flushes start at most once per `max_delay`, so a finished attempt waits at most
-    /// this long for its flush to start. A completion after a quiet spell, or one finishing while
-    /// the process holds fewer claimed jobs than it has workers, is flushed at once.
+    /// this long for its flush to start. A completion after a quiet spell is flushed at once, and so
+    /// is every completion of a queue whose last claim came back short and left workers idle
+    /// (running dry, or cut by a fleet `max_running`).
     pub max_delay: Duration,
 }
 

@@ -620,6 +620,24 @@ async fn a_claim_linger_over_a_second_is_refused() {
     db.cleanup().await;
 }
 
+/// Whether every job of `ids` is completed (its completion committed) within `within`.
+async fn completed_within(storage: &ringwork::Storage, ids: &[i64], within: Duration) -> bool {
+    eventually(within, || {
+        let storage = storage.clone();
+        let ids = ids.to_vec();
+        async move {
+            for id in ids {
+                let state = storage.job_state(id).await.unwrap().map(|s| s.state);
+                if state != Some(JobStatus::Completed) {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await
+}
+
 /// Completion pacing (completer.rs): flushes start at most once per `max_delay` under load, but a
 /// completion after a quiet spell is written at once, and so is one finishing while claims come
 /// back short. With a 30-s pace, three jobs run one after another each become durable within
@@ -647,13 +665,7 @@ async fn paced_completions_are_written_at_once_when_the_queue_runs_dry() {
             .await
             .unwrap();
         let started = std::time::Instant::now();
-        let durable = eventually(Duration::from_secs(10), || {
-            let storage = storage.clone();
-            async move {
-                storage.job_state(id).await.unwrap().map(|s| s.state) == Some(JobStatus::Completed)
-            }
-        })
-        .await;
+        let durable = completed_within(&storage, &[id], Duration::from_secs(10)).await;
         assert!(
             durable,
             "job {n}'s completion was not written within 10 s (pace 30 s)"
@@ -699,21 +711,7 @@ async fn the_last_jobs_of_a_draining_queue_are_written_as_they_finish() {
         .unwrap();
     let started = std::time::Instant::now();
     let running = client.start().await.unwrap();
-    let durable = eventually(Duration::from_secs(10), || {
-        let storage = storage.clone();
-        let ids = ids.clone();
-        async move {
-            for id in ids {
-                if storage.job_state(id).await.unwrap().map(|s| s.state)
-                    != Some(JobStatus::Completed)
-                {
-                    return false;
-                }
-            }
-            true
-        }
-    })
-    .await;
+    let durable = completed_within(&storage, &ids, Duration::from_secs(10)).await;
     assert!(
         durable,
         "the three completions were not all written within 10 s (pace and poll 30 s)"

@@ -23,9 +23,9 @@ use crate::telemetry::Telemetry;
 /// workers made a flush per 26 jobs at saturation, one of 32 workers a flush per 105).
 /// `flush_now` ends a gather early: a dispatcher rings it when a claim of its queue came back short
 /// and left workers idle, and, until a claim fills them again, at every job of that queue that
-/// finishes (dispatcher.rs, `after_claim`): then the attempts waiting here may be what holds the queue
-/// back (a fleet `max_running` counts them as running until their flush commits), and a queue
-/// running dry has no load to share a flush with anyway.
+/// finishes (dispatcher.rs, `after_claim`): then the attempts waiting here may be what holds the
+/// queue back (a fleet `max_running` counts them as running until their flush commits), and a
+/// queue running dry has no load to share a flush with anyway.
 pub(super) async fn completion_batcher(
     storage: Storage,
     config: CompletionConfig,
@@ -42,12 +42,7 @@ pub(super) async fn completion_batcher(
         let deadline = last_flush.map_or(now, |at| at + config.max_delay);
         if deadline <= now {
             // after a quiet spell: what is waiting already, at once (no timer tick)
-            while batch.len() < config.max_batch {
-                match rx.try_recv() {
-                    Ok(item) => batch.push(item),
-                    Err(_) => break,
-                }
-            }
+            take_waiting(&mut rx, &mut batch, config.max_batch);
         }
         while batch.len() < config.max_batch && deadline > now {
             tokio::select! {
@@ -57,13 +52,7 @@ pub(super) async fn completion_batcher(
                     Ok(None) | Err(_) => break,
                 },
                 _ = flush_now.notified() => {
-                    // take what is waiting already, then flush
-                    while batch.len() < config.max_batch {
-                        match rx.try_recv() {
-                            Ok(item) => batch.push(item),
-                            Err(_) => break,
-                        }
-                    }
+                    take_waiting(&mut rx, &mut batch, config.max_batch);
                     break;
                 }
             }
@@ -84,6 +73,20 @@ pub(super) async fn completion_batcher(
         );
         let stale = flush(&storage, &metrics, batch).instrument(span).await;
         telemetry.stale(stale);
+    }
+}
+
+/// Add what is in the channel already to `batch`, up to `max_batch`, without waiting.
+fn take_waiting(
+    rx: &mut mpsc::UnboundedReceiver<Finished>,
+    batch: &mut Vec<Finished>,
+    max_batch: usize,
+) {
+    while batch.len() < max_batch {
+        match rx.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
     }
 }
 

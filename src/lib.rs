@@ -53,7 +53,7 @@ pub use periodic::{MissedFires, Periodic};
 pub use runtime::handler::{BoxError, JobContext, JobError, RetryPolicy};
 pub use runtime::{
     check_reachable, Client, ClientBuilder, CompletionConfig, Liveness, Metrics, QueueConfig,
-    RunningClient,
+    RunningClient, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW,
 };
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{

@@ -587,7 +587,9 @@ async fn lease_dead_tuples_stay_bounded_under_a_held_horizon() {
     // 48 rounds of 30 waits, 8 slots: each slot written six times, truncated in between. The size
     // ramps up over the first cycles (a slot's pages vary by a page or two from cycle to cycle),
     // then stays in a band; without the truncates it would grow by a round's size (~30 KB) every
-    // round, past 1.4 MB.
+    // round, past 1.4 MB. The band is 8 pages wide: under the full suite's load a cycle's slots
+    // came out 5 pages larger than the third cycle's once (270 KB against 229 KB), while 24 rounds
+    // without truncation would add about 700 KB.
     let first_round = sizes[0];
     let third = sizes[16..24].iter().max().copied().unwrap_or(0);
     let sixth = sizes[40..48].iter().max().copied().unwrap_or(0);
@@ -596,7 +598,7 @@ async fn lease_dead_tuples_stay_bounded_under_a_held_horizon() {
         "the lease ring grew under a held horizon: {sizes:?}"
     );
     assert!(
-        sixth <= third + 32_768,
+        sixth <= third + 65_536,
         "the lease ring grew under a held horizon: {sizes:?}"
     );
     assert!(sizes[47] > 0);

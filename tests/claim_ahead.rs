@@ -56,7 +56,10 @@ fn client(
                 let now = seen.active.fetch_add(1, Ordering::SeqCst) + 1;
                 seen.peak_active.fetch_max(now, Ordering::SeqCst);
                 *seen.runs.lock().unwrap().entry(ctx.job_id).or_default() += 1;
-                tokio::time::sleep(Duration::from_millis(args.ms)).await;
+                // 0 ms returns at once (a timer rounds up to the next millisecond tick)
+                if args.ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(args.ms)).await;
+                }
                 seen.active.fetch_sub(1, Ordering::SeqCst);
                 Ok::<(), JobError>(())
             }
@@ -195,6 +198,48 @@ async fn shutdown_hands_back_jobs_claimed_ahead_without_using_their_attempt() {
     db.cleanup().await;
 }
 
+/// Claiming ahead is bounded by time, not only by `claim_ahead`: one worker with 40-ms handlers
+/// holds 5 jobs ahead (at most 200 ms of work), not the 96 it may; with handlers of a few
+/// microseconds the same process claims far ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_claimed_ahead_are_at_most_two_hundred_milliseconds_of_work() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let seen = Arc::new(Observed::default());
+    let slow = start(client(&db, 1, 96, &seen)).await;
+    insert(&db, 30, 40).await;
+    // the most jobs claimed and not yet completed, sampled while the 30 run (about 1.2 s)
+    let mut peak_in_flight = 0;
+    while seen.runs.lock().unwrap().len() < 30 {
+        peak_in_flight =
+            peak_in_flight.max(storage.count_in_flight(Some("default")).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    slow.shutdown(Duration::from_secs(10)).await;
+    let largest_slow = largest_claim(&db).await;
+    // one running + 5 ahead (200 ms / 40 ms); in flight also counts a completion or two waiting
+    // for their flush (a fixed count of 96 made claims of 28 here)
+    assert!(
+        largest_slow <= 6,
+        "a claim took {largest_slow} jobs of 40 ms for one worker"
+    );
+    assert!(
+        peak_in_flight <= 9,
+        "{peak_in_flight} jobs of 40 ms were claimed at once for one worker"
+    );
+
+    let fast = start(client(&db, 1, 96, &seen)).await;
+    insert(&db, 400, 0).await;
+    assert!(all_ran(&seen, 430).await, "not every job ran");
+    fast.shutdown(Duration::from_secs(10)).await;
+    let largest_fast = largest_claim(&db).await;
+    assert!(
+        largest_fast >= 30,
+        "handlers of microseconds never claimed far ahead (largest claim {largest_fast})"
+    );
+    db.cleanup().await;
+}
+
 /// A handler that turns out long while jobs wait claimed behind it: they are handed back within a
 /// bounded wait and another process runs them, long before the long handler ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,19 +248,22 @@ async fn jobs_waiting_behind_a_handler_that_turned_out_long_are_handed_back() {
     let storage = db.storage();
     let seen = Arc::new(Observed::default());
     let first = start(client(&db, 1, 40, &seen)).await;
-    // short handlers first, so the client claims ahead, and all finished (their room is free)
-    insert(&db, 20, 1).await;
-    assert!(all_ran(&seen, 20).await);
+    // short handlers first, so the client claims ahead, and all finished (their room is free);
+    // 0 ms: their average lets the one worker claim 10 ahead within 200 ms of work (and 8, not
+    // more: no warm-up claim takes more than the 11 below)
+    insert(&db, 8, 0).await;
+    assert!(all_ran(&seen, 8).await);
     assert!(
         eventually(Duration::from_secs(10), || async {
             storage.count_in_flight(Some("default")).await.unwrap() == 0
         })
         .await
     );
-    // then one long job with 30 short ones behind it, in one segment: one claim takes all 31, and
-    // the short ones that start after the long one wait for the only worker
+    // then one long job with 10 short ones behind it, in one segment: one claim takes all 11 (a
+    // handler average up to 20 ms lets one worker claim 10 ahead), and the short ones that start
+    // after the long one wait for the only worker
     let mut jobs = vec![NewJob::new(&Sleep { ms: 4_000 }).unwrap()];
-    jobs.extend((0..30).map(|_| NewJob::new(&Sleep { ms: 1 }).unwrap()));
+    jobs.extend((0..10).map(|_| NewJob::new(&Sleep { ms: 1 }).unwrap()));
     let mut conn = db.pool.acquire().await.unwrap();
     let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
     let inserted = std::time::Instant::now();
@@ -227,8 +275,8 @@ async fn jobs_waiting_behind_a_handler_that_turned_out_long_are_handed_back() {
     assert!(long_started.await, "the long job did not start");
     assert_eq!(
         largest_claim(&db).await,
-        31,
-        "one claim did not take all 31 jobs"
+        11,
+        "one claim did not take all 11 jobs"
     );
     // a second process, which also promotes the handed-back jobs
     let second = start(client(&db, 4, 8, &seen).maintenance(fast_maintenance())).await;
@@ -246,7 +294,7 @@ async fn jobs_waiting_behind_a_handler_that_turned_out_long_are_handed_back() {
         waited < Duration::from_millis(3_500),
         "the short jobs waited {waited:?}, behind the 4-s handler"
     );
-    assert!(all_ran(&seen, 51).await);
+    assert!(all_ran(&seen, 19).await);
     first.shutdown(Duration::from_secs(10)).await;
     second.shutdown(Duration::from_secs(10)).await;
     assert_each_ran_once(&seen, &ids);

@@ -400,14 +400,16 @@ impl Client {
                 config: config.clone(),
                 workers: Arc::new(Semaphore::new(config.max_workers)),
                 claims: Arc::new(Semaphore::new(config.max_workers + config.claim_ahead)),
+                claims_total: config.max_workers + config.claim_ahead,
                 wake: Arc::clone(&wakers[queue]),
                 done: done_tx.clone(),
                 flush_now: Arc::clone(&flush_now),
                 dry: Arc::new(AtomicBool::new(false)),
+                finished: Arc::new(Notify::new()),
             };
             dispatchers.push(QueueRoom {
                 claims: Arc::clone(&dispatcher.claims),
-                claims_total: config.max_workers + config.claim_ahead,
+                claims_total: dispatcher.claims_total,
                 workers: Arc::clone(&dispatcher.workers),
             });
             let guard = RunningGuard::new(&running);

@@ -5,7 +5,9 @@
 //! Two semaphores bound a queue in a process: `workers` (`max_workers` handlers running) and
 //! `claims` (`max_workers + claim_ahead` jobs claimed and not yet finished). While the queue's
 //! handlers are short, the dispatcher claims ahead: jobs wait in about claim order for the next free
-//! worker, and the next claim's round trip overlaps the running handlers. While they are long (on
+//! worker, and the next claim's round trip overlaps the running handlers. How many it claims ahead
+//! is bounded by time as well (`ahead_now`): the dispatcher holds at most `max_workers + ahead_now`
+//! claimed jobs and waits for one to finish (`room`). While they are long (on
 //! average, or one is running long now), each claimed job first takes its worker; a job already
 //! waiting behind a handler that turned out long is handed back after a bounded wait.
 
@@ -17,7 +19,7 @@ use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{warn, Instrument};
 
 use super::executor::{run_job, WorkerWait};
-use super::{Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER};
+use super::{Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW};
 
 pub(super) struct Dispatcher {
     pub(super) inner: Arc<Inner>,
@@ -25,8 +27,9 @@ pub(super) struct Dispatcher {
     pub(super) config: QueueConfig,
     /// `max_workers` permits: one per running handler.
     pub(super) workers: Arc<Semaphore>,
-    /// `max_workers + claim_ahead` permits: one per claimed job not yet finished.
+    /// `claims_total` (`max_workers + claim_ahead`) permits: one per claimed job not yet finished.
     pub(super) claims: Arc<Semaphore>,
+    pub(super) claims_total: usize,
     pub(super) wake: Arc<Notify>,
     pub(super) done: mpsc::UnboundedSender<Finished>,
     /// Rung while the queue runs dry: the completion batcher flushes what it holds now
@@ -35,6 +38,9 @@ pub(super) struct Dispatcher {
     /// The last claim came back short and left workers idle (`after_claim`): every job of the
     /// queue that finishes rings `flush_now` until a claim fills the workers again.
     pub(super) dry: Arc<AtomicBool>,
+    /// Rung by each job of the queue as it gives back its claim permit: a dispatcher holding all
+    /// the jobs it may claim ahead right now waits for it (`room`).
+    pub(super) finished: Arc<Notify>,
 }
 
 /// The handler-time average before any handler has run.
@@ -52,6 +58,20 @@ fn record_handler_time(average_us: &AtomicU64, took: Duration) {
             was - was / 8 + took / 8
         })
     });
+}
+
+/// How many jobs to claim ahead of the workers now: at most `CLAIM_AHEAD_WINDOW` of work for all of
+/// the queue's workers at its handler average (rounded down, but at least one), at most
+/// `claim_ahead`. A fixed count would let a process with one worker and 40-ms handlers hold
+/// `claim_ahead` × 40 ms of work that other processes could be running; bounded by time, it holds
+/// 5 jobs ahead, while a process of 4 workers with 4-ms handlers may hold 200 (capped at
+/// `claim_ahead`), so its claims take many jobs.
+fn ahead_now(average_us: u64, max_workers: usize, claim_ahead: usize) -> usize {
+    let window_us = CLAIM_AHEAD_WINDOW.as_micros() as u64 * max_workers as u64;
+    let ahead = window_us / average_us.max(1);
+    usize::try_from(ahead)
+        .unwrap_or(usize::MAX)
+        .clamp(1, claim_ahead.max(1))
 }
 
 /// How long a job claimed ahead may wait for a worker before it is handed back: four times the
@@ -72,6 +92,23 @@ struct Room {
     worker: Option<OwnedSemaphorePermit>,
 }
 
+/// A claimed job's claim permit in its task: given back when the task ends, however it ends (a
+/// panic included), with a ring of the dispatcher's `finished`, which may be waiting for it.
+struct HeldClaim {
+    permit: Option<OwnedSemaphorePermit>,
+    finished: Arc<Notify>,
+}
+
+impl Drop for HeldClaim {
+    fn drop(&mut self) {
+        // the permit first: a dispatcher woken before it is back would count it as held and wait
+        // again, for a ring that never comes (`notify_one` keeps one ring for a dispatcher that
+        // is not waiting yet, so ringing after is never lost)
+        drop(self.permit.take());
+        self.finished.notify_one();
+    }
+}
+
 impl Dispatcher {
     pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut failures = 0_u32;
@@ -80,19 +117,12 @@ impl Dispatcher {
         // the last claim came back empty while other claimers held the queue's work
         let mut last_busy = false;
         let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
-        // never more room than `claim_ahead`: at least `max_workers` jobs stay claimed while the
-        // room fills, so no worker idles for the wait (or the claim's round trip)
-        let refill_target = ((self.config.max_workers + self.config.claim_ahead) / 2)
-            .min(self.config.claim_ahead)
-            .clamp(1, self.config.claim_batch);
         // No handler has run yet: assume long ones, so a queue of long jobs never claims ahead.
         let handler_us = Arc::new(AtomicU64::new(UNKNOWN));
         let wait = Arc::new(WorkerWait {
             workers: Arc::clone(&self.workers),
             long_running: Arc::new(AtomicUsize::new(0)),
         });
-        // A job claimed ahead waits for about `claim_ahead / max_workers + 1` handler runs.
-        let runs_ahead = self.config.claim_ahead.div_ceil(self.config.max_workers) as u32 + 1;
         loop {
             if *stop.borrow() {
                 return;
@@ -103,8 +133,18 @@ impl Dispatcher {
                 && average != UNKNOWN
                 && Duration::from_micros(average) <= CLAIM_AHEAD_MAX_HANDLER
                 && wait.long_running.load(Ordering::Relaxed) == 0;
+            let ahead_now = if ahead {
+                ahead_now(average, self.config.max_workers, self.config.claim_ahead)
+            } else {
+                0
+            };
+            // Claiming ahead, the queue holds at most this many claimed jobs; not claiming ahead,
+            // each claimed job takes a free worker first.
+            let hold = self.config.max_workers + ahead_now;
+            // A job claimed ahead waits for about `ahead_now / max_workers + 1` handler runs.
+            let runs_ahead = ahead_now.div_ceil(self.config.max_workers) as u32 + 1;
             let first = tokio::select! {
-                room = self.room(ahead) => match room {
+                room = self.room(ahead, hold) => match room {
                     Some(room) => room,
                     None => return,
                 },
@@ -112,20 +152,24 @@ impl Dispatcher {
             };
             let mut permits = vec![first];
             while permits.len() < self.config.claim_batch {
-                match self.try_room(ahead) {
+                match self.try_room(ahead, hold) {
                     Some(room) => permits.push(room),
                     None => break,
                 }
             }
             // Under a backlog, gather a batch's worth of room (briefly) before claiming: each
             // claim is a round trip and a commit, so a process with few workers would otherwise
-            // pay one per job or two. Claiming ahead, a batch is half the claim room, and never
-            // more than `claim_ahead`: the rest is jobs claimed and not finished, at least
+            // pay one per job or two. Claiming ahead, a batch is half of what the queue may hold,
+            // and never more than `ahead_now`: the rest is jobs claimed and not finished, at least
             // `max_workers` of them, so the workers stay busy while the room fills and while the
             // claim runs. The wait is bounded by what the handler average predicts for the
             // missing room (twice over), never more than `CLAIM_AHEAD_MAX_HANDLER`, and ends
             // at once when the client stops.
-            let target = if ahead { refill_target } else { linger_target };
+            let target = if ahead {
+                (hold / 2).min(ahead_now).clamp(1, self.config.claim_batch)
+            } else {
+                linger_target
+            };
             // Work held by other claimers is still a backlog: claiming ahead, the claim after
             // such an empty one gathers room as one after a full claim does (claiming whatever
             // room was free the moment a shard freed up made many small claims with many small
@@ -146,7 +190,7 @@ impl Dispatcher {
                 let until = tokio::time::Instant::now() + linger;
                 while permits.len() < target {
                     tokio::select! {
-                        room = tokio::time::timeout_at(until, self.room(ahead)) => match room {
+                        room = tokio::time::timeout_at(until, self.room(ahead, hold)) => match room {
                             Ok(Some(room)) => permits.push(room),
                             _ => break,
                         },
@@ -203,8 +247,13 @@ impl Dispatcher {
                         let handler_us = Arc::clone(&handler_us);
                         let dry = Arc::clone(&self.dry);
                         let flush_now = Arc::clone(&self.flush_now);
+                        let finished = Arc::clone(&self.finished);
                         tokio::spawn(async move {
                             let Room { claim, worker } = room;
+                            let claim = HeldClaim {
+                                permit: Some(claim),
+                                finished,
+                            };
                             let finished =
                                 run_job(&inner, &queue, job, worker, &wait, wait_limit).await;
                             if let Some(took) = finished.handler_time {
@@ -279,19 +328,29 @@ impl Dispatcher {
     /// flush pace: flushing at every such claim made as many flushes per job as before pacing at
     /// 8x4.
     fn after_claim(&self, short: bool) {
-        let room = self.config.max_workers + self.config.claim_ahead;
-        let held = room.saturating_sub(self.claims.available_permits());
-        let dry = short && held < self.config.max_workers;
+        let dry = short && self.held() < self.config.max_workers;
         self.dry.store(dry, Ordering::Relaxed);
         if dry {
             self.flush_now.notify_one();
         }
     }
 
+    /// Jobs of this queue claimed and not finished (including room in the dispatcher's hand).
+    fn held(&self) -> usize {
+        self.claims_total
+            .saturating_sub(self.claims.available_permits())
+    }
+
     /// Wait for room for one more claimed job: a claim permit, and (not claiming ahead) a free
-    /// worker too. The claim permit comes first, so a dispatcher never holds a worker while it
-    /// waits for jobs claimed ahead to finish. None: the semaphores are closed.
-    async fn room(&self, ahead: bool) -> Option<Room> {
+    /// worker too; claiming ahead, while the queue holds `hold` jobs, for one of them to finish.
+    /// The claim permit comes first, so a dispatcher never holds a worker while it waits for jobs
+    /// claimed ahead to finish. None: the semaphores are closed.
+    async fn room(&self, ahead: bool, hold: usize) -> Option<Room> {
+        // `notify_one` keeps one wake-up for a waiter that is not waiting yet: a job finishing
+        // between the check and the wait is not missed
+        while ahead && self.held() >= hold {
+            self.finished.notified().await;
+        }
         let claim = Arc::clone(&self.claims).acquire_owned().await.ok()?;
         let worker = if ahead {
             None
@@ -302,7 +361,10 @@ impl Dispatcher {
     }
 
     /// Room for one more claimed job if there is some now.
-    fn try_room(&self, ahead: bool) -> Option<Room> {
+    fn try_room(&self, ahead: bool, hold: usize) -> Option<Room> {
+        if ahead && self.held() >= hold {
+            return None;
+        }
         let claim = Arc::clone(&self.claims).try_acquire_owned().ok()?;
         let worker = if ahead {
             None

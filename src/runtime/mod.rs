@@ -44,20 +44,23 @@ pub struct QueueConfig {
     pub poll_interval: Duration,
     /// Under a backlog (the previous claim came back full), how long the dispatcher may wait for
     /// all of `max_workers` (at most `claim_batch`) to be free before it claims, so that a process
-    /// with few workers claims in batches instead of one job per round trip. Zero claims as soon as one worker is
-    /// free. It never delays a job when the queue is not saturated. While claiming ahead, the
-    /// dispatcher waits for half its claim room instead, at most `claim_ahead` (bounded by the
-    /// handler average, at most `CLAIM_AHEAD_MAX_HANDLER`, at least this): the `max_workers` or
-    /// more jobs still claimed keep the workers busy.
+    /// with few workers claims in batches instead of one job per round trip. Zero claims as soon as
+    /// one worker is free. It never delays a job when the queue is not saturated. While claiming
+    /// ahead, the dispatcher waits for half of what it may hold instead, at most the jobs it claims
+    /// ahead (bounded by the handler average, at most `CLAIM_AHEAD_MAX_HANDLER`, at least this):
+    /// the `max_workers` or more jobs still claimed keep the workers busy.
     pub claim_linger: Duration,
-    /// Jobs this process may hold claimed beyond its busy workers, waiting for the next free one,
-    /// so that the next claim's round trip overlaps the running handlers instead of leaving the
-    /// workers idle while it runs. Used only while the queue's handlers are short (a moving
-    /// average of at most `CLAIM_AHEAD_MAX_HANDLER`, 50 ms, and none running longer right now):
-    /// a claimed job then waits about `claim_ahead / max_workers` handler runs. A job that waits
-    /// longer (a handler turned out long) is handed back to the queue after a bounded wait, and
-    /// never waits past half of its deadline. 0 claims only for free workers. A waiting job is
-    /// heartbeated like a running one, and runs in about claim order.
+    /// The most jobs this process may hold claimed beyond its busy workers, waiting for the next
+    /// free one, so that the next claim's round trip overlaps the running handlers instead of
+    /// leaving the workers idle while it runs. Used only while the queue's handlers are short (a
+    /// moving average of at most `CLAIM_AHEAD_MAX_HANDLER`, 50 ms, and none running longer right
+    /// now), and bounded by time as well: the jobs claimed ahead are at most `CLAIM_AHEAD_WINDOW`
+    /// (200 ms) of work for the queue's workers at their handler average (`max_workers × 200 ms /
+    /// average`, at least one), so a claimed job waits at most about 200 ms for its worker however
+    /// few workers the process has. A job
+    /// that waits longer (a handler turned out long) is handed back to the queue after a bounded
+    /// wait, and never waits past half of its deadline. 0 claims only for free workers. A waiting
+    /// job is heartbeated like a running one, and runs in about claim order.
     pub claim_ahead: usize,
     /// Optional deadline stamped on every claim batch: the handler is stopped when it passes, and
     /// deadline rescue closes the attempt if its worker cannot.
@@ -81,7 +84,7 @@ impl Default for QueueConfig {
             claim_batch: 128,
             poll_interval: Duration::from_millis(250),
             claim_linger: Duration::from_millis(2),
-            claim_ahead: 32,
+            claim_ahead: 96,
             deadline: None,
             priority_aging: Some(Duration::from_secs(60)),
             dead_letter: false,
@@ -132,6 +135,14 @@ impl QueueConfig {
 /// Claim ahead of free workers only while the queue's handlers take at most this long on average:
 /// a job claimed ahead then waits about one handler's run for its worker.
 pub const CLAIM_AHEAD_MAX_HANDLER: Duration = Duration::from_millis(50);
+
+/// The most work, at the queue's handler average, a process holds claimed ahead of its workers
+/// (`QueueConfig::claim_ahead` bounds the count as well): a job claimed ahead waits at most about
+/// this long for its worker. 200 ms, not 50: under saturation a 1-ms handler measures well over 2 ms
+/// on a busy 2-core machine (its wake-ups wait for a core), and a 50-ms window then cut the claims
+/// of processes of 4 workers (8x4 saturation 8.4–8.7k jobs/s against 9.8–11.1k,
+/// docs/bench/2026-12-02-claim-ahead-window.md).
+pub const CLAIM_AHEAD_WINDOW: Duration = Duration::from_millis(200);
 
 /// How completions are batched (completer.rs): flushes are paced, not delayed.
 #[derive(Clone, Debug)]

@@ -70,6 +70,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "lease_ring",
         include_str!("../migrations/0015_lease_ring.sql"),
     ),
+    (
+        "archive_ahead",
+        include_str!("../migrations/0016_archive_ahead.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -231,6 +235,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("queue_ring_ledger", ChurnClass::Ring),
     ("claim_ring_ledger", ChurnClass::Ring),
     ("claim_rescue_cursors", ChurnClass::Ring),
+    // how far a sealed slot's generation has been archived ahead of its prune (migration 0016)
+    ("queue_slot_archive_marks", ChurnClass::Ring),
     ("queues", ChurnClass::Warm),
     ("queue_lanes", ChurnClass::Warm),
     ("attempt_state", ChurnClass::Warm),

@@ -6,7 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use ringwork::{ArchiveTable, CancelOutcome, CloseOutcome, NewJob, PruneResult, Storage};
+use ringwork::{
+    ArchiveTable, CancelOutcome, ClaimedJob, CloseOutcome, JobStatus, NewJob, PruneResult,
+    QueueSlotPrune, Storage,
+};
 use serde_json::json;
 use support::TestDb;
 
@@ -17,10 +20,15 @@ fn job(n: i64) -> NewJob {
     NewJob::from_parts("archived_kind", json!({ "n": n })).unwrap()
 }
 
-#[tokio::test]
-async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
+/// The default queue's (completed, failed, cancelled) totals.
+async fn terminal_counts(storage: &Storage) -> (i64, i64, i64) {
+    let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
+    (counts.completed, counts.failed, counts.cancelled)
+}
+
+/// Six jobs in the current queue slot: four completed in one batch, one failed ("boom"), one
+/// cancelled before it was claimed. Returns their ids and the five claims.
+async fn six_finished_jobs(storage: &Storage, db: &TestDb) -> (Vec<i64>, Vec<ClaimedJob>) {
     let mut conn = db.pool.acquire().await.unwrap();
     let ids = storage
         .insert_many(&mut conn, &(0..6).map(job).collect::<Vec<_>>())
@@ -43,6 +51,14 @@ async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
         )])
         .await
         .unwrap();
+    (ids, claimed)
+}
+
+#[tokio::test]
+async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let (ids, claimed) = six_finished_jobs(&storage, &db).await;
 
     assert_eq!(
         support::rotate_and_prune(&storage, DAY).await,
@@ -95,11 +111,7 @@ async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
         CancelOutcome::AlreadyFinished
     );
     // durable totals: the ring no longer holds the four completions, terminal_totals does
-    let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
-    assert_eq!(
-        (counts.completed, counts.failed, counts.cancelled),
-        (4, 1, 1)
-    );
+    assert_eq!(terminal_counts(&storage).await, (4, 1, 1));
     db.cleanup().await;
 }
 
@@ -339,5 +351,303 @@ async fn retention_truncates_a_whole_bucket_once_its_newest_row_is_past_the_keep
             .unwrap(),
         0
     );
+    db.cleanup().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Archive ahead of prune (migration 0016): the copy runs under ACCESS SHARE before the prune, and
+// the prune, under its ACCESS EXCLUSIVE locks, copies only what arrived after it.
+// ---------------------------------------------------------------------------------------------
+
+fn prune_options() -> QueueSlotPrune {
+    QueueSlotPrune {
+        lock_timeout: NO_WAIT,
+        keep_completed: DAY,
+        keep_failed: 7 * DAY,
+        park_idle: None,
+    }
+}
+
+/// (completion batch rows, failed/cancelled rows) in the archive.
+async fn archived_rows(db: &TestDb) -> (i64, i64) {
+    (
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_completion_batches")
+            .await,
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_jobs")
+            .await,
+    )
+}
+
+/// The one sealed slot of the queue ring, after sealing the current one.
+async fn seal_the_current_queue_slot(storage: &Storage) -> i32 {
+    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+    let sealed = storage.sealed_queue_slots().await.unwrap();
+    assert_eq!(sealed.len(), 1, "one sealed slot: {sealed:?}");
+    sealed[0]
+}
+
+/// Every completed job listed, by id, over all pages.
+async fn listed_completed(storage: &Storage) -> Vec<i64> {
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = storage
+            .list_jobs(JobStatus::Completed, None, None, after.as_deref(), 2)
+            .await
+            .unwrap();
+        ids.extend(page.jobs.iter().map(|j| j.job_id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    ids.sort_unstable();
+    ids
+}
+
+/// How many times the job's history says it completed.
+async fn completions_in_history(storage: &Storage, job_id: i64) -> usize {
+    let record = storage.load_job(job_id).await.unwrap().expect("known job");
+    record
+        .history
+        .iter()
+        .filter(|h| h.state == JobStatus::Completed)
+        .count()
+}
+
+#[tokio::test]
+async fn a_slot_archived_ahead_of_its_prune_is_copied_once_and_listed_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let (ids, _) = six_finished_jobs(&storage, &db).await;
+    let slot = seal_the_current_queue_slot(&storage).await;
+    let options = prune_options();
+
+    // another archiver has the slot: this one does not copy it a second time
+    let mut other = db.pool.acquire().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_lock({}.lock_ns('archive_ahead'), $1)",
+        db.schema.as_str()
+    ))
+    .bind(slot)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    assert_eq!(
+        storage
+            .archive_queue_slot_ahead(slot, &options)
+            .await
+            .unwrap(),
+        "busy"
+    );
+    assert_eq!(archived_rows(&db).await, (0, 0));
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        storage
+            .archive_queue_slot_ahead(slot, &options)
+            .await
+            .unwrap(),
+        "copied"
+    );
+    assert_eq!(
+        archived_rows(&db).await,
+        (1, 2),
+        "one batch, one failure, one cancel"
+    );
+    // the slot is still in the ring, which stays the record: nothing is listed twice
+    assert_eq!(listed_completed(&storage).await, ids[..4].to_vec());
+    assert_eq!(completions_in_history(&storage, ids[2]).await, 1);
+    assert_eq!(
+        storage
+            .archive_queue_slot_ahead(slot, &options)
+            .await
+            .unwrap(),
+        "up_to_date"
+    );
+    assert_eq!(archived_rows(&db).await, (1, 2));
+
+    assert_eq!(
+        storage.prune_queue_slot_with(slot, &options).await.unwrap(),
+        PruneResult::Pruned
+    );
+    assert_eq!(
+        archived_rows(&db).await,
+        (1, 2),
+        "the prune copied nothing again"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.queue_slot_archive_marks")
+            .await,
+        0,
+        "the marks go with their slot"
+    );
+    assert_eq!(listed_completed(&storage).await, ids[..4].to_vec());
+    assert_eq!(completions_in_history(&storage, ids[2]).await, 1);
+    assert_eq!(terminal_counts(&storage).await, (4, 1, 1));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn rows_finished_after_the_archive_ahead_are_copied_by_the_prune_and_only_they() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let early = storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    // a producer's transaction open across the seal: its rows land in the slot after the copy
+    let mut producer = db.pool.begin().await.unwrap();
+    let late = storage
+        .insert_many(&mut producer, &[job(100), job(101)])
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    let done: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&done).await.unwrap();
+    let slot = seal_the_current_queue_slot(&storage).await;
+    let options = prune_options();
+    assert_eq!(
+        storage
+            .archive_queue_slot_ahead(slot, &options)
+            .await
+            .unwrap(),
+        "copied"
+    );
+    assert_eq!(archived_rows(&db).await, (1, 0));
+
+    producer.commit().await.unwrap();
+    assert_eq!(
+        storage
+            .archive_queue_slot_ahead(slot, &options)
+            .await
+            .unwrap(),
+        "pending_ready",
+        "the late rows are not provable yet"
+    );
+    let claimed = storage.claim("default", 2, None).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.job_id).collect::<Vec<_>>(), late);
+    storage
+        .complete_batch(&[claimed[0].attempt_ref()])
+        .await
+        .unwrap();
+    storage
+        .close_batch(&[(
+            claimed[1].attempt_ref(),
+            CloseOutcome::Failed {
+                error: "late".into(),
+            },
+        )])
+        .await
+        .unwrap();
+
+    // the prune itself (not the archive-ahead step) finds the mark behind and copies the rest
+    let pruned: String = sqlx::query_scalar(&format!(
+        "SELECT {}.prune_queue_slot($1, '25ms', interval '1 day', interval '7 days', NULL)",
+        db.schema.as_str()
+    ))
+    .bind(slot)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(pruned, "pruned");
+    assert_eq!(
+        archived_rows(&db).await,
+        (2, 1),
+        "the late batch and failure, once each"
+    );
+    let mut all = early.clone();
+    all.push(late[0]);
+    assert_eq!(listed_completed(&storage).await, all);
+    for id in all {
+        assert_eq!(completions_in_history(&storage, id).await, 1, "job {id}");
+    }
+    let failed = storage.job_state(late[1]).await.unwrap().expect("archived");
+    assert_eq!(failed.state, "failed");
+    let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
+    assert_eq!((counts.completed, counts.failed), (4, 1));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_reader_holding_the_slot_delays_only_the_truncate_not_the_archive_copy() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let s = db.schema.as_str().to_owned();
+    storage
+        .insert_many(&mut conn, &(0..4).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 4, None).await.unwrap();
+    let done: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&done).await.unwrap();
+    let slot = seal_the_current_queue_slot(&storage).await;
+    let options = prune_options();
+
+    // pg_dump holds ACCESS SHARE on every table it dumps until the dump ends
+    let mut reader = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {s}.ready_entries_{slot}, {s}.receipt_completion_batches_{slot} IN ACCESS SHARE MODE"
+    ))
+    .execute(&mut *reader)
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            storage.prune_queue_slot_with(slot, &options).await.unwrap(),
+            PruneResult::Skipped("busy".into())
+        );
+        assert_eq!(
+            archived_rows(&db).await,
+            (1, 0),
+            "copied once while the reader holds the slot"
+        );
+    }
+    // the hot path goes on meanwhile
+    storage.insert_many(&mut conn, &[job(9)]).await.unwrap();
+    let claimed = storage.claim("default", 1, None).await.unwrap();
+    storage
+        .complete_batch(&[claimed[0].attempt_ref()])
+        .await
+        .unwrap();
+    reader.commit().await.unwrap();
+
+    assert_eq!(
+        storage.prune_queue_slot_with(slot, &options).await.unwrap(),
+        PruneResult::Pruned
+    );
+    assert_eq!(archived_rows(&db).await, (1, 0));
+    assert_eq!(
+        storage.queue_counts(Some("default")).await.unwrap()[0].completed,
+        5
+    );
+    // no copy was ever rolled back: the archive holds no dead tuple
+    let flushed = support::eventually(Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
+             WHERE schemaname = $1 AND relname ~ '^archived_completion_batches_'",
+        )
+        .bind(&s)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+            >= 1
+    })
+    .await;
+    assert!(flushed, "the archive's insert reached the statistics");
+    let dead: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(n_dead_tup), 0)::int8 FROM pg_stat_user_tables
+         WHERE schemaname = $1 AND relname ~ '^(archived_|queue_slot_archive_marks_)'",
+    )
+    .bind(&s)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(dead, 0);
     db.cleanup().await;
 }

@@ -21,20 +21,43 @@ LANGUAGE sql STABLE AS $$
             % __S__.archive_buckets())::int
 $$;
 
--- Append a queue slot's terminal history to the archive. Called by prune_queue_slot under the slot's
--- ACCESS EXCLUSIVE locks, right before the TRUNCATE. A completion batch becomes one row: its
--- arrays, plus its jobs' kinds, args, attempts and creation times from their ready rows (the batch
--- lives in its jobs' ready slot, so those rows are here). A keep of zero archives nothing of that
--- kind; rows already older than their keep are not archived.
-CREATE OR REPLACE FUNCTION __S__.archive_slot(p_slot int, p_keep_completed interval, p_keep_failed interval)
-RETURNS void
-LANGUAGE plpgsql AS $$
+-- Append to the archive what a queue slot's generation holds of terminal history and the archive
+-- does not have yet, and mark how far that goes (queue_slot_archive_marks, migration 0016). A
+-- completion batch becomes one row: its arrays, plus its jobs' kinds, args, attempts and creation
+-- times from their ready rows (the batch lives in its jobs' ready slot, so those rows are here). A
+-- keep of zero archives nothing of that kind; rows already older than their keep are not archived.
+--
+-- Without a mark of this generation everything is copied. With one whose counts equal the slot's
+-- rows now, nothing is (rows are only ever added to a slot until its TRUNCATE). Otherwise only
+-- the rows whose copy is missing, found by (job, run lease): a completion or a terminal row of an
+-- attempt is written once. The slot's rows are counted before the copy: rows that commit during
+-- it (archive_queue_slot_ahead holds ACCESS SHARE only) are then copied by the next call rather
+-- than counted as copied. Returns 'copied' or 'up_to_date'.
+CREATE OR REPLACE FUNCTION __S__.archive_slot(p_slot int, p_generation bigint, p_keep_completed interval,
+                                   p_keep_failed interval)
+RETURNS text
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_batches int;
+    v_terminal int;
+    v_marked_batches int;
+    v_marked_terminal int;
 BEGIN
-    IF p_keep_completed > interval '0' THEN
+    SELECT count(*) INTO v_batches FROM __S__.receipt_completion_batches b WHERE b.ready_slot = p_slot;
+    SELECT count(*) INTO v_terminal FROM __S__.done_entries d WHERE d.ready_slot = p_slot;
+    SELECT max(m.completion_batches), max(m.terminal_rows) INTO v_marked_batches, v_marked_terminal
+    FROM __S__.queue_slot_archive_marks m
+    WHERE m.ready_slot = p_slot AND m.generation = p_generation;
+    IF (v_marked_batches, v_marked_terminal) = (v_batches, v_terminal) THEN
+        RETURN 'up_to_date';
+    END IF;
+    IF p_keep_completed > interval '0' AND v_batches IS DISTINCT FROM v_marked_batches THEN
         INSERT INTO __S__.archived_completion_batches (archive_bucket, finalized_at, queue, job_range, job_ids,
-                                                       run_leases, kinds, args, attempts, created_ats)
+                                                       run_leases, kinds, args, attempts, created_ats,
+                                                       ready_slot, generation)
         SELECT __S__.archive_bucket(b.finalized_at, p_keep_completed), b.finalized_at, b.queue,
-               int8range(x.lo, x.hi, '[]'), b.job_ids, b.run_leases, x.kinds, x.args, x.attempts, x.created_ats
+               int8range(x.lo, x.hi, '[]'), b.job_ids, b.run_leases, x.kinds, x.args, x.attempts, x.created_ats,
+               p_slot, p_generation
         FROM __S__.receipt_completion_batches b
         CROSS JOIN LATERAL (
             SELECT min(u.job_id) AS lo, max(u.job_id) AS hi,
@@ -49,17 +72,91 @@ BEGIN
                 LIMIT 1
             ) e ON true
         ) x
-        WHERE b.ready_slot = p_slot AND b.finalized_at > now() - p_keep_completed;
+        WHERE b.ready_slot = p_slot AND b.finalized_at > now() - p_keep_completed
+          AND (v_marked_batches IS NULL
+               OR NOT EXISTS (SELECT 1 FROM __S__.archived_completion_batches a
+                              WHERE a.job_range @> b.job_ids[1] AND a.job_ids[1] = b.job_ids[1]
+                                AND a.run_leases[1] = b.run_leases[1]));
     END IF;
-    IF p_keep_failed > interval '0' THEN
+    IF p_keep_failed > interval '0' AND v_terminal IS DISTINCT FROM v_marked_terminal THEN
         INSERT INTO __S__.archived_jobs (archive_bucket, job_id, run_lease, queue, kind, args, priority, attempt,
-                                         max_attempts, state, error, created_at, finalized_at)
+                                         max_attempts, state, error, created_at, finalized_at, ready_slot,
+                                         generation)
         SELECT __S__.archive_bucket(d.finalized_at, p_keep_failed), d.job_id, d.run_lease, d.queue, d.kind,
-               d.args, d.priority, d.attempt, d.max_attempts, d.state, d.error, d.created_at, d.finalized_at
+               d.args, d.priority, d.attempt, d.max_attempts, d.state, d.error, d.created_at, d.finalized_at,
+               p_slot, p_generation
         FROM __S__.done_entries d
-        WHERE d.ready_slot = p_slot AND d.finalized_at > now() - p_keep_failed;
+        WHERE d.ready_slot = p_slot AND d.finalized_at > now() - p_keep_failed
+          AND (v_marked_terminal IS NULL
+               OR NOT EXISTS (SELECT 1 FROM __S__.archived_jobs a
+                              WHERE a.job_id = d.job_id AND a.run_lease = d.run_lease));
     END IF;
+    INSERT INTO __S__.queue_slot_archive_marks (ready_slot, generation, completion_batches, terminal_rows)
+    VALUES (p_slot, p_generation, v_batches, v_terminal);
+    RETURN 'copied';
 END
+$$;
+
+-- Archive a sealed queue slot ahead of its prune (migration 0016), holding ACCESS SHARE on the
+-- slot's children only: claims, completions and readers (pg_dump included) go on meanwhile, and
+-- the prune that follows finds the copy done and holds its ACCESS EXCLUSIVE locks only to count,
+-- record totals and truncate. Only a provable slot is archived ahead (a slot that still receives
+-- completions would be copied again and again); prune copies whatever is left. One archiver per
+-- slot at a time (a try-lock: two at once would both copy). The slot's state is read from its own
+-- ledger child, not from the queue_ring_slots view, so that this transaction locks no other slot's
+-- ledger while it copies. Returns 'copied', 'up_to_date', 'not_sealed', the proof's blocker
+-- (queue_slot_blocker), or 'busy': another archiver has the slot, or a prune holds it longer than
+-- p_lock_timeout.
+CREATE OR REPLACE FUNCTION __S__.archive_queue_slot_ahead(p_slot int, p_lock_timeout text,
+                                               p_keep_completed interval, p_keep_failed interval)
+RETURNS text
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_event text;
+    v_generation bigint;
+    v_blocker text;
+    v_children text;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('archive_ahead'), p_slot) THEN
+        RETURN 'busy';
+    END IF;
+    SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
+    FROM unnest(ARRAY['queue_ring_ledger', 'queue_slot_archive_marks', 'ready_entries', 'done_entries',
+                      'receipt_completion_batches']) t;
+    -- taken before the state is read: a prune that has not committed by then cannot truncate the
+    -- slot under the copy, and one that has is seen in the ledger
+    PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    BEGIN
+        EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS SHARE MODE';
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 'busy';
+    END;
+    PERFORM set_config('lock_timeout', '0', true);
+    SELECT l.event, l.generation INTO v_event, v_generation
+    FROM __S__.queue_ring_ledger l
+    WHERE l.ready_slot = p_slot
+    ORDER BY l.generation DESC, CASE l.event WHEN 'opened' THEN 1 WHEN 'sealed' THEN 2 ELSE 3 END DESC
+    LIMIT 1;
+    IF v_event IS DISTINCT FROM 'sealed' THEN
+        RETURN 'not_sealed';
+    END IF;
+    v_blocker := __S__.queue_slot_blocker(p_slot);
+    IF v_blocker IS NOT NULL THEN
+        RETURN v_blocker;
+    END IF;
+    RETURN __S__.archive_slot(p_slot, v_generation, p_keep_completed, p_keep_failed);
+END
+$$;
+
+-- Whether an archived row's slot generation is still in the queue ring (archived ahead of a prune
+-- that has not happened yet): then the ring's rows are the job's record, and readers of the archive
+-- skip the copy so that no job is listed twice. A slot's 'sealed' event goes with its TRUNCATE.
+-- Rows archived before migration 0016 carry no slot and are never in the ring.
+CREATE OR REPLACE FUNCTION __S__.archived_slot_in_ring(p_slot int, p_generation bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_slot IS NOT NULL
+       AND EXISTS (SELECT 1 FROM __S__.queue_ring_ledger l
+                   WHERE l.ready_slot = p_slot AND l.generation = p_generation AND l.event = 'sealed')
 $$;
 
 -- Retention of one archive table ('completions' or 'jobs'): truncate every bucket other than the
@@ -97,7 +194,8 @@ END
 $$;
 
 -- A job's archived terminal rows: completions (from the batch rows whose job range covers it) and
--- failed, cancelled or row-completed attempts.
+-- failed, cancelled or row-completed attempts; not those whose slot is still in the ring, which the
+-- ring's readers give.
 CREATE OR REPLACE FUNCTION __S__.archived_job(p_job_id bigint)
 RETURNS TABLE (state text, queue text, kind text, args jsonb, attempt int, run_lease bigint, error text,
                created_at timestamptz, finalized_at timestamptz)
@@ -107,9 +205,11 @@ LANGUAGE sql STABLE AS $$
     FROM __S__.archived_completion_batches a
     CROSS JOIN LATERAL (SELECT array_position(a.job_ids, p_job_id) AS i) o
     WHERE a.job_range @> p_job_id AND o.i IS NOT NULL
+      AND NOT __S__.archived_slot_in_ring(a.ready_slot, a.generation)
     UNION ALL
     SELECT j.state, j.queue, j.kind, j.args, j.attempt, j.run_lease, j.error, j.created_at, j.finalized_at
-    FROM __S__.archived_jobs j WHERE j.job_id = p_job_id
+    FROM __S__.archived_jobs j
+    WHERE j.job_id = p_job_id AND NOT __S__.archived_slot_in_ring(j.ready_slot, j.generation)
 $$;
 
 -- ---------------------------------------------------------------------------------------------

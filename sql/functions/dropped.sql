@@ -50,3 +50,5 @@ BEGIN
     END IF;
 END
 $$;
+-- archive ahead (migration 0016): archive_slot gained p_generation and returns what it did
+DROP FUNCTION IF EXISTS __S__.archive_slot(int, interval, interval);

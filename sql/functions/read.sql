@@ -371,6 +371,7 @@ BEGIN
                  FROM __S__.archived_jobs a
                  WHERE a.state = p_state AND (p_queue IS NULL OR a.queue = p_queue)
                    AND (p_kind IS NULL OR a.kind = p_kind)
+                   AND NOT __S__.archived_slot_in_ring(a.ready_slot, a.generation)
                    AND (a.finalized_at, a.job_id) < (v_before_at, v_before_id)
                  ORDER BY a.finalized_at DESC, a.job_id DESC LIMIT v_left)
                 UNION ALL
@@ -383,11 +384,13 @@ BEGIN
                        WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
                          AND (p_kind IS NULL OR p_kind = ANY (w.kinds))
                          AND w.finalized_at = v_before_at
+                         AND NOT __S__.archived_slot_in_ring(w.ready_slot, w.generation)
                        UNION ALL
                        (SELECT * FROM __S__.archived_completion_batches w
                         WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
                           AND (p_kind IS NULL OR p_kind = ANY (w.kinds))
                           AND w.finalized_at < v_before_at
+                          AND NOT __S__.archived_slot_in_ring(w.ready_slot, w.generation)
                         ORDER BY w.finalized_at DESC FETCH FIRST v_left ROWS WITH TIES)) a
                  CROSS JOIN LATERAL generate_subscripts(a.job_ids, 1) i
                  WHERE (p_kind IS NULL OR a.kinds[i] = p_kind)

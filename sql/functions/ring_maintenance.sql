@@ -190,7 +190,9 @@ $$;
 -- re-check not-current and re-prove under the locks -> TRUNCATE all children in one statement.
 -- Before the truncate, the slot's terminal history goes to the archive (sql/functions/archive.sql):
 -- completion batches younger than p_keep_completed, failed and cancelled jobs younger than
--- p_keep_failed. Nothing is carried forward into the ring.
+-- p_keep_failed. Nothing is carried forward into the ring. The copy is normally made just before,
+-- by archive_queue_slot_ahead under ACCESS SHARE (migration 0016); under the locks prune then
+-- counts the slot's rows against the mark and copies only what arrived after it.
 --
 -- Parking (sql/functions/parking.sql): a slot held back only by unclaimed rows of cold lanes
 -- (paused, or not claimed for p_park_idle; NULL never parks) is not left to pin the ring. Under the
@@ -225,10 +227,11 @@ BEGIN
         RETURN v_blocker;
     END IF;
     SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
-    -- the ledger child first: only maintenance and operators' views read it, never the hot path,
-    -- so while prune waits on a view reader it holds no lock a producer or claimer needs
-    FROM unnest(ARRAY['queue_ring_ledger', 'ready_entries', 'ready_segments', 'ready_tombstones',
-                      'ready_claim_attempt_batches', 'done_entries', 'receipt_completion_batches']) t;
+    -- the ledger and mark children first: only maintenance and operators' views read them, never
+    -- the hot path, so while prune waits on a view reader it holds no lock a producer or claimer needs
+    FROM unnest(ARRAY['queue_ring_ledger', 'queue_slot_archive_marks', 'ready_entries', 'ready_segments',
+                      'ready_tombstones', 'ready_claim_attempt_batches', 'done_entries',
+                      'receipt_completion_batches']) t;
     PERFORM set_config('lock_timeout', p_lock_timeout, true);
     BEGIN
         EXECUTE 'LOCK TABLE ' || v_children || ' IN ACCESS EXCLUSIVE MODE';
@@ -267,7 +270,8 @@ BEGIN
     ELSIF v_blocker IS NOT NULL THEN
         RETURN v_blocker;
     END IF;
-    PERFORM __S__.archive_slot(p_slot, p_keep_completed, p_keep_failed);
+    -- usually archived ahead (archive_queue_slot_ahead): then this only counts the slot's rows
+    PERFORM __S__.archive_slot(p_slot, v_generation, p_keep_completed, p_keep_failed);
     PERFORM __S__.record_slot_totals(p_slot);
     EXECUTE 'TRUNCATE ' || v_children;
     INSERT INTO __S__.queue_ring_ledger (ready_slot, generation, event) VALUES (p_slot, v_generation, 'freed');
@@ -345,7 +349,7 @@ RETURNS TABLE (ring text, slot int, pid int, application text, backend_state tex
                lock_modes text, query text)
 LANGUAGE sql STABLE AS $$
     WITH held AS (
-        SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_|queue_ring_ledger_)' THEN 'queue'
+        SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_|queue_ring_ledger_|queue_slot_archive_marks_)' THEN 'queue'
                     WHEN c.relname ~ '^(lease_claim|claim_ring_ledger_|claim_rescue_cursors_)' THEN 'claim'
                     WHEN c.relname ~ '^(leases_|lease_ring_ledger_)' THEN 'lease'
                     ELSE 'archive' END AS ring,

@@ -1,15 +1,17 @@
 //! The archive: terminal history kept after its queue slot is pruned, in two rings of time buckets
-//! (`sql/functions/archive.sql`). Prune appends to it; this module reclaims it.
+//! (`sql/functions/archive.sql`). A sealed queue slot is archived ahead of its prune, under ACCESS
+//! SHARE locks only; prune appends whatever arrived since. This module also reclaims it.
 
 use std::time::Duration;
 
-use super::Storage;
+use super::{QueueSlotPrune, Storage};
 use crate::error::Result;
 use crate::schema::SchemaName;
 
 /// This plane's statements, rendered once per schema.
 #[derive(Debug)]
 pub(super) struct Statements {
+    archive_queue_slot_ahead: String,
     archive_expire: String,
     fold_terminal_totals: String,
 }
@@ -17,6 +19,10 @@ pub(super) struct Statements {
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
+            archive_queue_slot_ahead: format!(
+                "SELECT {s}.archive_queue_slot_ahead($1, $2, make_interval(secs => $3), \
+                 make_interval(secs => $4))"
+            ),
             archive_expire: format!("SELECT {s}.archive_expire($1, make_interval(secs => $2), $3)"),
             fold_terminal_totals: format!("SELECT {s}.fold_terminal_totals($1)"),
         }
@@ -42,6 +48,28 @@ impl ArchiveTable {
 }
 
 impl Storage {
+    /// Copy a sealed queue slot's terminal history to the archive ahead of its prune (migration
+    /// 0016), holding only ACCESS SHARE on the slot's children, so that claims, completions and
+    /// readers go on meanwhile and the prune's ACCESS EXCLUSIVE locks are held for a count and a
+    /// TRUNCATE rather than for the copy. [`Storage::prune_queue_slot_with`] calls it first.
+    /// Returns `copied`, `up_to_date`, `not_sealed`, the slot's prune blocker (`pending_ready`,
+    /// `open_claims`: such a slot is left to prune), or `busy`.
+    pub async fn archive_queue_slot_ahead(
+        &self,
+        slot: i32,
+        options: &QueueSlotPrune,
+    ) -> Result<String> {
+        Ok(
+            sqlx::query_scalar(&self.sql.archive.archive_queue_slot_ahead)
+                .bind(slot)
+                .bind(format!("{}ms", options.lock_timeout.as_millis().max(1)))
+                .bind(options.keep_completed.as_secs_f64())
+                .bind(options.keep_failed.as_secs_f64())
+                .fetch_one(self.db())
+                .await?,
+        )
+    }
+
     /// Truncate every bucket of `table` (other than the current one) whose newest row is older
     /// than `keep`. A bucket whose lock is not granted within `lock_timeout` is left for the next
     /// call. Returns the number of buckets truncated.

@@ -180,12 +180,20 @@ impl Storage {
     }
 
     /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5, storage.md section 11): archive
-    /// its terminal history, park the unclaimed rows of cold lanes, truncate it.
+    /// its terminal history, park the unclaimed rows of cold lanes, truncate it. Two transactions:
+    /// the archive copy first, under ACCESS SHARE ([`Storage::archive_queue_slot_ahead`]), then the
+    /// prune under ACCESS EXCLUSIVE, which copies only what arrived in between.
     pub async fn prune_queue_slot_with(
         &self,
         slot: i32,
         options: &QueueSlotPrune,
     ) -> Result<PruneResult> {
+        let ahead = self.archive_queue_slot_ahead(slot, options).await?;
+        tracing::debug!(slot, ahead, "queue slot archived ahead of its prune");
+        if ahead == "not_sealed" || ahead == "open_claims" {
+            // the prune's own proof would fail the same way (a pending_ready slot may be parked)
+            return Ok(PruneResult::Skipped(ahead));
+        }
         let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_queue_slot)
             .bind(slot)
             .bind(format!("{}ms", options.lock_timeout.as_millis().max(1)))

@@ -301,6 +301,10 @@ struct Prune {
     phase: PrunePhase,
     /// The first proof failed only on pending rows, and the prune parks them (`park_blocker`).
     park: bool,
+    /// The jobs with a row in the slot when the first proof ran (a bit per job): prune_queue_slot
+    /// counts the slot's `ready_segments` before its proof and re-proves under its locks only if
+    /// that count grew (a row can enter a sealed slot only with an enqueue that commits late).
+    rows_at_proof: u8,
 }
 
 /// One shard of the lane: a `queue_lanes` row with its own segment and cursor sequences, and its
@@ -418,6 +422,16 @@ impl State {
     /// (in any claim slot, free ones included) whose ready row lives here.
     fn queue_slot_blocked(&self, slot: u8) -> bool {
         self.slot_has_pending(slot) || self.open_claims_on(slot)
+    }
+
+    /// The jobs whose row sits in the slot (not parked), a bit per job: what the slot's
+    /// `ready_segments` count stands for (one job per segment here).
+    fn slot_rows(&self, slot: u8) -> u8 {
+        self.jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| matches!(j.ready, Some(r) if !r.parked && r.slot == slot))
+            .fold(0, |mask, (i, _)| mask | (1 << i))
     }
 
     /// `queue_slot_blocker` = 'pending_ready': an unparked row of the slot ahead of its cursor.
@@ -622,12 +636,21 @@ impl RingModel {
 
     /// Re-check sealed and re-prove under the locks, then TRUNCATE and free the slot.
     fn queue_prune_finish(&self, s: &mut State) {
-        let Some(Prune { slot, park, .. }) = s.queue_prune.take() else {
+        let Some(Prune {
+            slot,
+            park,
+            rows_at_proof,
+            ..
+        }) = s.queue_prune.take()
+        else {
             return;
         };
+        // the re-proof runs when parking, or when a row entered the slot since the first proof
+        let reprove = park || s.slot_rows(slot) & !rows_at_proof != 0;
         let park = park && s.slot_parkable(slot);
         if !self.faults.prune_without_reproof
-            && (!s.queue_ring.is(slot, SlotState::Sealed) || (s.queue_slot_blocked(slot) && !park))
+            && (!s.queue_ring.is(slot, SlotState::Sealed)
+                || (reprove && s.queue_slot_blocked(slot) && !park))
         {
             return;
         }
@@ -1139,6 +1162,7 @@ impl Model for RingModel {
                     slot,
                     phase: PrunePhase::Proved,
                     park: s.queue_slot_blocked(slot),
+                    rows_at_proof: s.slot_rows(slot),
                 });
                 // Only a transaction that read the slot as current before it was sealed can
                 // still write into it. With none in flight, nothing another action does can make
@@ -1161,6 +1185,7 @@ impl Model for RingModel {
                     slot,
                     phase: PrunePhase::Proved,
                     park: false,
+                    rows_at_proof: 0,
                 });
                 let writer = s.workers.contains(&Worker::Claiming { slot });
                 if !writer {

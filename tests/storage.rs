@@ -292,6 +292,59 @@ async fn prune_refuses_a_slot_holding_unclaimed_ready_rows() {
     db.cleanup().await;
 }
 
+/// The prune proves a slot without the rows of a producer's transaction still open (they are not
+/// visible), then waits for its locks, which that transaction holds until it commits. The rows are
+/// visible once the locks are granted: the slot has gained a segment since the proof, so the prune
+/// proves it again and keeps it, rather than truncating a committed job.
+#[tokio::test]
+async fn a_producer_committing_while_prune_waits_for_its_locks_keeps_the_slot() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage.insert_many(&mut conn, &[job(1)]).await.unwrap();
+    let mut producer = db.pool.begin().await.unwrap();
+    let late = storage.insert(&mut producer, &job(2)).await.unwrap();
+    let claimed = storage.claim("default", 1, None).await.unwrap();
+    storage
+        .complete_batch(&[claimed[0].attempt_ref()])
+        .await
+        .unwrap();
+    rotate_both(&storage).await;
+
+    let options = ringwork::QueueSlotPrune {
+        lock_timeout: Duration::from_secs(20),
+        keep_completed: Duration::ZERO,
+        keep_failed: Duration::ZERO,
+        park_idle: None,
+    };
+    let pruning = {
+        let storage = storage.clone();
+        tokio::spawn(async move { storage.prune_queue_slot_with(0, &options).await })
+    };
+    let waiting = support::eventually(Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE NOT l.granted AND l.mode = 'AccessExclusiveLock' AND n.nspname = $1",
+        )
+        .bind(db.schema.as_str())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    assert!(waiting, "the prune proved the slot and waits for its locks");
+    producer.commit().await.unwrap();
+    assert_eq!(
+        pruning.await.unwrap().unwrap(),
+        PruneResult::Skipped("pending_ready".into())
+    );
+    let claimed = storage.claim("default", 1, None).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.job_id).collect::<Vec<_>>(), [late]);
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn prune_reclaims_a_fully_closed_slot_and_leaves_its_children_empty() {
     let db = TestDb::new().await;

@@ -131,10 +131,19 @@ $$;
 -- Claim slots whose proof already shows every claim closed cannot hold an open claim on any ready
 -- slot, so only the (few) blocked claim slots are expanded; the blocked set is computed once per
 -- call, not once per claim member (as a SQL function's WHERE clause would do).
+--
+-- A blocked claim slot's open compact members are the receipts of its claim batches less those
+-- of its closure batches: two aggregates over the slot, then one batch lookup (by batch_id) per
+-- open receipt, and only claims in flight are open. The code before expanded every member that
+-- named this ready slot and probed the closure batches for each: a GiST probe per member, seconds
+-- a call once a claim slot held millions of claims (the claim ring cannot rotate while pg_dump
+-- holds it), for every sealed queue slot at every tick.
 CREATE OR REPLACE FUNCTION __S__.open_claims_on_ready_slot(p_ready_slot int) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_blocked int[];
+    v_slot int;
+    v_open int8multirange;
     v_compact bigint := 0;
     v_row bigint;
 BEGIN
@@ -143,16 +152,18 @@ BEGIN
     SELECT coalesce(array_agg(cs.slot), '{}') INTO v_blocked
     FROM generate_series(0, (SELECT r.slot_count - 1 FROM __S__.claim_ring_state r)) cs(slot)
     WHERE __S__.claim_slot_blocker(cs.slot) IS NOT NULL;
-    IF cardinality(v_blocked) > 0 THEN
-        SELECT count(*) INTO v_compact
-        FROM __S__.lease_claim_batches b
-        CROSS JOIN LATERAL generate_subscripts(b.ready_slots, 1) AS i
-        WHERE b.claim_slot = ANY (v_blocked) AND p_ready_slot = ANY (b.ready_slots)
-          AND b.ready_slots[i] = p_ready_slot
-          AND b.receipt_ranges @> (b.batch_id * 4096 + i - 1)
-          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closure_batches c
-                          WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges @> (b.batch_id * 4096 + i - 1));
-    END IF;
+    FOREACH v_slot IN ARRAY v_blocked LOOP
+        SELECT (SELECT range_agg(b.receipt_ranges) FROM __S__.lease_claim_batches b WHERE b.claim_slot = v_slot)
+               - coalesce((SELECT range_agg(c.receipt_ranges) FROM __S__.lease_claim_closure_batches c
+                           WHERE c.claim_slot = v_slot), '{}')
+        INTO v_open;
+        -- receipt = batch_id * 4096 + ordinal, and the batch's arrays are positional (ordinal + 1)
+        SELECT v_compact + count(*) INTO v_compact
+        FROM unnest(v_open) AS r
+        CROSS JOIN LATERAL generate_series(lower(r), upper(r) - 1) AS o(receipt)
+        JOIN __S__.lease_claim_batches b ON b.claim_slot = v_slot AND b.batch_id = o.receipt / 4096
+        WHERE b.ready_slots[o.receipt % 4096 + 1] = p_ready_slot;
+    END LOOP;
     SELECT count(*) INTO v_row FROM __S__.lease_claims l
     WHERE l.ready_slot = p_ready_slot
       AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c

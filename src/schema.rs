@@ -74,6 +74,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "archive_ahead",
         include_str!("../migrations/0016_archive_ahead.sql"),
     ),
+    (
+        "traceparent_bytes",
+        include_str!("../migrations/0017_traceparent_bytes.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -2,6 +2,10 @@
 //! the job's row (it travels through retries, snoozes, parking and dead-letter retries), and each
 //! execution's `ringwork.process` span names it as its parent. Spans reach OpenTelemetry through
 //! tracing-opentelemetry; without its layer installed there is no context to take or to set.
+//!
+//! A row stores the traceparent's 25 bytes (trace id, span id, flags; migration 0017), not its 55
+//! characters: with every job traced, the text was 16 % of the WAL a job writes. Inserts send the
+//! text (SQL converts it, COPY gets `copy_literal`) and claim returns the text.
 
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::Context;
@@ -43,6 +47,17 @@ fn parse(traceparent: &str) -> Option<SpanContext> {
     context.is_valid().then_some(context)
 }
 
+/// A valid traceparent's text as a bytea literal for COPY (`\x` and the 50 hex digits of its 25
+/// stored bytes: the text without its version and dashes).
+pub(crate) fn copy_literal(traceparent: &str) -> String {
+    format!(
+        "\\x{}{}{}",
+        &traceparent[3..35],
+        &traceparent[36..52],
+        &traceparent[53..55]
+    )
+}
+
 fn format(context: &SpanContext) -> String {
     format!(
         "00-{}-{}-{:02x}",
@@ -81,6 +96,11 @@ mod tests {
         let parsed = parse(text).expect("valid");
         assert_eq!(format(&parsed), text);
         assert!(parsed.is_sampled());
+        let literal = copy_literal(text);
+        assert_eq!(
+            literal,
+            "\\x4bf92f3577b34da6a3ce929d0e0e473600f067aa0ba902b701"
+        );
         for bad in [
             "",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",

@@ -208,3 +208,62 @@ async fn a_malformed_traceparent_is_refused_before_anything_is_written() {
     assert_eq!(stored, 0);
     db.cleanup().await;
 }
+
+/// A bulk insert (over 64 jobs of one lane: written with COPY) stores its producer's traceparent in
+/// every row as 25 bytes, and a claim hands each job the same traceparent back as text. A row
+/// holding other bytes (what a process of the build before schema 17 writes with COPY) is claimed
+/// without a parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_insert_stores_its_producers_trace_in_25_bytes_and_a_claim_returns_it() {
+    exporter();
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let jobs: Vec<NewJob> = (0..100)
+        .map(|tag| NewJob::new(&Flaky { tag }).unwrap())
+        .collect();
+    let producer = tracing::info_span!("bulk produce");
+    let ids = async {
+        let mut conn = db.pool.acquire().await.unwrap();
+        storage.insert_many(&mut conn, &jobs).await.unwrap()
+    }
+    .instrument(producer.clone())
+    .await;
+    drop(producer);
+    assert_eq!(ids.len(), 100);
+    let producer = finished_spans()
+        .into_iter()
+        .find(|s| s.name == "bulk produce")
+        .expect("the producer span was exported");
+    let expected = format!(
+        "00-{}-{}-01",
+        producer.span_context.trace_id(),
+        producer.span_context.span_id()
+    );
+
+    let s = db.schema.as_str();
+    let stored_as_bytes = db
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM {s}.ready_entries WHERE octet_length(traceparent) = 25
+                AND {s}.traceparent_text(traceparent) = '{expected}'"
+        ))
+        .await;
+    assert_eq!(
+        stored_as_bytes, 100,
+        "every row stores the trace in 25 bytes"
+    );
+
+    // one row as an older build's COPY writes it: the text's own 55 bytes
+    db.exec(&format!(
+        "UPDATE {s}.ready_entries SET traceparent = convert_to('{expected}', 'UTF8') WHERE job_id = {}",
+        ids[0]
+    ))
+    .await;
+
+    let claimed = storage.claim("default", 100, None).await.unwrap();
+    assert_eq!(claimed.len(), 100);
+    for job in &claimed {
+        let want = (job.job_id != ids[0]).then_some(expected.as_str());
+        assert_eq!(job.traceparent.as_deref(), want, "job {}", job.job_id);
+    }
+    db.cleanup().await;
+}

@@ -101,6 +101,7 @@ pub enum Scenario {
     PausedQueue,
     LongHold,
     PgDump,
+    HeldReader,
 }
 
 impl Scenario {
@@ -117,11 +118,12 @@ impl Scenario {
             "paused-queue" => Self::PausedQueue,
             "long-hold" => Self::LongHold,
             "pg-dump" => Self::PgDump,
+            "held-reader" => Self::HeldReader,
             other => {
                 return Err(Error::Config(format!(
                     "unknown scenario {other:?}: saturation, fixed-rate, idle-in-tx, \
                      active-readers, crash-under-load, pg-restart, soak, open-producer-tx, \
-                     paused-queue, long-hold, pg-dump"
+                     paused-queue, long-hold, pg-dump, held-reader"
                 )))
             }
         })
@@ -140,6 +142,7 @@ impl Scenario {
             Self::PausedQueue => "paused-queue",
             Self::LongHold => "long-hold",
             Self::PgDump => "pg-dump",
+            Self::HeldReader => "held-reader",
         }
     }
 
@@ -176,6 +179,13 @@ impl Scenario {
             Self::PgDump => vec![
                 short("clean"),
                 phase("pg-dump", Disturbance::PgDump),
+                short("after"),
+            ],
+            // pg_dump's locks and snapshot without its work: what the ring pays for the reader
+            // alone, apart from the cores a reader's own scans take
+            Self::HeldReader => vec![
+                short("clean"),
+                phase("held-reader", Disturbance::HeldReader),
                 short("after"),
             ],
             Self::ActiveReaders => vec![
@@ -221,6 +231,10 @@ enum Disturbance {
     Readers,
     /// `pg_dump` of the whole benchmark database to /dev/null, back to back.
     PgDump,
+    /// One REPEATABLE READ transaction reads a row of every table of the schema (ACCESS SHARE on
+    /// each, ring children included, and a snapshot), then sits idle for the phase: a report left
+    /// open, or pg_dump's locks without its work.
+    HeldReader,
     /// SIGKILL one worker process a few seconds in; restart it a few seconds later.
     KillWorker,
     /// Restart PostgreSQL a few seconds in.
@@ -1151,6 +1165,20 @@ async fn run_phase(
                 .await?;
             horizon = Some(tx);
         }
+        Disturbance::HeldReader => {
+            let mut tx = admin.begin().await?;
+            let tables = repeatable_read_tables(&mut tx, processes.system.schema()).await?;
+            for table in &tables {
+                sqlx::query(&format!("SELECT 1 FROM {table} LIMIT 1"))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            eprintln!(
+                "   held-reader: ACCESS SHARE held on {} tables of the schema",
+                tables.len()
+            );
+            horizon = Some(tx);
+        }
         Disturbance::Readers => {
             for _ in 0..config.readers {
                 readers.push(tokio::spawn(reader_loop(
@@ -1415,6 +1443,24 @@ async fn resume_and_drain(
     Ok(result)
 }
 
+/// Make `tx` REPEATABLE READ (a reader's snapshot, as a report or pg_dump takes) and list every
+/// table of `schema`, partitions included, as quoted names.
+async fn repeatable_read_tables(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    schema: &str,
+) -> std::result::Result<Vec<String>, sqlx::Error> {
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query_scalar(
+        "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables
+         WHERE schemaname = $1",
+    )
+    .bind(schema)
+    .fetch_all(&mut **tx)
+    .await
+}
+
 /// A REPEATABLE READ scanner: each transaction counts every table of the schema, then holds its
 /// snapshot for half a second, the way a reporting query does.
 async fn reader_loop(url: String, schema: String, stop: Arc<tokio::sync::Notify>) {
@@ -1424,16 +1470,7 @@ async fn reader_loop(url: String, schema: String, stop: Arc<tokio::sync::Notify>
     loop {
         let scan = async {
             let mut tx = pool.begin().await?;
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                .execute(&mut *tx)
-                .await?;
-            let tables: Vec<String> = sqlx::query_scalar(
-                "SELECT format('%I.%I', schemaname, relname) FROM pg_stat_user_tables
-                 WHERE schemaname = $1",
-            )
-            .bind(&schema)
-            .fetch_all(&mut *tx)
-            .await?;
+            let tables = repeatable_read_tables(&mut tx, &schema).await?;
             for table in tables {
                 sqlx::query(&format!("SELECT count(*) FROM {table}"))
                     .execute(&mut *tx)
@@ -1520,12 +1557,13 @@ fn fmt_opt(v: Option<i64>) -> String {
 }
 
 /// The per-run tables, then (when more than one system ran) the side-by-side comparison.
-/// The paused-queue run: the ring over time (at most about 16 rows) and the paused queue's fate.
-fn paused_queue_markdown(r: &RunResult) -> String {
+/// The ring over time (at most about 16 rows) of a scenario that disturbs it, and for the
+/// paused-queue scenario the paused queue's fate.
+fn ring_over_time_markdown(r: &RunResult) -> String {
     let mut out = format!(
-        "\n## paused-queue ({} {}): the ring while `{PAUSED_QUEUE}` waits paused\n\n\
+        "\n## {} ({} {}): the ring over time\n\n\
          | phase | t (s) | ring tables (MB) | archive (MB) | jobs parked | sealed slots (both rings) |\n|---|---|---|---|---|---|\n",
-        r.system, r.profile
+        r.scenario, r.system, r.profile
     );
     let points: Vec<(&str, &RingPoint)> = r
         .phases
@@ -1623,8 +1661,11 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
             r.extra_completions
         ));
     }
-    for r in results.iter().filter(|r| r.scenario == "paused-queue") {
-        out.push_str(&paused_queue_markdown(r));
+    for r in results
+        .iter()
+        .filter(|r| ["paused-queue", "pg-dump", "held-reader"].contains(&r.scenario.as_str()))
+    {
+        out.push_str(&ring_over_time_markdown(r));
     }
     // side by side: ringwork / awa for each (profile, scenario, phase)
     let pairs: Vec<_> = results
@@ -1901,9 +1942,17 @@ where
     let tracer = provider.tracer("ringwork-bench");
     // the provider lives as long as the process: its batch processor thread exports the spans
     std::mem::forget(provider);
+    // The layer as docs/operations.md recommends for workers: tracing-opentelemetry's defaults also
+    // time every poll of every span (busy/idle), and attach thread and source-location attributes
+    // to every span; RINGWORK_BENCH_OTEL_DEFAULTS=1 keeps those defaults (to measure them).
+    let lean = std::env::var_os("RINGWORK_BENCH_OTEL_DEFAULTS").is_none();
     Some(
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
+            .with_tracked_inactivity(!lean)
+            .with_threads(!lean)
+            .with_location(!lean)
+            .with_target(!lean)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
     )
 }

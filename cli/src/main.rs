@@ -376,7 +376,8 @@ enum Command {
         profiles: String,
         /// Comma-separated: saturation, fixed-rate, idle-in-tx, active-readers, crash-under-load,
         /// pg-restart, soak, open-producer-tx, paused-queue, long-hold (fixed rate, horizon held),
-        /// pg-dump (saturation, pg_dump in a loop, then a clean phase).
+        /// pg-dump (saturation, pg_dump in a loop, then a clean phase), held-reader (saturation, one
+        /// idle REPEATABLE READ transaction holding ACCESS SHARE on every table, then a clean phase).
         #[arg(long, default_value = "saturation")]
         scenarios: String,
         /// Seconds per phase.

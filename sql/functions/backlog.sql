@@ -12,7 +12,7 @@ LANGUAGE sql AS $$
     SELECT __S__.ensure_lane(p_queue, p_priority);
     INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
                                      run_at, created_at, timeout_ms, traceparent)
-    SELECT nextval('__S__.job_ids'), p_queue, k, a, p_priority, 0, 0, m, r, now(), t, tp
+    SELECT nextval('__S__.job_ids'), p_queue, k, a, p_priority, 0, 0, m, r, now(), t, __S__.traceparent_bytes(tp)
     FROM unnest(p_kinds, p_args, p_max_attempts, p_run_at, p_timeouts_ms, p_traceparents) AS u(k, a, m, r, t, tp)
     RETURNING job_id;
 $$;

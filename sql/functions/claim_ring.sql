@@ -485,7 +485,9 @@ BEGIN
                 max_attempts := v_row.max_attempts;
                 priority := v_row.priority;
                 created_at := v_row.created_at;
-                traceparent := v_row.traceparent;
+                -- the text form, as before the row stored bytes (migration 0017): a process of the
+                -- previous build reads claims as text until it is replaced
+                traceparent := __S__.traceparent_text(v_row.traceparent);
                 v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
                 IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
                     deadline_at := v_own_deadline;

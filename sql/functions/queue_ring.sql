@@ -205,6 +205,25 @@ LANGUAGE sql IMMUTABLE AS $$
             AND substr(p_traceparent, 37, 16) <> repeat('0', 16))
 $$;
 
+-- What a job row stores of a valid traceparent: its 25 bytes (trace id, span id, flags), not its 55
+-- characters (migration 0017). The version is always 00 and is not stored. NULL stays NULL.
+CREATE OR REPLACE FUNCTION __S__.traceparent_bytes(p_traceparent text) RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT decode(substr(p_traceparent, 4, 32) || substr(p_traceparent, 37, 16) || substr(p_traceparent, 54, 2),
+                  'hex')
+$$;
+
+-- The W3C text of stored traceparent bytes (claim returns it). NULL for anything but 25 bytes: a
+-- process of the build before migration 0017 that writes with COPY stores the text's own bytes
+-- until it is replaced, and its job then runs without a parent rather than under a made-up one.
+CREATE OR REPLACE FUNCTION __S__.traceparent_text(p_bytes bytea) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN octet_length(p_bytes) = 25 THEN
+               '00-' || encode(substr(p_bytes, 1, 16), 'hex') || '-' || encode(substr(p_bytes, 17, 8), 'hex')
+               || '-' || encode(substr(p_bytes, 25, 1), 'hex')
+           END
+$$;
+
 CREATE OR REPLACE FUNCTION __S__.enqueue_jobs(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
                                    p_max_attempts int[], p_timeouts_ms int[], p_traceparents text[])
 RETURNS SETOF bigint
@@ -218,7 +237,8 @@ BEGIN
     INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
                                      attempt, run_lease, max_attempts, timeout_ms, traceparent)
     SELECT v_seg.ready_slot, v_seg.lane_id, v_seg.base_pos + i - 1, nextval('__S__.job_ids'), p_queue,
-           p_kinds[i], p_args[i], p_priority, 0, 0, p_max_attempts[i], p_timeouts_ms[i], p_traceparents[i]
+           p_kinds[i], p_args[i], p_priority, 0, 0, p_max_attempts[i], p_timeouts_ms[i],
+           __S__.traceparent_bytes(p_traceparents[i])
     FROM generate_series(1, v_n) i
     RETURNING job_id;
 END

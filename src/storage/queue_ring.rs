@@ -365,8 +365,12 @@ impl Storage {
                 job.max_attempts,
                 // an unquoted empty CSV field is NULL
                 job.timeout_ms().map(|t| t.to_string()).unwrap_or_default(),
-                // validated: hex digits and dashes only, safe unquoted
-                texts[index].traceparent.as_deref().unwrap_or_default()
+                // validated: a bytea literal of hex digits, safe unquoted
+                texts[index]
+                    .traceparent
+                    .as_deref()
+                    .map(crate::trace_context::copy_literal)
+                    .unwrap_or_default()
             ));
         }
         let mut copy = conn.copy_in_raw(&self.sql.queue_ring.copy_ready).await?;

@@ -252,7 +252,8 @@ async fn a_bulk_insert_stores_its_producers_trace_in_25_bytes_and_a_claim_return
         "every row stores the trace in 25 bytes"
     );
 
-    // one row as an older build's COPY writes it: the text's own 55 bytes
+    // one row as an older build's COPY writes it: the text's own 55 bytes (a test-only UPDATE to
+    // put a row in that form; the engine never updates ring rows)
     db.exec(&format!(
         "UPDATE {s}.ready_entries SET traceparent = convert_to('{expected}', 'UTF8') WHERE job_id = {}",
         ids[0]

@@ -254,6 +254,63 @@ async fn complete_and_rescue_of_the_same_attempt_have_exactly_one_winner() {
     db.cleanup().await;
 }
 
+/// The stale sweep finds a batch's open members by subtracting the closure batches that overlap it
+/// (one index search per batch): members closed by a completion that also spans another claim
+/// batch, or by two completions, are left alone; the rest, and only they, are rescued.
+#[tokio::test]
+async fn stale_rescue_closes_only_the_open_members_of_a_partly_closed_compact_batch() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    enqueue(&db, (0..6).map(job).collect()).await;
+    let first = storage.claim("default", 4, None).await.unwrap();
+    let second = storage.claim("default", 2, None).await.unwrap();
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claim_batches")
+            .await,
+        2
+    );
+    // one completion covers a member of each batch; another covers a second member of the first
+    storage
+        .complete_batch(&[first[0].attempt_ref(), second[0].attempt_ref()])
+        .await
+        .unwrap();
+    storage
+        .complete_batch(&[first[2].attempt_ref()])
+        .await
+        .unwrap();
+    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 3);
+    let rescued: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT r FROM {}.lease_claim_closure_batches c, unnest(c.receipt_ranges) m, \
+         generate_series(lower(m), upper(m) - 1) r WHERE c.outcome = 'rescued' ORDER BY 1",
+        db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let mut expected = vec![
+        first[1].receipt_id,
+        first[3].receipt_id,
+        second[1].receipt_id,
+    ];
+    expected.sort();
+    assert_eq!(rescued, expected);
+    assert_eq!(
+        storage.rescue(STALE, 100).await.unwrap(),
+        0,
+        "nothing left open"
+    );
+    // the completed ones stay completed: a late completion of a rescued one is stale
+    assert_eq!(
+        storage
+            .complete_batch(&[first[1].attempt_ref()])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn deadline_rescue_closes_the_open_members_of_a_partly_closed_compact_batch() {
     let db = TestDb::new().await;

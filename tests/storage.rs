@@ -460,10 +460,9 @@ async fn failed_history_is_archived_when_its_slot_is_pruned() {
     db.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
+/// Three jobs claimed and completed in slot 0 of both rings, both rings rotated, and three more
+/// enqueued into the new current queue slot: slot 0 is sealed and provable.
+async fn seal_a_slot_of_completed_jobs(db: &TestDb, storage: &ringwork::Storage) {
     let mut conn = db.pool.acquire().await.unwrap();
     storage
         .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
@@ -474,11 +473,18 @@ async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() 
         .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
         .await
         .unwrap();
-    rotate_both(&storage).await;
+    rotate_both(storage).await;
     storage
         .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    seal_a_slot_of_completed_jobs(&db, &storage).await;
 
     // a long transaction that has read the queue (AccessShareLock on every ready child)
     let mut reader = db.pool.begin().await.unwrap();
@@ -536,6 +542,88 @@ async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() 
         storage.prune_queue_slot(0, NO_WAIT, KEEP).await.unwrap(),
         PruneResult::Pruned
     );
+    db.cleanup().await;
+}
+
+/// Issue 11, readers: the maintenance tick does not try a sealed slot that a long transaction holds
+/// a lock on (idle in it, or open at least a second): `held`, with no proof run and no lock waited
+/// for. A holder that is young and running is still tried (`busy`), slots it does not hold are
+/// pruned in the same tick, and the first tick after the holder ends prunes the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_released() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    seal_a_slot_of_completed_jobs(&db, &storage).await;
+    let config = ringwork::MaintenanceConfig {
+        rotate_interval: Duration::from_secs(3600),
+        ..ringwork::MaintenanceConfig::default()
+    };
+    let queue_skips = |report: &ringwork::maintenance::TickReport| -> Vec<String> {
+        report
+            .prune_skips
+            .iter()
+            .filter(|(ring, _)| *ring == "queue")
+            .map(|(_, reason)| reason.clone())
+            .collect()
+    };
+
+    // a report's transaction that has read the queue ring and sits idle: it holds every queue child
+    let mut reader = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {}.ready_entries", db.schema))
+        .execute(&mut *reader)
+        .await
+        .unwrap();
+    let report = ringwork::maintenance::tick(&storage, &config)
+        .await
+        .unwrap();
+    assert_eq!(queue_skips(&report), vec!["held".to_string()], "{report:?}");
+    assert!(report.pruned_queue_slots.is_empty(), "{report:?}");
+    assert_eq!(
+        report.pruned_claim_slots,
+        vec![0],
+        "the claim slot, which the reader never read, is pruned in the same tick"
+    );
+    reader.rollback().await.unwrap();
+
+    // a young statement that is still running is tried: the prune waits its lock timeout, `busy`
+    let running = {
+        let pool = db.pool.clone();
+        let sql = format!(
+            "SELECT count(*) FROM {}.ready_entries, pg_sleep(0.8)",
+            db.schema
+        );
+        tokio::spawn(async move { sqlx::query(&sql).execute(&pool).await })
+    };
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let report = ringwork::maintenance::tick(&storage, &config)
+        .await
+        .unwrap();
+    assert_eq!(queue_skips(&report), vec!["busy".to_string()], "{report:?}");
+    running.await.unwrap().unwrap();
+
+    // held for more than a second while running: skipped without a try
+    let mut long = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {}.ready_entries", db.schema))
+        .execute(&mut *long)
+        .await
+        .unwrap();
+    let long_sleep = tokio::spawn(async move {
+        sqlx::query("SELECT pg_sleep(2.5)")
+            .execute(&mut *long)
+            .await
+            .map(|_| long)
+    });
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let report = ringwork::maintenance::tick(&storage, &config)
+        .await
+        .unwrap();
+    assert_eq!(queue_skips(&report), vec!["held".to_string()], "{report:?}");
+    long_sleep.await.unwrap().unwrap().rollback().await.unwrap();
+
+    let report = ringwork::maintenance::tick(&storage, &config)
+        .await
+        .unwrap();
+    assert_eq!(report.pruned_queue_slots, vec![0], "{report:?}");
     db.cleanup().await;
 }
 

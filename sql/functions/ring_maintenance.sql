@@ -367,6 +367,24 @@ LANGUAGE sql STABLE AS $$
     ORDER BY 1 DESC, 2
 $$;
 
+-- Every granted lock another backend holds on a numbered child of this schema (a ring slot's child
+-- or an archive bucket), named by ring and slot: what prune_blockers and held_ring_slots read.
+CREATE OR REPLACE FUNCTION __S__.ring_child_locks()
+RETURNS TABLE (ring text, slot int, pid int, mode text)
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_|queue_ring_ledger_|queue_slot_archive_marks_)' THEN 'queue'
+                WHEN c.relname ~ '^(lease_claim|claim_ring_ledger_|claim_rescue_cursors_)' THEN 'claim'
+                WHEN c.relname ~ '^(leases_|lease_ring_ledger_)' THEN 'lease'
+                ELSE 'archive' END,
+           substring(c.relname FROM '_([0-9]+)$')::int, l.pid, l.mode
+    FROM pg_locks l
+    JOIN pg_class c ON c.oid = l.relation
+    JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = '__S__'
+    WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+      AND c.relkind = 'r' AND c.relname ~ '_[0-9]+$'
+$$;
+
 -- The backends holding a lock on a child of a sealed slot (any ring) or of an archive bucket: the
 -- ones a prune or an archive expiry waits for and gives up on ('busy'). One row per relation group
 -- and backend, with its application, state and how long its transaction has been open.
@@ -374,26 +392,29 @@ CREATE OR REPLACE FUNCTION __S__.prune_blockers()
 RETURNS TABLE (ring text, slot int, pid int, application text, backend_state text, xact_age interval,
                lock_modes text, query text)
 LANGUAGE sql STABLE AS $$
-    WITH held AS (
-        SELECT CASE WHEN c.relname ~ '^(ready_|done_entries_|receipt_completion_batches_|queue_ring_ledger_|queue_slot_archive_marks_)' THEN 'queue'
-                    WHEN c.relname ~ '^(lease_claim|claim_ring_ledger_|claim_rescue_cursors_)' THEN 'claim'
-                    WHEN c.relname ~ '^(leases_|lease_ring_ledger_)' THEN 'lease'
-                    ELSE 'archive' END AS ring,
-               substring(c.relname FROM '_([0-9]+)$')::int AS slot, l.pid, l.mode
-        FROM pg_locks l
-        JOIN pg_class c ON c.oid = l.relation
-        JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = '__S__'
-        WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
-          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-          AND c.relkind = 'r' AND c.relname ~ '_[0-9]+$'
-    )
     SELECT h.ring, h.slot, h.pid, a.application_name, a.state, now() - a.xact_start,
            string_agg(DISTINCT h.mode, ', '), left(a.query, 200)
-    FROM held h
+    FROM __S__.ring_child_locks() h
     JOIN pg_stat_activity a ON a.pid = h.pid
     WHERE h.ring IN ('archive', 'lease')
        OR (h.ring = 'queue' AND EXISTS (SELECT 1 FROM __S__.queue_ring_slots s WHERE s.slot = h.slot AND s.state = 'sealed'))
        OR (h.ring = 'claim' AND EXISTS (SELECT 1 FROM __S__.claim_ring_slots s WHERE s.slot = h.slot AND s.state = 'sealed'))
     GROUP BY h.ring, h.slot, h.pid, a.application_name, a.state, a.xact_start, a.query
     ORDER BY now() - a.xact_start DESC NULLS LAST, h.ring, h.slot
+$$;
+
+-- The queue and claim slots that a long holder keeps from prune: another backend holds a lock on
+-- one of the slot's children and its transaction is idle or has been open at least p_min_age, so it
+-- will not let go within a prune's lock timeout. The maintenance tick skips these slots ('held')
+-- without running their proofs: under a reader that holds every child (pg_dump, a long report) the
+-- proofs of a grown ring cost over 100 ms a slot, and the leader's backend spent most of a core on
+-- proofs whose lock attempt was bound to fail (docs/bench/2026-12-02-held-skip.md).
+CREATE OR REPLACE FUNCTION __S__.held_ring_slots(p_min_age interval)
+RETURNS TABLE (ring text, slot int)
+LANGUAGE sql STABLE AS $$
+    SELECT DISTINCT h.ring, h.slot
+    FROM __S__.ring_child_locks() h
+    JOIN pg_stat_activity a ON a.pid = h.pid
+    WHERE h.ring IN ('queue', 'claim')
+      AND (a.state LIKE 'idle in transaction%' OR a.xact_start <= now() - p_min_age)
 $$;

@@ -1,6 +1,9 @@
 //! Prune: every sealed slot whose proof passes is truncated, not only the oldest, so that one pinned
 //! slot does not stall the ring (ARCHITECTURE §5). Each prune skips a busy slot after
-//! `prune_lock_timeout` instead of queueing hot reads behind its ACCESS EXCLUSIVE lock.
+//! `prune_lock_timeout` instead of queueing hot reads behind its ACCESS EXCLUSIVE lock, and a slot
+//! that a long transaction holds a lock on is not tried at all (`held`).
+
+use std::time::Duration;
 
 use tracing::debug;
 
@@ -8,12 +11,26 @@ use super::{MaintenanceConfig, TickReport};
 use crate::error::Result;
 use crate::storage::{PruneResult, QueueSlotPrune, Storage};
 
+/// A lock holder whose transaction has been open this long (or sits idle in it) is taken to stay
+/// for longer than a prune's lock timeout. The hot path runs single statements of a few
+/// milliseconds, so it never looks held; a slot skipped by mistake is tried again next tick.
+const HELD_AFTER: Duration = Duration::from_secs(1);
+
 pub(super) async fn run(
     storage: &Storage,
     config: &MaintenanceConfig,
     report: &mut TickReport,
 ) -> Result<()> {
+    // One look at pg_locks per tick. A slot whose children a long transaction holds (pg_dump, a
+    // report) would fail its lock attempt after the proofs had run; with the ring grown behind
+    // such a reader, those proofs cost over 100 ms a slot, every slot, every tick.
+    let held = storage.held_ring_slots(HELD_AFTER).await?;
+    let is_held = |ring: &str, slot: i32| held.iter().any(|(r, s)| r == ring && *s == slot);
     for slot in storage.sealed_claim_slots().await? {
+        if is_held("claim", slot) {
+            report.prune_skips.push(("claim", "held".into()));
+            continue;
+        }
         match storage
             .prune_claim_slot(slot, config.prune_lock_timeout)
             .await?
@@ -26,6 +43,10 @@ pub(super) async fn run(
         }
     }
     for slot in storage.sealed_queue_slots().await? {
+        if is_held("queue", slot) {
+            report.prune_skips.push(("queue", "held".into()));
+            continue;
+        }
         match storage
             .prune_queue_slot_with(
                 slot,

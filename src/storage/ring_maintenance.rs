@@ -20,6 +20,7 @@ pub(super) struct Statements {
     prune_claim_slot: String,
     ring_slots: String,
     prune_blockers: String,
+    held_ring_slots: String,
 }
 
 impl Statements {
@@ -45,6 +46,9 @@ impl Statements {
                 "SELECT ring, slot, pid, application, backend_state, \
                  extract(epoch FROM xact_age)::float8 AS xact_age_secs, lock_modes, query \
                  FROM {s}.prune_blockers()"
+            ),
+            held_ring_slots: format!(
+                "SELECT ring, slot FROM {s}.held_ring_slots(make_interval(secs => $1))"
             ),
         }
     }
@@ -104,7 +108,8 @@ pub struct PruneBlocker {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PruneResult {
     Pruned,
-    /// Not pruned; the reason (`open_claims`, `pending_ready`, `busy`, `not_sealed`).
+    /// Not pruned; the reason (`open_claims`, `pending_ready`, `busy`, `not_sealed`, and from the
+    /// maintenance tick `held`: a long lock holder, so neither proof nor lock was tried).
     Skipped(String),
 }
 
@@ -120,6 +125,16 @@ impl Storage {
     /// longest-open transaction first.
     pub async fn prune_blockers(&self) -> Result<Vec<PruneBlocker>> {
         Ok(sqlx::query_as(&self.sql.ring_maintenance.prune_blockers)
+            .fetch_all(self.db())
+            .await?)
+    }
+
+    /// The queue and claim slots (`("queue", 3)`) that another backend holds a lock on while idle
+    /// in its transaction or with a transaction open at least `min_age`: a prune of these would
+    /// only wait out its lock timeout (`sql/functions/ring_maintenance.sql`, `held_ring_slots`).
+    pub async fn held_ring_slots(&self, min_age: Duration) -> Result<Vec<(String, i32)>> {
+        Ok(sqlx::query_as(&self.sql.ring_maintenance.held_ring_slots)
+            .bind(min_age.as_secs_f64())
             .fetch_all(self.db())
             .await?)
     }

@@ -161,3 +161,66 @@ async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
     drop(conn);
     db.cleanup().await;
 }
+
+/// The backlog check a dispatcher makes after an empty claim finds the lane's first row past its
+/// cursor through the (lane_id, lane_pos) index however the statistics look. With an EXISTS, the
+/// generic plan after ANALYZE was a sequential scan that stops at its first match; the rows past
+/// the cursor are the newest, at the end of the heap, so it read the whole current slot (2 s a
+/// check at 2 GB, behind a reader that kept the ring from being pruned).
+#[tokio::test]
+async fn the_backlog_check_never_scans_ready_rows_sequentially_after_analyze() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    // one lane, one slot: 8,000 jobs of which all but 10 are claimed, so the rows past the cursor
+    // are the last ones written
+    let jobs: Vec<_> = (0..8000)
+        .map(|i| NewJob::from_parts("k", json!({ "n": i })).unwrap())
+        .collect();
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    let mut claimed = 0;
+    while claimed < 7990 {
+        claimed += storage
+            .claim("default", (7990 - claimed).min(1000), None)
+            .await
+            .unwrap()
+            .len();
+    }
+    sqlx::raw_sql(&format!(
+        "ANALYZE {s}.ready_entries, {s}.queue_lanes",
+        s = db.schema
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let has_backlog: bool = sqlx::query_scalar(&format!(
+        "SELECT {}.queue_has_backlog('default')",
+        db.schema
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert!(has_backlog);
+    // this transaction's own scan counts, before they are flushed to the cumulative view
+    let (seq_scans, idx_scans): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(seq_scan), 0)::int8, coalesce(sum(idx_scan), 0)::int8 \
+         FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname LIKE 'ready\\_entries\\_%'",
+    )
+    .bind(db.schema.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(
+        seq_scans, 0,
+        "the backlog check read ready rows sequentially"
+    );
+    assert!(
+        idx_scans > 0,
+        "the backlog check used no index on ready rows"
+    );
+    tx.rollback().await.unwrap();
+    drop(conn);
+    db.cleanup().await;
+}

@@ -140,6 +140,14 @@ BEGIN
     IF v_event IS DISTINCT FROM 'sealed' THEN
         RETURN 'not_sealed';
     END IF;
+    -- archived ahead already: the slot was provable then, and a provable slot gains no claim and
+    -- so no completion (a late producer's rows are claimed, completed and copied by the prune,
+    -- under its locks). Without this, every tick that found the slot busy re-ran its proof here,
+    -- 100 ms and more a slot once a reader had let the rings grow.
+    IF EXISTS (SELECT 1 FROM __S__.queue_slot_archive_marks m
+               WHERE m.ready_slot = p_slot AND m.generation = v_generation) THEN
+        RETURN 'up_to_date';
+    END IF;
     v_blocker := __S__.queue_slot_blocker(p_slot);
     IF v_blocker IS NOT NULL THEN
         RETURN v_blocker;

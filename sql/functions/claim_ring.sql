@@ -209,8 +209,14 @@ BEGIN
                      pg_sequence_last_value(l.segment_seq) AS last_segment
               FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) l
         WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
-          AND EXISTS (SELECT 1 FROM __S__.ready_entries e
-                      WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos)));
+          -- the lane's first row past its cursor, in index order as claim finds it. Not an EXISTS:
+          -- once ANALYZE has seen the lane, the generic plan of an EXISTS over "lane_pos > $2"
+          -- (a third of the rows, by the planner's default guess) is a sequential scan that
+          -- stops at the first match, and the rows past the cursor are the newest, at the end of
+          -- the heap: behind a reader, with a 2 GB current slot, each check read it all (2 s)
+          AND (SELECT e.lane_pos FROM __S__.ready_entries e
+               WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
+               ORDER BY e.lane_pos LIMIT 1) IS NOT NULL));
 END
 $$;
 

@@ -52,3 +52,5 @@ END
 $$;
 -- archive ahead (migration 0016): archive_slot gained p_generation and returns what it did
 DROP FUNCTION IF EXISTS __S__.archive_slot(int, interval, interval);
+-- the tick's held skip (issue 11): held_ring_slots(min_age) became (idle, open)
+DROP FUNCTION IF EXISTS __S__.held_ring_slots(interval);

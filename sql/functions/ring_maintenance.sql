@@ -228,6 +228,19 @@ BEGIN
     IF v_state IS DISTINCT FROM 'sealed' THEN
         RETURN 'not_sealed';
     END IF;
+    -- The slot's ledger and mark children, before the proof: only maintenance and operators' views
+    -- read them, never a producer or claimer, so holding them through the proof stalls no hot
+    -- statement. A reader that holds the slot (pg_dump, a report: they read every table) makes the
+    -- prune 'busy' here, before a proof that costs over 100 ms once such a reader has let the
+    -- rings grow (docs/bench/2026-12-02-held-skip.md).
+    PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    BEGIN
+        EXECUTE format('LOCK TABLE %I.%I, %I.%I IN ACCESS EXCLUSIVE MODE',
+                       '__S__', 'queue_ring_ledger_' || p_slot, '__S__', 'queue_slot_archive_marks_' || p_slot);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN 'busy';
+    END;
+    PERFORM set_config('lock_timeout', '0', true);
     -- counted before the proof, so the proof saw every row of the segments counted (see below)
     SELECT count(*) INTO v_segments FROM __S__.ready_segments s WHERE s.ready_slot = p_slot;
     v_blocker := __S__.queue_slot_blocker(p_slot);
@@ -404,17 +417,22 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The queue and claim slots that a long holder keeps from prune: another backend holds a lock on
--- one of the slot's children and its transaction is idle or has been open at least p_min_age, so it
--- will not let go within a prune's lock timeout. The maintenance tick skips these slots ('held')
--- without running their proofs: under a reader that holds every child (pg_dump, a long report) the
--- proofs of a grown ring cost over 100 ms a slot, and the leader's backend spent most of a core on
--- proofs whose lock attempt was bound to fail (docs/bench/2026-12-02-held-skip.md).
-CREATE OR REPLACE FUNCTION __S__.held_ring_slots(p_min_age interval)
+-- one of the slot's children and has sat idle in its transaction at least p_idle, or has had the
+-- transaction open at least p_open, so it will not let go within a prune's lock timeout. The
+-- maintenance tick skips these slots ('held') without running their proofs: under a reader that
+-- holds every child (pg_dump, a long report) the proofs of a grown ring cost over 100 ms a slot,
+-- and the leader's backend spent most of a core on proofs whose lock attempt was bound to fail.
+-- The bounds are long on purpose: readers that come and go (a report every second or two) end
+-- their transactions often, and a prune that tries every tick gets in between them; skipping them
+-- as soon as they were 1 s old or idle cut prunes from 71 to 26 in ten minutes
+-- (docs/bench/2026-12-02-held-skip.md).
+CREATE OR REPLACE FUNCTION __S__.held_ring_slots(p_idle interval, p_open interval)
 RETURNS TABLE (ring text, slot int)
 LANGUAGE sql STABLE AS $$
     SELECT DISTINCT h.ring, h.slot
     FROM __S__.ring_child_locks() h
     JOIN pg_stat_activity a ON a.pid = h.pid
     WHERE h.ring IN ('queue', 'claim')
-      AND (a.state LIKE 'idle in transaction%' OR a.xact_start <= now() - p_min_age)
+      AND ((a.state LIKE 'idle in transaction%' AND a.state_change <= now() - p_idle)
+           OR a.xact_start <= now() - p_open)
 $$;

@@ -48,7 +48,8 @@ impl Statements {
                  FROM {s}.prune_blockers()"
             ),
             held_ring_slots: format!(
-                "SELECT ring, slot FROM {s}.held_ring_slots(make_interval(secs => $1))"
+                "SELECT ring, slot FROM {s}.held_ring_slots(make_interval(secs => $1), \
+                 make_interval(secs => $2))"
             ),
         }
     }
@@ -130,11 +131,17 @@ impl Storage {
     }
 
     /// The queue and claim slots (`("queue", 3)`) that another backend holds a lock on while idle
-    /// in its transaction or with a transaction open at least `min_age`: a prune of these would
-    /// only wait out its lock timeout (`sql/functions/ring_maintenance.sql`, `held_ring_slots`).
-    pub async fn held_ring_slots(&self, min_age: Duration) -> Result<Vec<(String, i32)>> {
+    /// in its transaction for at least `idle`, or with a transaction open at least `open`: a
+    /// prune of these would only wait out its lock timeout (`sql/functions/ring_maintenance.sql`,
+    /// `held_ring_slots`).
+    pub async fn held_ring_slots(
+        &self,
+        idle: Duration,
+        open: Duration,
+    ) -> Result<Vec<(String, i32)>> {
         Ok(sqlx::query_as(&self.sql.ring_maintenance.held_ring_slots)
-            .bind(min_age.as_secs_f64())
+            .bind(idle.as_secs_f64())
+            .bind(open.as_secs_f64())
             .fetch_all(self.db())
             .await?)
     }

@@ -228,19 +228,6 @@ BEGIN
     IF v_state IS DISTINCT FROM 'sealed' THEN
         RETURN 'not_sealed';
     END IF;
-    -- The slot's ledger and mark children, before the proof: only maintenance and operators' views
-    -- read them, never a producer or claimer, so holding them through the proof stalls no hot
-    -- statement. A reader that holds the slot (pg_dump, a report: they read every table) makes the
-    -- prune 'busy' here, before a proof that costs over 100 ms once such a reader has let the
-    -- rings grow (docs/bench/2026-12-02-held-skip.md).
-    PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    BEGIN
-        EXECUTE format('LOCK TABLE %I.%I, %I.%I IN ACCESS EXCLUSIVE MODE',
-                       '__S__', 'queue_ring_ledger_' || p_slot, '__S__', 'queue_slot_archive_marks_' || p_slot);
-    EXCEPTION WHEN lock_not_available THEN
-        RETURN 'busy';
-    END;
-    PERFORM set_config('lock_timeout', '0', true);
     -- counted before the proof, so the proof saw every row of the segments counted (see below)
     SELECT count(*) INTO v_segments FROM __S__.ready_segments s WHERE s.ready_slot = p_slot;
     v_blocker := __S__.queue_slot_blocker(p_slot);

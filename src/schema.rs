@@ -78,6 +78,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "traceparent_bytes",
         include_str!("../migrations/0017_traceparent_bytes.sql"),
     ),
+    (
+        "proven_segments",
+        include_str!("../migrations/0018_proven_segments.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -140,8 +140,9 @@ impl Telemetry {
                 prune_skips: counter(
                     "ringwork.ring.prune_skips",
                     "Sealed slots left for a later tick, by ring and reason (busy: a lock was \
-                     not granted within prune_lock_timeout; held: a long transaction holds one, \
-                     so none was tried; pending_ready, open_claims: the proof failed)",
+                     not granted within prune_lock_timeout; after_busy: another slot of the ring \
+                     was busy this tick; held: a long transaction holds one, so none was tried; \
+                     pending_ready, open_claims: the proof failed)",
                 ),
                 archive_truncations: counter(
                     "ringwork.archive.truncations",

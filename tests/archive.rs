@@ -491,25 +491,47 @@ async fn a_slot_archived_ahead_of_its_prune_is_copied_once_and_listed_once() {
     db.cleanup().await;
 }
 
-#[tokio::test]
-async fn rows_finished_after_the_archive_ahead_are_copied_by_the_prune_and_only_they() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
+/// Three jobs enqueued, claimed and completed in the current queue slot, which is then sealed; with
+/// `late_producer`, a producer's transaction opened before the seal holds two more jobs there,
+/// uncommitted (its rows land in the slot when it commits, after whatever the test does first).
+/// Returns the slot, the three completed jobs, and the producer's jobs and transaction.
+async fn three_completed_jobs_in_a_sealed_slot(
+    db: &TestDb,
+    storage: &Storage,
+    late_producer: bool,
+) -> (
+    i32,
+    Vec<i64>,
+    Option<(Vec<i64>, sqlx::Transaction<'static, sqlx::Postgres>)>,
+) {
     let mut conn = db.pool.acquire().await.unwrap();
     let early = storage
         .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
         .await
         .unwrap();
-    // a producer's transaction open across the seal: its rows land in the slot after the copy
-    let mut producer = db.pool.begin().await.unwrap();
-    let late = storage
-        .insert_many(&mut producer, &[job(100), job(101)])
-        .await
-        .unwrap();
+    let producer = if late_producer {
+        let mut producer = db.pool.begin().await.unwrap();
+        let late = storage
+            .insert_many(&mut producer, &[job(100), job(101)])
+            .await
+            .unwrap();
+        Some((late, producer))
+    } else {
+        None
+    };
     let claimed = storage.claim("default", 3, None).await.unwrap();
     let done: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
     storage.complete_batch(&done).await.unwrap();
-    let slot = seal_the_current_queue_slot(&storage).await;
+    (seal_the_current_queue_slot(storage).await, early, producer)
+}
+
+#[tokio::test]
+async fn rows_finished_after_the_archive_ahead_are_copied_by_the_prune_and_only_they() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // a producer's transaction open across the seal: its rows land in the slot after the copy
+    let (slot, early, producer) = three_completed_jobs_in_a_sealed_slot(&db, &storage, true).await;
+    let (late, producer) = producer.expect("a late producer");
     let options = prune_options();
     assert_eq!(
         storage
@@ -570,6 +592,95 @@ async fn rows_finished_after_the_archive_ahead_are_copied_by_the_prune_and_only_
     assert_eq!(failed.state, "failed");
     let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
     assert_eq!((counts.completed, counts.failed), (4, 1));
+    db.cleanup().await;
+}
+
+/// The race the kept proof could lose (migration 0018): a producer's transaction open across the
+/// seal commits its rows into the slot after the archive-ahead step proved it. The slot has gained a
+/// segment since the counted proof, so prune proves it again and keeps it (the rows are unclaimed);
+/// trusting the mark there would truncate two jobs nobody ran.
+#[tokio::test]
+async fn a_late_producer_after_the_archive_ahead_proof_keeps_the_slot_from_prune() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let (slot, _, producer) = three_completed_jobs_in_a_sealed_slot(&db, &storage, true).await;
+    let (late, producer) = producer.expect("a late producer");
+    let options = prune_options();
+    assert_eq!(
+        storage
+            .archive_queue_slot_ahead(slot, &options)
+            .await
+            .unwrap(),
+        "copied",
+        "proved without the late rows, which are not committed yet"
+    );
+    producer.commit().await.unwrap();
+
+    assert_eq!(
+        storage.prune_queue_slot_with(slot, &options).await.unwrap(),
+        PruneResult::Skipped("pending_ready".into())
+    );
+    let claimed = storage.claim("default", 5, None).await.unwrap();
+    assert_eq!(claimed.iter().map(|j| j.job_id).collect::<Vec<_>>(), late);
+    db.cleanup().await;
+}
+
+/// Behind readers that keep a slot busy, the prune is tried every tick; once the slot has been
+/// archived ahead (and so proved) and has gained no segment since, the prune runs no proof of its
+/// own (a proof reads the slot's ready child once per lane).
+#[tokio::test]
+async fn a_prune_after_the_archive_ahead_proof_does_not_prove_the_slot_again() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let (slot, _, _) = three_completed_jobs_in_a_sealed_slot(&db, &storage, false).await;
+    assert_eq!(
+        storage
+            .archive_queue_slot_ahead(slot, &prune_options())
+            .await
+            .unwrap(),
+        "copied"
+    );
+
+    // Scans of the slot's ready child, counted by pg_stat_xact_user_tables within one transaction.
+    // The proof reads the child once per lane; a TRUNCATE counts a scan or two of its own.
+    let scans_of_the_ready_child = format!(
+        "SELECT coalesce(sum(seq_scan + coalesce(idx_scan, 0)), 0)::bigint FROM pg_stat_xact_user_tables
+         WHERE schemaname = '{}' AND relname = 'ready_entries_{slot}'",
+        db.schema.as_str()
+    );
+    let scans_of = |statement: String| {
+        let pool = db.pool.clone();
+        let count = scans_of_the_ready_child.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let before: i64 = sqlx::query_scalar(&count)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            let result: Option<String> = sqlx::query_scalar(&statement)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            let after: i64 = sqlx::query_scalar(&count)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            (result, after - before)
+        }
+    };
+    let s = db.schema.as_str();
+    let (blocker, proof_scans) = scans_of(format!("SELECT {s}.queue_slot_blocker({slot})")).await;
+    assert_eq!(blocker, None, "the slot is provable");
+    let (pruned, prune_scans) = scans_of(format!(
+        "SELECT {s}.prune_queue_slot({slot}, '25ms', interval '1 day', interval '7 days', NULL)"
+    ))
+    .await;
+    assert_eq!(pruned.as_deref(), Some("pruned"));
+    assert!(
+        prune_scans < proof_scans,
+        "the prune proved the slot again: {prune_scans} scans of its ready rows, a proof makes {proof_scans}"
+    );
     db.cleanup().await;
 }
 

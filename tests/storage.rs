@@ -460,6 +460,16 @@ async fn failed_history_is_archived_when_its_slot_is_pruned() {
     db.cleanup().await;
 }
 
+/// The reasons a tick gave for the queue-ring slots it left sealed, in order.
+fn queue_skips(report: &ringwork::maintenance::TickReport) -> Vec<String> {
+    report
+        .prune_skips
+        .iter()
+        .filter(|(ring, _)| *ring == "queue")
+        .map(|(_, reason)| reason.clone())
+        .collect()
+}
+
 /// Three jobs claimed and completed in slot 0 of both rings, both rings rotated, and three more
 /// enqueued into the new current queue slot: slot 0 is sealed and provable.
 async fn seal_a_slot_of_completed_jobs(db: &TestDb, storage: &ringwork::Storage) {
@@ -559,14 +569,6 @@ async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_relea
         rotate_interval: Duration::from_secs(3600),
         ..ringwork::MaintenanceConfig::default()
     };
-    let queue_skips = |report: &ringwork::maintenance::TickReport| -> Vec<String> {
-        report
-            .prune_skips
-            .iter()
-            .filter(|(ring, _)| *ring == "queue")
-            .map(|(_, reason)| reason.clone())
-            .collect()
-    };
 
     let read_the_queue_ring = format!("SELECT count(*) FROM {}.ready_entries", db.schema);
 
@@ -611,6 +613,58 @@ async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_relea
         .await
         .unwrap();
     assert_eq!(report.pruned_queue_slots, vec![0], "{report:?}");
+    db.cleanup().await;
+}
+
+/// Issue 11, readers: once a ring's lock attempt times out in a tick, the ring's other sealed slots
+/// wait for the next tick (`after_busy`) instead of each running its proof and queueing the hot path
+/// behind another ACCESS EXCLUSIVE request. The first tick after the holder ends prunes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_tries_one_busy_slot_a_ring_and_prunes_the_rest_once_released() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    seal_a_slot_of_completed_jobs(&db, &storage).await;
+    // the helper's last three jobs, in slot 1: completed and sealed too
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    storage
+        .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    rotate_both(&storage).await;
+    assert_eq!(storage.sealed_queue_slots().await.unwrap(), vec![0, 1]);
+    let config = ringwork::MaintenanceConfig {
+        rotate_interval: Duration::from_secs(3600),
+        ..ringwork::MaintenanceConfig::default()
+    };
+
+    // a reader between statements (not idle long enough to count as held) holds both slots
+    let mut reader = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {}.ready_entries", db.schema))
+        .execute(&mut *reader)
+        .await
+        .unwrap();
+    let report = ringwork::maintenance::tick(&storage, &config)
+        .await
+        .unwrap();
+    assert_eq!(
+        queue_skips(&report),
+        vec!["busy".to_string(), "after_busy".to_string()],
+        "{report:?}"
+    );
+    assert!(report.pruned_queue_slots.is_empty(), "{report:?}");
+    assert_eq!(
+        report.pruned_claim_slots,
+        vec![0, 1],
+        "the claim ring, which the reader never read, is pruned in the same tick"
+    );
+    reader.rollback().await.unwrap();
+
+    let report = ringwork::maintenance::tick(&storage, &config)
+        .await
+        .unwrap();
+    assert_eq!(report.pruned_queue_slots, vec![0, 1], "{report:?}");
+    assert!(queue_skips(&report).is_empty(), "{report:?}");
     db.cleanup().await;
 }
 

@@ -33,8 +33,12 @@ $$;
 -- attempt is written once. The slot's rows are counted before the copy: rows that commit during
 -- it (archive_queue_slot_ahead holds ACCESS SHARE only) are then copied by the next call rather
 -- than counted as copied. Returns 'copied' or 'up_to_date'.
+--
+-- p_ready_segments: the slot's ready segments counted before a proof that passed (archive ahead),
+-- recorded in the mark so that prune can trust that proof while the count holds (migration 0018);
+-- NULL when the caller has no such proof.
 CREATE OR REPLACE FUNCTION __S__.archive_slot(p_slot int, p_generation bigint, p_keep_completed interval,
-                                   p_keep_failed interval)
+                                   p_keep_failed interval, p_ready_segments bigint)
 RETURNS text
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
@@ -91,8 +95,9 @@ BEGIN
                OR NOT EXISTS (SELECT 1 FROM __S__.archived_jobs a
                               WHERE a.job_id = d.job_id AND a.run_lease = d.run_lease));
     END IF;
-    INSERT INTO __S__.queue_slot_archive_marks (ready_slot, generation, completion_batches, terminal_rows)
-    VALUES (p_slot, p_generation, v_batches, v_terminal);
+    INSERT INTO __S__.queue_slot_archive_marks (ready_slot, generation, completion_batches, terminal_rows,
+                                                ready_segments)
+    VALUES (p_slot, p_generation, v_batches, v_terminal, p_ready_segments);
     RETURN 'copied';
 END
 $$;
@@ -116,13 +121,14 @@ DECLARE
     v_generation bigint;
     v_blocker text;
     v_children text;
+    v_segments bigint;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('archive_ahead'), p_slot) THEN
         RETURN 'busy';
     END IF;
     SELECT string_agg(format('%I.%I', '__S__', t || '_' || p_slot), ', ') INTO v_children
-    FROM unnest(ARRAY['queue_ring_ledger', 'queue_slot_archive_marks', 'ready_entries', 'done_entries',
-                      'receipt_completion_batches']) t;
+    FROM unnest(ARRAY['queue_ring_ledger', 'queue_slot_archive_marks', 'ready_entries', 'ready_segments',
+                      'done_entries', 'receipt_completion_batches']) t;
     -- taken before the state is read: a prune that has not committed by then cannot truncate the
     -- slot under the copy, and one that has is seen in the ledger
     PERFORM set_config('lock_timeout', p_lock_timeout, true);
@@ -148,11 +154,14 @@ BEGIN
                WHERE m.ready_slot = p_slot AND m.generation = v_generation) THEN
         RETURN 'up_to_date';
     END IF;
+    -- counted before the proof, so the proof saw every row of the segments counted; the mark
+    -- keeps the count, and the prune trusts this proof while the slot still has that many
+    SELECT count(*) INTO v_segments FROM __S__.ready_segments s WHERE s.ready_slot = p_slot;
     v_blocker := __S__.queue_slot_blocker(p_slot);
     IF v_blocker IS NOT NULL THEN
         RETURN v_blocker;
     END IF;
-    RETURN __S__.archive_slot(p_slot, v_generation, p_keep_completed, p_keep_failed);
+    RETURN __S__.archive_slot(p_slot, v_generation, p_keep_completed, p_keep_failed, v_segments);
 END
 $$;
 

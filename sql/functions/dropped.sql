@@ -54,3 +54,5 @@ $$;
 DROP FUNCTION IF EXISTS __S__.archive_slot(int, interval, interval);
 -- the tick's held skip (issue 11): held_ring_slots(min_age) became (idle, open)
 DROP FUNCTION IF EXISTS __S__.held_ring_slots(interval);
+-- proven segments (migration 0018): archive_slot gained p_ready_segments
+DROP FUNCTION IF EXISTS __S__.archive_slot(int, bigint, interval, interval);

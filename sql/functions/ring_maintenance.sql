@@ -230,7 +230,14 @@ BEGIN
     END IF;
     -- counted before the proof, so the proof saw every row of the segments counted (see below)
     SELECT count(*) INTO v_segments FROM __S__.ready_segments s WHERE s.ready_slot = p_slot;
-    v_blocker := __S__.queue_slot_blocker(p_slot);
+    IF EXISTS (SELECT 1 FROM __S__.queue_slot_archive_marks m
+               WHERE m.ready_slot = p_slot AND m.generation = v_generation AND m.ready_segments = v_segments) THEN
+        -- proved when it was archived ahead, with as many segments as now: that proof still holds
+        -- (the argument below), so a slot that readers keep busy costs a count a tick, not a proof
+        v_blocker := NULL;
+    ELSE
+        v_blocker := __S__.queue_slot_blocker(p_slot);
+    END IF;
     IF v_blocker = 'pending_ready' AND p_park_idle IS NOT NULL THEN
         v_blocker := __S__.park_blocker(p_slot, p_park_idle);
         IF v_blocker IS NOT NULL THEN
@@ -297,7 +304,7 @@ BEGIN
         RETURN v_blocker;
     END IF;
     -- usually archived ahead (archive_queue_slot_ahead): then this only counts the slot's rows
-    PERFORM __S__.archive_slot(p_slot, v_generation, p_keep_completed, p_keep_failed);
+    PERFORM __S__.archive_slot(p_slot, v_generation, p_keep_completed, p_keep_failed, NULL);
     PERFORM __S__.record_slot_totals(p_slot);
     EXECUTE 'TRUNCATE ' || v_children;
     INSERT INTO __S__.queue_ring_ledger (ready_slot, generation, event) VALUES (p_slot, v_generation, 'freed');

@@ -24,14 +24,29 @@ pub(super) async fn run(
     config: &MaintenanceConfig,
     report: &mut TickReport,
 ) -> Result<()> {
+    let claim_slots = storage.sealed_claim_slots().await?;
+    let queue_slots = storage.sealed_queue_slots().await?;
+    if claim_slots.is_empty() && queue_slots.is_empty() {
+        return Ok(());
+    }
     // One look at pg_locks per tick. A slot whose children a long transaction holds (pg_dump, a
     // report) would fail its lock attempt after the proofs had run; with the ring grown behind
     // such a reader, those proofs cost over 100 ms a slot, every slot, every tick.
     let held = storage.held_ring_slots(HELD_IDLE, HELD_OPEN).await?;
     let is_held = |ring: &str, slot: i32| held.iter().any(|(r, s)| r == ring && *s == slot);
-    for slot in storage.sealed_claim_slots().await? {
+    // Once a ring's lock attempt times out, the rest of that ring's slots wait for the next tick
+    // (`after_busy`). Whoever held the first slot (a reader between transactions, say) most
+    // likely holds the others too, and each further attempt would cost its proof (100 ms and more
+    // in a grown ring) and queue every claim and completion behind its ACCESS EXCLUSIVE request
+    // for up to prune_lock_timeout: the hot path's generic plans lock every child of the parent.
+    let mut claim_busy = false;
+    for slot in claim_slots {
         if is_held("claim", slot) {
             report.prune_skips.push(("claim", "held".into()));
+            continue;
+        }
+        if claim_busy {
+            report.prune_skips.push(("claim", "after_busy".into()));
             continue;
         }
         match storage
@@ -41,13 +56,19 @@ pub(super) async fn run(
             PruneResult::Pruned => report.pruned_claim_slots.push(slot),
             PruneResult::Skipped(reason) => {
                 debug!(slot, reason, "claim slot kept");
+                claim_busy |= reason == "busy";
                 report.prune_skips.push(("claim", reason));
             }
         }
     }
-    for slot in storage.sealed_queue_slots().await? {
+    let mut queue_busy = false;
+    for slot in queue_slots {
         if is_held("queue", slot) {
             report.prune_skips.push(("queue", "held".into()));
+            continue;
+        }
+        if queue_busy {
+            report.prune_skips.push(("queue", "after_busy".into()));
             continue;
         }
         match storage
@@ -65,6 +86,7 @@ pub(super) async fn run(
             PruneResult::Pruned => report.pruned_queue_slots.push(slot),
             PruneResult::Skipped(reason) => {
                 debug!(slot, reason, "queue slot kept");
+                queue_busy |= reason == "busy";
                 report.prune_skips.push(("queue", reason));
             }
         }

@@ -1,0 +1,13 @@
+-- A sealed queue slot's proof, kept with its archive mark (issue 11, readers).
+--
+-- FROZEN once released, like every migration: a schema change is a new file.
+--
+-- archive_queue_slot_ahead proves a slot (no unclaimed row past its lane's cursor, no open claim)
+-- before it copies the slot's history and appends the mark. That proof stays true for as long as
+-- the slot gains no ready segment: every enqueue writes its segment row with its rows, and only new
+-- rows can make a claim on a sealed slot possible. The mark now records how many segments the slot
+-- had when counted just before that proof, so prune_queue_slot can skip its own proof while the
+-- count is unchanged. Behind readers that keep prune's locks out, the proof was rerun for every
+-- sealed slot on every tick (100 ms and more a slot once the rings have grown) only for the lock
+-- attempt to time out after it. NULL in marks written before this migration: those are proved again.
+ALTER TABLE __S__.queue_slot_archive_marks ADD COLUMN ready_segments bigint;

@@ -112,6 +112,9 @@ async fn bulk_cancel_racing_running_workers_ends_every_job_exactly_once() {
     let ids = insert(&storage, &db, &vec![job("race", "race"); 3000]).await;
     let ran = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&ran);
+    // Past the first 1,000 runs the handlers wait until the sweep has returned, so a slow sweep on
+    // a loaded machine still finds jobs to cancel; the first 1,000 race it freely.
+    let (swept, sweep_done) = tokio::sync::watch::channel(false);
     let client = db
         .client()
         .queue(
@@ -123,8 +126,11 @@ async fn bulk_cancel_racing_running_workers_ends_every_job_exactly_once() {
         )
         .register(move |_ctx: JobContext, _args: Race| {
             let seen = Arc::clone(&seen);
+            let mut sweep_done = sweep_done.clone();
             async move {
-                seen.fetch_add(1, Ordering::SeqCst);
+                if seen.fetch_add(1, Ordering::SeqCst) >= 1000 {
+                    let _ = sweep_done.wait_for(|done| *done).await;
+                }
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 Ok::<(), JobError>(())
             }
@@ -135,9 +141,16 @@ async fn bulk_cancel_racing_running_workers_ends_every_job_exactly_once() {
         .start()
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        support::eventually(Duration::from_secs(30), || async {
+            ran.load(Ordering::SeqCst) >= 50
+        })
+        .await,
+        "the workers started"
+    );
     let sweep = filter("race", None, &[JobStatus::Available, JobStatus::Running]);
     let outcome = storage.bulk_cancel(&sweep, "race").await.unwrap();
+    swept.send_replace(true);
     assert!(
         support::eventually(Duration::from_secs(30), || async {
             let c = counts(&storage, "race").await;

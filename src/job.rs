@@ -292,6 +292,9 @@ impl NewJob {
                 self.max_attempts
             )));
         }
+        if let Some(at) = self.run_at {
+            validate_run_at(at)?;
+        }
         if let Some(t) = self.timeout {
             if t < std::time::Duration::from_millis(1)
                 || t > std::time::Duration::from_secs(7 * 24 * 3600)
@@ -323,6 +326,14 @@ impl NewJob {
                 ));
             }
         }
+        if json_depth(&self.args) > MAX_ARGS_DEPTH {
+            return Err(Error::InvalidArgs {
+                kind: self.kind.clone(),
+                reason: format!(
+                    "arguments nest arrays and objects deeper than {MAX_ARGS_DEPTH} levels, which no worker can decode"
+                ),
+            });
+        }
         let text = serde_json::to_string(&self.args).map_err(|e| Error::InvalidArgs {
             kind: self.kind.clone(),
             reason: e.to_string(),
@@ -341,6 +352,71 @@ impl NewJob {
     pub(crate) fn is_future(&self, now: DateTime<Utc>) -> bool {
         self.run_at.is_some_and(|at| at > now)
     }
+}
+
+/// The deepest nesting of arrays and objects a job's arguments may have: serde_json refuses to
+/// decode deeper documents (its recursion limit), so a deeper job could never run. The SQL API
+/// refuses the same (`validate_args`).
+pub const MAX_ARGS_DEPTH: usize = 127;
+
+/// The latest `run_at` accepted: every client and the database can represent years up to 9999.
+pub(crate) fn validate_run_at(at: DateTime<Utc>) -> Result<()> {
+    use chrono::Datelike;
+    if at.year() > 9999 || at.year() < 1 {
+        return Err(Error::Config(format!(
+            "run_at must be in years 1..=9999, got {at}"
+        )));
+    }
+    Ok(())
+}
+
+/// How deeply arrays and objects nest in `value` (a scalar: 0), without recursion.
+fn json_depth(value: &serde_json::Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+            serde_json::Value::Array(items) => Box::new(items.iter()),
+            serde_json::Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth + 1);
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    deepest
+}
+
+/// Unicode format characters (general category Cf: bidirectional controls, zero-width spaces and
+/// joiners, the byte-order mark, tags). In a name they make two names look alike or one look like
+/// another ("invoices\u{202E}txt.exe"). The SQL API refuses the same ranges (`validate_enqueue`).
+pub(crate) const FORMAT_CHARACTERS: &[(char, char)] = &[
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{202A}', '\u{202E}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFF9}', '\u{FFFB}'),
+    ('\u{110BD}', '\u{110BD}'),
+    ('\u{110CD}', '\u{110CD}'),
+    ('\u{13430}', '\u{1343F}'),
+    ('\u{1BCA0}', '\u{1BCA3}'),
+    ('\u{1D173}', '\u{1D17A}'),
+    ('\u{E0001}', '\u{E0001}'),
+    ('\u{E0020}', '\u{E007F}'),
+];
+
+fn is_format_character(c: char) -> bool {
+    FORMAT_CHARACTERS
+        .iter()
+        .any(|&(low, high)| (low..=high).contains(&c))
 }
 
 /// Free text stored by the database (an error message): PostgreSQL text cannot hold U+0000.
@@ -381,6 +457,11 @@ pub(crate) fn validate_name(what: &'static str, value: &str) -> Result<()> {
             "must not contain control characters (NUL included)",
         ));
     }
+    if value.chars().any(is_format_character) {
+        return Err(invalid(
+            "must not contain invisible format characters (bidirectional controls, zero-width spaces, U+FEFF)",
+        ));
+    }
     Ok(())
 }
 
@@ -401,6 +482,62 @@ mod tests {
             .unwrap()
             .queue("");
         assert!(job.validate().is_err());
+    }
+}
+
+#[cfg(test)]
+mod hostile_input_tests {
+    use super::*;
+
+    fn nested(depth: usize) -> serde_json::Value {
+        let mut value = serde_json::json!(1);
+        for _ in 0..depth {
+            value = serde_json::Value::Array(vec![value]);
+        }
+        value
+    }
+
+    #[test]
+    fn the_depth_limit_is_what_serde_json_decodes() {
+        let ok = serde_json::to_string(&nested(MAX_ARGS_DEPTH)).unwrap();
+        assert!(serde_json::from_str::<serde_json::Value>(&ok).is_ok());
+        let deep = serde_json::to_string(&nested(MAX_ARGS_DEPTH + 1)).unwrap();
+        assert!(serde_json::from_str::<serde_json::Value>(&deep).is_err());
+        let job = NewJob::from_parts("k", nested(MAX_ARGS_DEPTH)).unwrap();
+        assert!(job.validate().is_ok());
+        let job = NewJob::from_parts("k", nested(MAX_ARGS_DEPTH + 1)).unwrap();
+        let err = job.validate().unwrap_err().to_string();
+        assert!(err.contains("deeper than 127"), "{err}");
+    }
+
+    #[test]
+    fn run_at_past_year_9999_is_refused() {
+        let far = DateTime::<Utc>::from_timestamp(300_000_000_000, 0).unwrap();
+        let job = NewJob::from_parts("k", serde_json::json!({}))
+            .unwrap()
+            .run_at(far);
+        assert!(job.validate().unwrap_err().to_string().contains("9999"));
+        let fine = DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap();
+        let job = NewJob::from_parts("k", serde_json::json!({}))
+            .unwrap()
+            .run_at(fine);
+        assert!(job.validate().is_ok());
+    }
+
+    #[test]
+    fn names_with_invisible_format_characters_are_refused() {
+        for bad in [
+            "invoices\u{202E}txt.exe",
+            "mail\u{200B}",
+            "\u{FEFF}q",
+            "a\u{E0041}",
+        ] {
+            assert!(
+                validate_name("queue name", bad).is_err(),
+                "{bad:?} accepted"
+            );
+        }
+        assert!(validate_name("queue name", "envoi-é-日本").is_ok());
     }
 }
 

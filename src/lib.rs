@@ -57,7 +57,7 @@ pub use runtime::{
 };
 pub use schema::{RingSizes, SchemaName};
 pub use storage::{
-    ArchiveTable, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction, CallbackOutcome,
+    ArchiveTable, ArgsText, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction, CallbackOutcome,
     CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, HorizonHolder, Inserted,
     JobFilter, JobPage, JobRecord, JobState, KeyLimit, ListedJob, Outcome, PendingJob, Progress,
     ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness,

@@ -82,6 +82,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "proven_segments",
         include_str!("../migrations/0018_proven_segments.sql"),
     ),
+    ("settings", include_str!("../migrations/0019_settings.sql")),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -125,6 +126,111 @@ pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SchemaName(String);
 
+/// PostgreSQL's reserved key words, those that cannot name a schema unquoted (PostgreSQL 15,
+/// `pg_get_keywords()` with category R or T), sorted.
+const RESERVED_WORDS: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "binary",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "collation",
+    "column",
+    "concurrently",
+    "constraint",
+    "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "freeze",
+    "from",
+    "full",
+    "grant",
+    "group",
+    "having",
+    "ilike",
+    "in",
+    "initially",
+    "inner",
+    "intersect",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "lateral",
+    "leading",
+    "left",
+    "like",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "natural",
+    "not",
+    "notnull",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "outer",
+    "overlaps",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "right",
+    "select",
+    "session_user",
+    "similar",
+    "some",
+    "symmetric",
+    "table",
+    "tablesample",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "verbose",
+    "when",
+    "where",
+    "window",
+    "with",
+];
+
 impl SchemaName {
     pub fn new(name: &str) -> Result<Self> {
         let invalid = |reason| Error::InvalidName {
@@ -151,6 +257,12 @@ impl SchemaName {
         if name.starts_with("pg_") {
             return Err(invalid(
                 "names starting with pg_ are reserved by PostgreSQL",
+            ));
+        }
+        // the name is spliced into statements unquoted, where a reserved word is a syntax error
+        if RESERVED_WORDS.binary_search(&name).is_ok() {
+            return Err(invalid(
+                "is a reserved word in PostgreSQL's SQL (pick another, e.g. with a prefix)",
             ));
         }
         Ok(Self(name.to_string()))
@@ -278,6 +390,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     // one row per claim call of a rate-limited queue, deleted once out of its window
     ("rate_limit_claims", ChurnClass::Backlog),
     ("periodic_triggers", ChurnClass::Backlog),
+    // one row per limit an operator changed from its default (migration 0019)
+    ("settings", ChurnClass::Warm),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).
@@ -577,9 +691,16 @@ mod tests {
             "1abc",
             "a\0b",
             &"x".repeat(41),
+            "user",
+            "select",
+            "table",
         ] {
             assert!(SchemaName::new(bad).is_err(), "{bad:?} accepted");
         }
+        // unreserved key words are fine unquoted
+        assert!(SchemaName::new("jobs").is_ok());
+        assert!(SchemaName::new("queue").is_ok());
+        assert!(RESERVED_WORDS.windows(2).all(|w| w[0] < w[1]), "sorted");
     }
 
     /// Every function is defined in exactly one plane file, once; no migration defines one.

@@ -153,7 +153,7 @@ async fn every_job_is_listed_once_in_its_state_across_pages_in_the_ring_and_the_
         );
         assert!(rows
             .iter()
-            .all(|r| r.kind == "listed" && r.args["n"].is_i64()));
+            .all(|r| r.kind == "listed" && n_of(&r.args).is_some()));
         assert_once(
             &all_pages(&storage, JobStatus::Failed, None, size).await,
             &failed,
@@ -164,7 +164,7 @@ async fn every_job_is_listed_once_in_its_state_across_pages_in_the_ring_and_the_
         // pickup order: the priority-1 lane first, then the priority-3 lane
         let priorities: Vec<bool> = available
             .iter()
-            .map(|r| r.args["n"].as_i64().unwrap() % 2 == 0)
+            .map(|r| n_of(&r.args).unwrap() % 2 == 0)
             .collect();
         assert!(
             priorities.windows(2).all(|w| w[0] >= w[1]),
@@ -202,10 +202,10 @@ async fn every_job_is_listed_once_in_its_state_across_pages_in_the_ring_and_the_
         waiting[0],
         later[0],
     ] {
-        let args = storage.job_args(id).await.unwrap().expect("args");
-        assert!(args["n"].is_i64(), "job {id}: {args}");
+        let args = storage.job_args(id, 1000).await.unwrap().expect("args");
+        assert!(n_of(&args.text).is_some(), "job {id}: {args:?}");
     }
-    assert_eq!(storage.job_args(i64::MAX).await.unwrap(), None);
+    assert_eq!(storage.job_args(i64::MAX, 1000).await.unwrap(), None);
 
     // a malformed page key is a clear error, not a wrong page
     for bad in [
@@ -285,4 +285,9 @@ async fn a_dead_lettered_job_is_listed_and_retried_and_a_finished_job_is_not() {
     assert!(!storage.retry_job(id).await.unwrap());
     assert!(!storage.retry_job(i64::MAX).await.unwrap());
     db.cleanup().await;
+}
+
+/// The `n` of a listed job's argument text.
+fn n_of(args: &str) -> Option<i64> {
+    serde_json::from_str::<serde_json::Value>(args).ok()?["n"].as_i64()
 }

@@ -612,12 +612,16 @@ CREATE OR REPLACE FUNCTION __S__.close_batch(p_claim_slots int[], p_receipt_ids 
                                   p_errors text[])
 RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_max_error bigint := __S__.setting('max_error_chars');
 BEGIN
     PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
     RETURN QUERY
     WITH input AS (
-        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, p_outcomes, p_retry_at, p_errors)
-               AS i(claim_slot, receipt_id, job_id, run_lease, outcome, retry_at, error)
+        SELECT i.claim_slot, i.receipt_id, i.job_id, i.run_lease, i.outcome, i.retry_at,
+               __S__.bounded_text(i.error, v_max_error) AS error
+        FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, p_outcomes, p_retry_at, p_errors)
+             AS i(claim_slot, receipt_id, job_id, run_lease, outcome, retry_at, error)
     ), open AS MATERIALIZED (
         -- DISTINCT: an attempt listed twice must be closed (and counted) once
         SELECT DISTINCT ON (i.claim_slot, i.receipt_id) i.*, o.shape, o.ready_slot, o.attempt, e.queue, e.kind, e.args, e.priority, e.max_attempts,

@@ -30,6 +30,33 @@ BEGIN
 END
 $$;
 
+-- Set one of the schema's limits (queue_ring.sql, setting); NULL puts back the default. A running
+-- Rust process reads max_args_bytes once, at its first insert: restart producers after lowering it
+-- (the SQL API and a process started after the change check the new value).
+CREATE OR REPLACE FUNCTION __S__.set_setting(p_name text, p_value bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_max bigint;
+BEGIN
+    IF p_name IS NULL OR p_name NOT IN ('max_args_bytes', 'max_error_chars') THEN
+        RAISE EXCEPTION 'ringwork: unknown setting %: expected max_args_bytes or max_error_chars',
+            quote_nullable(p_name) USING ERRCODE = '22023';
+    END IF;
+    -- errors are read back whole up to 65,536 characters (read.rs, MAX_DETAIL_CHARS)
+    v_max := CASE p_name WHEN 'max_error_chars' THEN 65536 ELSE 268435456 END;
+    IF p_value IS NOT NULL AND p_value NOT BETWEEN 64 AND v_max THEN
+        RAISE EXCEPTION 'ringwork: % must be 64..%, got %', p_name, v_max, p_value USING ERRCODE = '22023';
+    END IF;
+    IF p_value IS NULL THEN
+        DELETE FROM __S__.settings s WHERE s.name = p_name;
+    ELSE
+        INSERT INTO __S__.settings (name, value) VALUES (p_name, p_value)
+        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value;
+    END IF;
+    RETURN __S__.setting(p_name);
+END
+$$;
+
 -- Fleet-wide limits of a queue (NULL: none); claim reads them (sql/functions/claim_ring.sql). A
 -- queue whose limits were raised or removed gets a NOTIFY, so its waiting dispatchers claim now.
 CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running int, p_rate_limit int,
@@ -96,6 +123,7 @@ DECLARE
     v_parked __S__.parked_entries;
     v_lease __S__.leases;
 BEGIN
+    p_reason := __S__.bounded_text(p_reason, __S__.setting('max_error_chars'));
     v_current := __S__.current_queue_slot();
     -- waiting for a callback (lease_ring.sql): the wait ends as cancelled; a later callback finds
     -- nothing. The ring's shared lock first, as every lease operation takes it.

@@ -178,6 +178,8 @@ BEGIN
     IF p_action NOT IN ('complete', 'fail', 'retry', 'resume', 'heartbeat') THEN
         RAISE EXCEPTION 'unknown callback action %', p_action USING ERRCODE = '22023';
     END IF;
+    -- a callback's error is kept like a handler's, cut to the schema's bound
+    p_error := __S__.bounded_text(p_error, __S__.setting('max_error_chars'));
     PERFORM __S__.lease_ring_shared();
     SELECT l.job_id INTO v_job FROM __S__.leases l WHERE l.callback_id = p_callback_id;
     IF NOT FOUND THEN

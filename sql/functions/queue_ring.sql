@@ -290,22 +290,82 @@ $$;
 -- job's execution spans are its children.
 -- ---------------------------------------------------------------------------------------------
 
--- What enqueue and enqueue_unique refuse, with the Rust client's rules (SQLSTATE 22023).
-CREATE OR REPLACE FUNCTION __S__.validate_enqueue(p_queue text, p_kind text, p_args jsonb, p_priority int,
-                                                  p_max_attempts int, p_traceparent text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $$
+-- The schema's limits on what a job carries: its arguments' JSON text in bytes (default 1 MiB) and
+-- a recorded error or cancel reason in characters (default 16,384; longer text is cut with a
+-- marker, since a failing job must never be refused its failure). Set with set_setting.
+CREATE OR REPLACE FUNCTION __S__.setting(p_name text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT s.value FROM __S__.settings s WHERE s.name = p_name),
+                    CASE p_name WHEN 'max_args_bytes' THEN 1048576 WHEN 'max_error_chars' THEN 16384 END)
+$$;
+
+-- A recorded error or reason no longer than the schema's max_error_chars.
+CREATE OR REPLACE FUNCTION __S__.bounded_text(p_text text, p_max bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN length(p_text) <= p_max THEN p_text
+                ELSE left(p_text, p_max::int) || format(' [... %s more characters]', length(p_text) - p_max) END
+$$;
+
+-- Arguments every consumer can decode: jsonb holds numbers of any size and any nesting, but a worker
+-- decodes them with serde_json (numbers as 64-bit floats, at most 127 nested arrays or objects), and
+-- a row it cannot decode would fail at its claim. Refused here, with the Rust client's rules
+-- (job.rs, validate_args), so a producer in any language learns it at once (SQLSTATE 22023).
+CREATE OR REPLACE FUNCTION __S__.validate_args(p_args jsonb) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF p_queue IS NULL OR octet_length(p_queue) NOT BETWEEN 1 AND 128 OR p_queue ~ '[[:cntrl:]]' THEN
-        RAISE EXCEPTION 'ringwork: invalid queue name %: must be 1..128 bytes without control characters',
-            quote_nullable(p_queue) USING ERRCODE = '22023';
-    END IF;
-    IF p_kind IS NULL OR octet_length(p_kind) NOT BETWEEN 1 AND 128 OR p_kind ~ '[[:cntrl:]]' THEN
-        RAISE EXCEPTION 'ringwork: invalid job kind %: must be 1..128 bytes without control characters',
-            quote_nullable(p_kind) USING ERRCODE = '22023';
-    END IF;
     IF p_args IS NULL THEN
         RAISE EXCEPTION 'ringwork: job arguments must not be NULL (use ''{}'')' USING ERRCODE = '22023';
     END IF;
+    IF octet_length(p_args::text) > __S__.setting('max_args_bytes') THEN
+        RAISE EXCEPTION 'ringwork: job arguments are % bytes of JSON, over the schema''s max_args_bytes (%)',
+            octet_length(p_args::text), __S__.setting('max_args_bytes') USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_path_exists(p_args, 'strict $.** ? (@.type() == "number"
+                                   && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))') THEN
+        RAISE EXCEPTION 'ringwork: job arguments hold a number beyond the range of a 64-bit float (about 1.8e308)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_path_exists(p_args, 'strict $.**{127 to last} ? (@.type() == "array" || @.type() == "object")') THEN
+        RAISE EXCEPTION 'ringwork: job arguments nest arrays and objects deeper than 127 levels'
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- When a job may run: a finite time no later than 9999-12-31 (what every client can represent).
+CREATE OR REPLACE FUNCTION __S__.validate_run_at(p_run_at timestamptz) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_run_at IS NOT NULL AND (NOT isfinite(p_run_at) OR p_run_at >= '10000-01-01 00:00:00+00') THEN
+        RAISE EXCEPTION 'ringwork: run_at must be a finite time before year 10000, got %', p_run_at
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- A name an operator reads must look like what it is: no control characters and no invisible
+-- format characters (Unicode category Cf: bidirectional controls, zero-width spaces, U+FEFF, tags),
+-- the same ranges as FORMAT_CHARACTERS in job.rs.
+CREATE OR REPLACE FUNCTION __S__.valid_name(p_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_name IS NOT NULL AND octet_length(p_name) BETWEEN 1 AND 128 AND p_name !~ '[[:cntrl:]]'
+       AND p_name !~ '[\U000000AD\U00000600-\U00000605\U0000061C\U000006DD\U0000070F\U00000890-\U00000891\U000008E2\U0000180E\U0000200B-\U0000200F\U0000202A-\U0000202E\U00002060-\U00002064\U00002066-\U0000206F\U0000FEFF\U0000FFF9-\U0000FFFB\U000110BD\U000110CD\U00013430-\U0001343F\U0001BCA0-\U0001BCA3\U0001D173-\U0001D17A\U000E0001\U000E0020-\U000E007F]'
+$$;
+
+-- What enqueue and enqueue_unique refuse, with the Rust client's rules (SQLSTATE 22023).
+CREATE OR REPLACE FUNCTION __S__.validate_enqueue(p_queue text, p_kind text, p_args jsonb, p_priority int,
+                                                  p_max_attempts int, p_traceparent text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT __S__.valid_name(p_queue) THEN
+        RAISE EXCEPTION 'ringwork: invalid queue name %: must be 1..128 bytes without control or invisible format characters',
+            quote_nullable(p_queue) USING ERRCODE = '22023';
+    END IF;
+    IF NOT __S__.valid_name(p_kind) THEN
+        RAISE EXCEPTION 'ringwork: invalid job kind %: must be 1..128 bytes without control or invisible format characters',
+            quote_nullable(p_kind) USING ERRCODE = '22023';
+    END IF;
+    PERFORM __S__.validate_args(p_args);
     IF p_priority IS NULL OR p_priority NOT BETWEEN 1 AND 4 THEN
         RAISE EXCEPTION 'ringwork: priority must be 1..4, got %', p_priority USING ERRCODE = '22023';
     END IF;
@@ -329,6 +389,7 @@ DECLARE
     v_id bigint;
 BEGIN
     PERFORM __S__.validate_enqueue(p_queue, p_kind, p_args, p_priority, p_max_attempts, p_traceparent);
+    PERFORM __S__.validate_run_at(p_run_at);
     IF p_run_at IS NOT NULL AND p_run_at > now() THEN
         SELECT j INTO v_id FROM __S__.schedule_jobs(p_queue, p_priority::smallint, ARRAY[p_kind], ARRAY[p_args],
                                                     ARRAY[p_max_attempts], ARRAY[p_run_at], ARRAY[NULL::int],
@@ -380,6 +441,7 @@ DECLARE
     v_key text;
 BEGIN
     PERFORM __S__.validate_enqueue(p_queue, p_kind, p_args, p_priority, p_max_attempts, p_traceparent);
+    PERFORM __S__.validate_run_at(p_run_at);
     IF p_states IS NULL OR cardinality(p_states) = 0 OR NOT p_states <@ ARRAY['available', 'scheduled', 'retryable',
             'running', 'completed', 'failed', 'cancelled', 'dead_lettered'] THEN
         RAISE EXCEPTION 'ringwork: unique states must be job states (available, scheduled, retryable, running, completed, failed, cancelled, dead_lettered), got %',

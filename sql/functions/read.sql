@@ -5,6 +5,15 @@
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 
 -- job_state learns about the DLQ.
+-- A time every reader can decode. PostgreSQL keeps -infinity, infinity and years up to 294276; a
+-- client decodes far less (chrono: year 262143). The enqueue checks refuse such times now
+-- (validate_run_at), and the readers' statements pass stored times through this, so a row stored
+-- before them lists at the bound instead of failing the page it is on.
+CREATE OR REPLACE FUNCTION __S__.readable_time(p_at timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT least(greatest(p_at, '0001-01-01 00:00:00+00'::timestamptz), '9999-12-31 23:59:59+00'::timestamptz)
+$$;
+
 CREATE OR REPLACE FUNCTION __S__.job_state(p_job_id bigint)
 RETURNS TABLE (state text, queue text, kind text, attempt int, run_lease bigint, detail text)
 LANGUAGE sql STABLE AS $$

@@ -113,12 +113,19 @@ fn ago(at: DateTime<Utc>) -> String {
 }
 
 /// Compact JSON, cut to `max` characters (on a character boundary).
-fn short_json(value: &serde_json::Value, max: usize) -> String {
-    let text = value.to_string();
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text,
+/// How much of a job's arguments its page shows.
+const JOB_PAGE_ARGS_CHARS: usize = 65_536;
+
+/// Arguments pretty-printed when they decode, else as stored (cut, or holding what this binary
+/// cannot decode, such as a number beyond f64).
+fn readable_args(args: &crate::ArgsText) -> String {
+    if args.is_cut() {
+        return args.text.clone();
     }
+    serde_json::from_str::<serde_json::Value>(&args.text)
+        .ok()
+        .and_then(|value| serde_json::to_string_pretty(&value).ok())
+        .unwrap_or_else(|| args.text.clone())
 }
 
 fn state_badge(state: &str) -> Markup {
@@ -338,7 +345,7 @@ pub(crate) async fn jobs(
                         td { (job.queue) } td { (job.kind) } td { (state_badge(job.state.as_str())) }
                         td.num { (job.attempt) }
                         td title=(when(job.at)) { (ago(job.at)) }
-                        td.args { (short_json(&job.args, 200)) }
+                        td.args { (job.args) }
                         td.error { (job.detail.as_deref().unwrap_or("")) }
                     }
                 }
@@ -369,7 +376,7 @@ pub(crate) async fn job(
         }
         Err(e) => return failure(e),
     };
-    let args = match shared.storage.job_args(id).await {
+    let args = match shared.storage.job_args(id, JOB_PAGE_ARGS_CHARS).await {
         Ok(args) => args,
         Err(e) => return failure(e),
     };
@@ -413,7 +420,12 @@ pub(crate) async fn job(
         }
         h2 { "Arguments" }
         @match &args {
-            Some(args) => pre id="args" { (serde_json::to_string_pretty(args).unwrap_or_else(|_| args.to_string())) },
+            Some(args) => {
+                pre id="args" { (readable_args(args)) }
+                @if args.is_cut() {
+                    p.muted { "the first " (args.text.len()) " of " (args.bytes) " bytes" }
+                }
+            },
             None => p.muted { "not stored any more" },
         }
         h2 { "History" }
@@ -478,7 +490,7 @@ pub(crate) async fn dead_letters(
                         td { a href=(shared.href(&format!("/jobs/{}", job.job_id))) { (job.job_id) } }
                         td { (job.queue) } td { (job.kind) } td.num { (job.attempt) }
                         td title=(when(job.at)) { (ago(job.at)) }
-                        td.args { (short_json(&job.args, 200)) }
+                        td.args { (job.args) }
                         td.error { (job.detail.as_deref().unwrap_or("")) }
                     }
                 }

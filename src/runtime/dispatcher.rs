@@ -216,7 +216,7 @@ impl Dispatcher {
             let claimed = self
                 .inner
                 .engine
-                .claim_aged(
+                .claim_rows(
                     &self.queue,
                     permits.len(),
                     self.config.deadline,
@@ -224,12 +224,23 @@ impl Dispatcher {
                 )
                 .instrument(span.clone())
                 .await;
-            if let Ok(jobs) = &claimed {
-                span.record("messaging.batch.message_count", jobs.len());
+            if let Ok(claimed) = &claimed {
+                span.record("messaging.batch.message_count", claimed.jobs.len());
             }
+            // jobs failed at the claim (undecodable arguments) took rows from the queue: claim again
+            // at once rather than wait as if the queue were empty
+            let claimed = claimed.map(|c| {
+                for (job, _) in &c.failed {
+                    self.inner.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    self.inner
+                        .telemetry
+                        .finished(&self.queue, &job.kind, "failed", Duration::ZERO);
+                }
+                (c.jobs, c.failed.len())
+            });
             match claimed {
-                Ok(jobs) if !jobs.is_empty() => {
-                    last_full = jobs.len() == asked;
+                Ok((jobs, failed)) if !jobs.is_empty() || failed > 0 => {
+                    last_full = jobs.len() + failed == asked;
                     last_busy = false;
                     failures = 0;
                     busy_rounds = 0;

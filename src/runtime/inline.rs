@@ -123,10 +123,19 @@ pub(crate) async fn drain(
         }
         // one at a time: a claimed job's deadline runs from its claim, so jobs claimed together
         // and run one after another would spend theirs waiting
-        let jobs = inner.engine.claim(queue, 1, deadline).await?;
-        if jobs.is_empty() {
+        let claimed = inner.engine.claim_rows(queue, 1, deadline, None).await?;
+        if claimed.jobs.is_empty() && claimed.failed.is_empty() {
             return Ok(drained);
         }
+        for (job, error) in claimed.failed {
+            drained.runs.push(Run {
+                job_id: job.job_id,
+                kind: job.kind,
+                attempt: job.attempt,
+                outcome: RunOutcome::Failed { error },
+            });
+        }
+        let jobs = claimed.jobs;
         let mut jobs = jobs.into_iter();
         while let Some(job) = jobs.next() {
             let (job_id, kind, attempt) = (job.job_id, job.kind.clone(), job.attempt);

@@ -27,8 +27,8 @@ impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
             claim: format!(
-                "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args, attempt, max_attempts, priority, \
-                 created_at, deadline_at, traceparent FROM {s}.claim($1, $2, make_interval(secs => $3), \
+                "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args::text AS args, attempt, max_attempts, \
+                 priority, created_at, deadline_at, traceparent FROM {s}.claim($1, $2, make_interval(secs => $3), \
                  make_interval(secs => $4))"
             ),
             queue_has_backlog: format!("SELECT {s}.queue_has_backlog($1)"),
@@ -62,6 +62,14 @@ pub struct ClaimedJob {
     pub deadline_at: Option<DateTime<Utc>>,
     /// The W3C traceparent of the span that enqueued the job, if it was enqueued inside a trace.
     pub traceparent: Option<String>,
+}
+
+/// What one claim took: the jobs to run, and the jobs it failed at once (with why) because their
+/// arguments cannot be decoded. A failed job's `args` is `Null`.
+#[derive(Debug, Default)]
+pub(crate) struct Claimed {
+    pub(crate) jobs: Vec<ClaimedJob>,
+    pub(crate) failed: Vec<(ClaimedJob, String)>,
 }
 
 /// The identity of one attempt, as every write on its behalf must name it.
@@ -124,6 +132,17 @@ impl Storage {
         deadline: Option<Duration>,
         aging: Option<Duration>,
     ) -> Result<Vec<ClaimedJob>> {
+        Ok(self.claim_rows(queue, max, deadline, aging).await?.jobs)
+    }
+
+    /// Claim, and say which claimed jobs failed at once because their arguments cannot be decoded.
+    pub(crate) async fn claim_rows(
+        &self,
+        queue: &str,
+        max: usize,
+        deadline: Option<Duration>,
+        aging: Option<Duration>,
+    ) -> Result<Claimed> {
         let rows = sqlx::query(&self.sql.claim_ring.claim)
             .bind(queue)
             .bind(max.clamp(1, 4096) as i32)
@@ -131,24 +150,64 @@ impl Storage {
             .bind(aging.filter(|a| !a.is_zero()).map(|a| a.as_secs_f64()))
             .fetch_all(self.db())
             .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ClaimedJob {
-                    job_id: r.try_get("job_id")?,
-                    run_lease: r.try_get("run_lease")?,
-                    claim_slot: r.try_get("claim_slot")?,
-                    receipt_id: r.try_get("receipt_id")?,
-                    kind: r.try_get("kind")?,
-                    args: r.try_get("args")?,
-                    attempt: r.try_get("attempt")?,
-                    max_attempts: r.try_get("max_attempts")?,
-                    priority: r.try_get("priority")?,
-                    created_at: r.try_get("created_at")?,
-                    deadline_at: r.try_get("deadline_at")?,
-                    traceparent: r.try_get("traceparent")?,
-                })
+        // Each row is decoded on its own: the claim has committed, so a row this binary cannot
+        // decode (a number beyond f64, nesting deeper than serde_json accepts, stored before the
+        // enqueue checks or by another writer) must fail alone instead of failing the batch and
+        // leaving every job in it to rescue.
+        let mut jobs = Vec::with_capacity(rows.len());
+        let mut undecodable = Vec::new();
+        for r in &rows {
+            let args: String = r.try_get("args")?;
+            let job = ClaimedJob {
+                job_id: r.try_get("job_id")?,
+                run_lease: r.try_get("run_lease")?,
+                claim_slot: r.try_get("claim_slot")?,
+                receipt_id: r.try_get("receipt_id")?,
+                kind: r.try_get("kind")?,
+                args: serde_json::Value::Null,
+                attempt: r.try_get("attempt")?,
+                max_attempts: r.try_get("max_attempts")?,
+                priority: r.try_get("priority")?,
+                created_at: r.try_get("created_at")?,
+                deadline_at: r.try_get("deadline_at")?,
+                traceparent: r.try_get("traceparent")?,
+            };
+            match serde_json::from_str(&args) {
+                Ok(value) => jobs.push(ClaimedJob { args: value, ..job }),
+                Err(e) => undecodable.push((
+                    job,
+                    format!("ringwork: job arguments cannot be decoded: {e}"),
+                )),
+            }
+        }
+        if !undecodable.is_empty() {
+            self.fail_undecodable(queue, &undecodable).await;
+        }
+        Ok(Claimed {
+            jobs,
+            failed: undecodable,
+        })
+    }
+
+    /// Fail claimed jobs whose arguments cannot be decoded, for good: decoding would fail on every
+    /// attempt. If this close fails, the attempts stay open until rescue closes them and the next
+    /// claim tries again; the jobs decoded beside them run either way.
+    async fn fail_undecodable(&self, queue: &str, failed: &[(ClaimedJob, String)]) {
+        let closes: Vec<_> = failed
+            .iter()
+            .map(|(job, error)| {
+                tracing::warn!(queue, job_id = job.job_id, %error, "failing a job whose arguments cannot be decoded");
+                (
+                    job.attempt_ref(),
+                    CloseOutcome::Failed {
+                        error: error.clone(),
+                    },
+                )
             })
-            .collect()
+            .collect();
+        if let Err(e) = self.close_batch(&closes).await {
+            tracing::warn!(queue, error = %e, "could not fail jobs with undecodable arguments; rescue will retry");
+        }
     }
 
     /// Does the queue hold ready rows ahead of a lane cursor? (Tells "lane busy" from "empty" after

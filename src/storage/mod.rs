@@ -35,8 +35,8 @@ pub use periodic::ScheduleRecord;
 use pooling::{ConnStatements, PoolStatements, Pooling};
 pub use queue_ring::Inserted;
 pub use read::{
-    HistoryEntry, JobPage, JobRecord, JobState, ListedJob, PendingJob, Progress, ProgressRecord,
-    QueueCounts,
+    ArgsText, HistoryEntry, JobPage, JobRecord, JobState, ListedJob, PendingJob, Progress,
+    ProgressRecord, QueueCounts,
 };
 pub use ring_maintenance::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
 
@@ -67,6 +67,8 @@ pub struct Storage {
     known_queues: Arc<Mutex<HashSet<String>>>,
     /// The schema's callback key (lease_ring), read on first use.
     callback_key: Arc<tokio::sync::OnceCell<Vec<u8>>>,
+    /// The schema's `max_args_bytes` setting (queue_ring), read on the first insert.
+    max_args_bytes: Arc<tokio::sync::OnceCell<i64>>,
 }
 
 impl Storage {
@@ -91,6 +93,7 @@ impl Storage {
             sql,
             known_queues: Arc::default(),
             callback_key: Arc::default(),
+            max_args_bytes: Arc::default(),
         }
     }
 

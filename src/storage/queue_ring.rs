@@ -25,6 +25,7 @@ pub(super) struct Statements {
     ensure_lanes: String,
     queue_lanes_exist: String,
     insert_unique: String,
+    max_args_bytes: String,
 }
 
 impl Statements {
@@ -51,7 +52,25 @@ impl Statements {
             insert_unique: format!(
                 "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
             ),
+            max_args_bytes: format!("SELECT {s}.setting('max_args_bytes')"),
         }
+    }
+}
+
+impl Storage {
+    /// The schema's limit on a job's arguments (JSON text, bytes), read once per process: the
+    /// COPY path writes rows without the SQL API's checks, so the client applies the limit itself.
+    /// Read on the caller's connection: a producer holding a pool connection in its transaction
+    /// must not wait for a second one.
+    async fn max_args_bytes(&self, conn: &mut PgConnection) -> Result<i64> {
+        if let Some(limit) = self.max_args_bytes.get() {
+            return Ok(*limit);
+        }
+        let limit: i64 = sqlx::query_scalar(&self.sql.queue_ring.max_args_bytes)
+            .fetch_one(self.on(conn))
+            .await?;
+        let _ = self.max_args_bytes.set(limit);
+        Ok(limit)
     }
 }
 
@@ -183,6 +202,18 @@ impl Storage {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let max_args_bytes = self.max_args_bytes(conn).await?;
+        for (job, text) in jobs.iter().zip(&texts) {
+            if text.args.len() as i64 > max_args_bytes {
+                return Err(crate::Error::InvalidArgs {
+                    kind: job.kind.clone(),
+                    reason: format!(
+                        "arguments are {} bytes of JSON, over the schema's max_args_bytes ({max_args_bytes})",
+                        text.args.len()
+                    ),
+                });
+            }
+        }
         // One statement is atomic on its own: no transaction of ours around it, so it also never
         // touches a transaction the caller opened with a raw `BEGIN` (sqlx cannot see those).
         // Behind a transaction pooler a statement needs a transaction around it, so a connection

@@ -36,19 +36,56 @@ impl Statements {
             ),
 
             job_state: format!(
-                "SELECT state, queue, kind, attempt, run_lease, detail FROM {s}.job_state($1)"
+                "SELECT state, queue, kind, attempt, run_lease, left(detail, {MAX_DETAIL_CHARS}) AS detail \
+                 FROM {s}.job_state($1)"
             ),
-            job_history: format!("SELECT run_lease, state, error, at FROM {s}.job_history($1)"),
+            job_history: format!(
+                "SELECT run_lease, state, left(error, {MAX_DETAIL_CHARS}) AS error, {s}.readable_time(at) AS at \
+                 FROM {s}.job_history($1)"
+            ),
             job_progress: format!("SELECT run_lease, progress, recorded_at FROM {s}.job_progress($1)"),
-            job_args: format!("SELECT {s}.job_args($1)"),
+            job_args: format!(
+                "SELECT left(a.text, $2) AS text, octet_length(a.text)::int8 AS bytes \
+                 FROM (SELECT {s}.job_args($1)::text AS text) a WHERE a.text IS NOT NULL"
+            ),
+            // arguments and details cut in the database: a page of a queue of large jobs never
+            // carries their whole payloads
             list_jobs: format!(
-                "SELECT job_id, state, queue, kind, args, attempt, at, detail, page_key \
-                 FROM {s}.list_jobs($1, $2, $3, $4, $5)"
+                "SELECT job_id, state, queue, kind, left(args::text, {cut}) AS args, attempt, \
+                 {s}.readable_time(at) AS at, left(detail, {LIST_DETAIL_CHARS}) AS detail, page_key \
+                 FROM {s}.list_jobs($1, $2, $3, $4, $5)",
+                cut = ARGS_PREVIEW_CHARS + 1
             ),
             pending_jobs: format!(
-                "SELECT job_id, state, queue, kind, args, priority, attempt, run_at FROM {s}.pending_jobs($1, $2, $3)"
+                "SELECT job_id, state, queue, kind, args::text AS args, priority, attempt, \
+                 {s}.readable_time(run_at) AS run_at FROM {s}.pending_jobs($1, $2, $3)"
             ),
         }
+    }
+}
+
+/// How much of a job's arguments a listing carries: the first characters of their JSON text.
+pub const ARGS_PREVIEW_CHARS: usize = 200;
+/// How much of a recorded error or reason a read of one job returns: the schema's bound,
+/// `max_error_chars` (at most this), applies when it is written; this one also covers rows
+/// written before it.
+pub const MAX_DETAIL_CHARS: usize = 65_536;
+/// How much of a recorded error or reason a listing carries.
+pub const LIST_DETAIL_CHARS: usize = 1_000;
+
+/// A job's arguments as stored, for people to read: the JSON text, cut to the length asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgsText {
+    /// The JSON text (or its first characters, when `bytes` is larger).
+    pub text: String,
+    /// The length of the whole text in bytes.
+    pub bytes: i64,
+}
+
+impl ArgsText {
+    /// Whether `text` is only the beginning of the arguments.
+    pub fn is_cut(&self) -> bool {
+        (self.text.len() as i64) < self.bytes
     }
 }
 
@@ -144,7 +181,9 @@ pub struct ListedJob {
     pub state: crate::JobStatus,
     pub queue: String,
     pub kind: String,
-    pub args: serde_json::Value,
+    /// The JSON text of the job's arguments, cut in the database to [`ARGS_PREVIEW_CHARS`]
+    /// characters and a trailing `…` (the whole arguments: `Storage::job_args`).
+    pub args: String,
     pub attempt: i32,
     /// Waiting jobs: when they are (or were) due; running: when claimed; finished: when they
     /// finished; dead-lettered: when they failed.
@@ -204,7 +243,7 @@ impl Storage {
                     state: row.try_get::<String, _>("state")?.parse()?,
                     queue: row.try_get("queue")?,
                     kind: row.try_get("kind")?,
-                    args: row.try_get("args")?,
+                    args: preview(row.try_get("args")?),
                     attempt: row.try_get("attempt")?,
                     at: row.try_get("at")?,
                     detail: row.try_get("detail")?,
@@ -221,13 +260,17 @@ impl Storage {
         Ok(JobPage { jobs, next })
     }
 
-    /// The job's arguments from its newest stored row, `None` when the job is unknown or its
-    /// history has aged out.
-    pub async fn job_args(&self, job_id: i64) -> Result<Option<serde_json::Value>> {
-        Ok(sqlx::query_scalar(&self.sql.read.job_args)
+    /// The job's arguments from its newest stored row as JSON text, at most `max_chars`
+    /// characters of it; `None` when the job is unknown or its history has aged out. Text, not a
+    /// decoded value, so that arguments this binary cannot decode (a number beyond f64, stored by
+    /// an older build) are still shown.
+    pub async fn job_args(&self, job_id: i64, max_chars: usize) -> Result<Option<ArgsText>> {
+        let row: Option<(String, i64)> = sqlx::query_as(&self.sql.read.job_args)
             .bind(job_id)
-            .fetch_one(self.db())
-            .await?)
+            .bind(max_chars.min(i32::MAX as usize) as i32)
+            .fetch_optional(self.db())
+            .await?;
+        Ok(row.map(|(text, bytes)| ArgsText { text, bytes }))
     }
 
     /// Jobs waiting to run (available, scheduled, retryable), optionally of one queue and kind,
@@ -250,12 +293,19 @@ impl Storage {
             .await?;
         rows.into_iter()
             .map(|row| {
+                let job_id: i64 = row.try_get("job_id")?;
+                let kind: String = row.try_get("kind")?;
+                let args: String = row.try_get("args")?;
+                let args = serde_json::from_str(&args).map_err(|e| crate::Error::InvalidArgs {
+                    kind: kind.clone(),
+                    reason: format!("job {job_id}'s stored arguments cannot be decoded: {e}"),
+                })?;
                 Ok(PendingJob {
-                    job_id: row.try_get("job_id")?,
+                    job_id,
                     state: row.try_get::<String, _>("state")?.parse()?,
                     queue: row.try_get("queue")?,
-                    kind: row.try_get("kind")?,
-                    args: row.try_get("args")?,
+                    kind,
+                    args,
                     priority: row.try_get("priority")?,
                     attempt: row.try_get("attempt")?,
                     run_at: row.try_get("run_at")?,
@@ -384,5 +434,13 @@ impl Storage {
             })
         })
         .transpose()
+    }
+}
+
+/// A listing's argument text, marked when the database cut it.
+fn preview(text: String) -> String {
+    match text.char_indices().nth(ARGS_PREVIEW_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
     }
 }

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::embedded::EmbeddedPostgres;
@@ -54,10 +53,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
             (Some(pg), url)
         }
     };
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
-        .connect(&url)
-        .await?;
+    let pool = crate::connect(&url, 16).await?;
     sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
         .execute(&pool)
         .await?;
@@ -167,10 +163,7 @@ pub async fn run(options: DemoOptions) -> Result<()> {
     drop(storage);
     pool.close().await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&url)
-        .await?;
+    let pool = crate::connect(&url, 2).await?;
     let stats = table_stats(&pool, &schema).await?;
 
     let mut samples = metrics
@@ -255,7 +248,7 @@ pub async fn work(
     workers: usize,
     maintenance: ringwork::MaintenanceConfig,
 ) -> Result<()> {
-    let pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
+    let pool = crate::connect(url, 8).await?;
     let client = Client::builder(pool)
         .schema(schema)
         .queue(

@@ -330,6 +330,11 @@ enum Command {
         /// Seconds between the samples of the dashboard's overview (it keeps an hour of them).
         #[arg(long, default_value_t = 10)]
         dashboard_sample_secs: u64,
+        /// A host name (or address) the dashboard is reached by, beside localhost, 127.0.0.1,
+        /// [::1] and the --listen address; repeat for several. A request naming another host in
+        /// its Host header is refused (421), which stops DNS-rebinding pages.
+        #[arg(long = "dashboard-host", value_name = "NAME")]
+        dashboard_hosts: Vec<String>,
         #[arg(long, env = "DATABASE_URL")]
         database_url: String,
         #[arg(long, default_value = "ringwork")]
@@ -494,10 +499,35 @@ enum Command {
     },
 }
 
+/// The form `--database-url` takes, for the error that refuses another.
+const DATABASE_URL_FORM: &str = "postgres://user[:password]@host[:port]/database[?sslmode=...]";
+
+/// `--database-url` as connection options: a PostgreSQL URL, or a clear error that shows the form
+/// expected and never the URL itself (it may hold a password). Statements are not logged, even
+/// slow ones: a command's statements are ringwork's own, and sqlx would print them whole.
+pub(crate) fn database_options(url: &str) -> ringwork::Result<sqlx::postgres::PgConnectOptions> {
+    use sqlx::ConnectOptions;
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        let scheme = match url.split_once("://") {
+            Some((scheme, _)) => format!("a {scheme}:// URL"),
+            None => "no URL scheme".to_string(),
+        };
+        return Err(ringwork::Error::Config(format!(
+            "--database-url (or DATABASE_URL) must be a PostgreSQL URL, {DATABASE_URL_FORM}; got {scheme}"
+        )));
+    }
+    let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(|e| {
+        ringwork::Error::Config(format!(
+            "--database-url (or DATABASE_URL) is not a valid PostgreSQL URL ({e}); expected {DATABASE_URL_FORM}"
+        ))
+    })?;
+    Ok(options.disable_statement_logging())
+}
+
 /// A small pool on `url` that fails within seconds, naming the cause, when the server is refused,
 /// unreachable or unknown (a pool alone would retry for its whole acquire timeout).
-async fn connect(url: &str, max: u32) -> ringwork::Result<sqlx::PgPool> {
-    let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+pub(crate) async fn connect(url: &str, max: u32) -> ringwork::Result<sqlx::PgPool> {
+    let options = database_options(url)?;
     let pool = PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(10))
@@ -540,6 +570,8 @@ async fn main() {
     use tracing_subscriber::prelude::*;
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        // colour for a person at a terminal, never into a pipe or a file
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
@@ -1026,6 +1058,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
             dashboard_token,
             dashboard_behind_proxy,
             dashboard_sample_secs,
+            dashboard_hosts,
             database_url,
             schema,
         } => {
@@ -1048,6 +1081,7 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                     schema,
                     dashboard,
                     dashboard_sample: Duration::from_secs(dashboard_sample_secs.max(1)),
+                    dashboard_hosts,
                 },
             )
             .await?;

@@ -14,6 +14,11 @@ use ringwork::http::{callbacks_router, router, Endpoints, PrometheusExporter};
 use ringwork::{Client, MaintenanceConfig};
 use tracing::{info, warn};
 
+/// Connections of the pool the dashboard's pages and `/metrics` read through.
+const READ_CONNECTIONS: u32 = 3;
+/// How long one of their statements may run.
+const READ_STATEMENT_TIMEOUT: &str = "10s";
+
 pub struct ServeOptions {
     pub listen: String,
     pub otlp_endpoint: Option<String>,
@@ -24,6 +29,8 @@ pub struct ServeOptions {
     /// Serve the dashboard at /dashboard with these actions; `None`: no dashboard.
     pub dashboard: Option<ringwork::dashboard::Actions>,
     pub dashboard_sample: Duration,
+    /// Host names the dashboard answers for, beside loopback and the listen address.
+    pub dashboard_hosts: Vec<String>,
 }
 
 pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<()> {
@@ -94,8 +101,25 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
             }
         })
     });
+    // Pages and scrapes read through a pool of their own, each statement bounded: a slow page or
+    // a burst of scrapes never takes the connections maintenance and callbacks need.
+    let reads = ringwork::Storage::new(
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(READ_CONNECTIONS)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(
+                client
+                    .storage()
+                    .pool()
+                    .connect_options()
+                    .as_ref()
+                    .clone()
+                    .options([("statement_timeout", READ_STATEMENT_TIMEOUT)]),
+            ),
+        schema.clone(),
+    );
     let mut app = router(
-        Endpoints::new(client.storage().clone())
+        Endpoints::new(reads.clone())
             .prometheus(Arc::clone(&exporter))
             .liveness(running.liveness())
             .horizon_min_age(options.horizon_min_age)
@@ -108,8 +132,10 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
         app = app
             .nest(
                 "/dashboard",
-                Dashboard::new(client.storage().clone())
+                Dashboard::new(reads.clone())
+                    .max_concurrent_requests(READ_CONNECTIONS as usize)
                     .base_path("/dashboard")
+                    .allowed_hosts(&dashboard_hosts(&options.dashboard_hosts, &listener))
                     .actions(actions)?
                     .horizon_min_age(options.horizon_min_age)
                     .sample_every(options.dashboard_sample)
@@ -149,4 +175,19 @@ pub async fn run(pool: sqlx::PgPool, options: ServeOptions) -> ringwork::Result<
         warn!(error = %e, "metrics provider shutdown");
     }
     served.map_err(|e| ringwork::Error::Config(format!("HTTP server failed: {e}")))
+}
+
+/// The dashboard's hosts: those asked for, and the listen address when it is one address (an
+/// unspecified one, 0.0.0.0 or [::], names no host a browser would use).
+fn dashboard_hosts(asked: &[String], listener: &tokio::net::TcpListener) -> Vec<String> {
+    let mut hosts = asked.to_vec();
+    if let Ok(local) = listener.local_addr() {
+        if !local.ip().is_unspecified() {
+            hosts.push(local.ip().to_string());
+        }
+    }
+    if hosts.is_empty() {
+        info!("the dashboard answers for localhost, 127.0.0.1 and [::1] only; add --dashboard-host <name> for the name you reach it by");
+    }
+    hosts
 }

@@ -245,14 +245,15 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     let driver = start_driver().await;
     let browser = open_browser(&driver).await;
 
-    // with a token every page needs sign-in, and an action without it is refused
-    browser.goto(&base).await.unwrap();
+    // with a token every page needs sign-in, and an action without it is refused; the page
+    // asked for is where sign-in lands
+    browser.goto(&format!("{base}/dlq")).await.unwrap();
     assert!(browser
         .current_url()
         .await
         .unwrap()
         .as_str()
-        .ends_with("/dashboard/login"));
+        .ends_with("/dashboard/login?next=%2Fdlq"));
     let (status, _) = post(addr, "/dashboard/queues/pause", &[], "queue=mail").await;
     assert_eq!(status, 401);
     browser
@@ -264,6 +265,12 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         .unwrap();
     click(&browser, Locator::Id("sign-in")).await;
     wait_text(&browser, "header .mode", "signed in").await;
+    assert!(browser
+        .current_url()
+        .await
+        .unwrap()
+        .as_str()
+        .ends_with("/dashboard/dlq"));
 
     // overview: a card per queue
     browser.goto(&base).await.unwrap();

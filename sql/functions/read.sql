@@ -16,7 +16,9 @@ $$;
 
 CREATE OR REPLACE FUNCTION __S__.job_state(p_job_id bigint)
 RETURNS TABLE (state text, queue text, kind text, attempt int, run_lease bigint, detail text)
-LANGUAGE sql STABLE AS $$
+-- jit off: one job's rows, found by index in every partition; the plan's cost over all of them
+-- can pass jit_above_cost, and compiling it took seconds for a lookup of milliseconds
+LANGUAGE sql STABLE SET jit = off AS $$
     WITH ready AS (
         SELECT e.* FROM __S__.ready_entries e WHERE e.job_id = p_job_id ORDER BY e.run_lease DESC LIMIT 1
     )
@@ -127,7 +129,9 @@ $$;
 -- cancelled), earlier failed attempts carried in deferred_jobs.last_error, and a dead-letter entry.
 CREATE OR REPLACE FUNCTION __S__.job_history(p_job_id bigint)
 RETURNS TABLE (run_lease bigint, state text, error text, at timestamptz)
-LANGUAGE sql STABLE AS $$
+-- jit off: one job's rows, found by index in every partition; the plan's cost over all of them
+-- can pass jit_above_cost, and compiling it took seconds for a lookup of milliseconds
+LANGUAGE sql STABLE SET jit = off AS $$
     SELECT h.run_lease, h.state, h.error, h.at FROM (
         SELECT t.run_lease, t.state, t.error, t.finalized_at AS at
         FROM __S__.terminal_jobs t WHERE t.job_id = p_job_id
@@ -414,7 +418,9 @@ $$;
 -- A job's arguments, from wherever the job is now (its newest row), or NULL when unknown or aged
 -- out: the job page shows them next to job_state and job_history.
 CREATE OR REPLACE FUNCTION __S__.job_args(p_job_id bigint) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
+-- jit off: one job's rows, found by index in every partition; the plan's cost over all of them
+-- can pass jit_above_cost, and compiling it took seconds for a lookup of milliseconds
+LANGUAGE sql STABLE SET jit = off AS $$
     SELECT a.args FROM (
         SELECT x.args, x.run_lease FROM __S__.dlq_entries x WHERE x.job_id = p_job_id
         UNION ALL

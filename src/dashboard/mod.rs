@@ -22,8 +22,12 @@
 //! - every action is a POST carrying a CSRF token (a form field derived from a secret the page
 //!   never reveals otherwise), refused when the browser says the request came from another site
 //!   (`Origin`, `Sec-Fetch-Site`);
-//! - with a token, every page needs it: the browser signs in once (`/login`) and keeps an
-//!   HttpOnly, SameSite=Strict cookie; scripts may send `Authorization: Bearer <token>` instead;
+//! - every request must name, in `Host`, a host the dashboard is served as: loopback names, and
+//!   those given to [`Dashboard::allowed_hosts`] (a page rebound to 127.0.0.1 gets 421);
+//! - with a token, every page needs it: the browser signs in once (`/login`, throttled after five
+//!   wrong tokens a minute) and keeps an HttpOnly, SameSite=Strict session cookie that expires
+//!   after 12 hours and dies at sign-out or restart (`Secure` behind a TLS proxy); scripts may send
+//!   `Authorization: Bearer <token>` instead;
 //! - every value from the database is escaped by the templates (maud), and a Content-Security-Policy
 //!   allows no script at all: the pages have none.
 //!
@@ -31,11 +35,12 @@
 //! (user data) and other sessions' queries, so listen on a private address, or behind the
 //! operator's own authenticating proxy, or set a token (docs/dashboard.md).
 
+mod access;
 mod history;
 mod pages;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Form, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -48,6 +53,7 @@ use crate::bytes::{constant_time_eq as same, hex};
 use crate::storage::Storage;
 use crate::JobStatus;
 
+use access::{Hosts, Sessions};
 use history::History;
 
 const STYLE: &str = include_str!("style.css");
@@ -83,6 +89,8 @@ impl std::fmt::Debug for Actions {
 pub struct Dashboard {
     storage: Storage,
     base: String,
+    hosts: Vec<String>,
+    max_requests: usize,
     actions: Actions,
     horizon_min_age: Duration,
     sample_every: Duration,
@@ -93,6 +101,8 @@ impl Dashboard {
         Self {
             storage,
             base: String::new(),
+            hosts: Vec::new(),
+            max_requests: 8,
             actions: Actions::ReadOnly,
             horizon_min_age: Duration::from_secs(60),
             sample_every: Duration::from_secs(10),
@@ -102,6 +112,25 @@ impl Dashboard {
     /// The path the router is nested under (`/dashboard`), for the links and forms of the pages.
     pub fn base_path(mut self, path: &str) -> Self {
         self.base = path.trim_end_matches('/').to_string();
+        self
+    }
+
+    /// The host names (or addresses) the dashboard is served as, beside the loopback names it
+    /// always answers for: the name in the browser's address bar, which a proxy in front passes on
+    /// in `Host`. A request naming any other host is refused (421), and so is an action whose
+    /// `Origin` names another host.
+    pub fn allowed_hosts<S: AsRef<str>>(mut self, hosts: &[S]) -> Self {
+        self.hosts = hosts.iter().map(|h| h.as_ref().to_string()).collect();
+        self
+    }
+
+    /// How many requests are served at once (default 8): each holds a database connection while it
+    /// reads, and the pool is shared with the process's other work. A request waits up to
+    /// 5 s for its turn, then gets 503; one that takes longer than 15 s gets 503 too. Bound the
+    /// statements themselves with a `statement_timeout` on the dashboard's pool (`ringwork serve`
+    /// sets 10 s).
+    pub fn max_concurrent_requests(mut self, max: usize) -> Self {
+        self.max_requests = max.max(1);
         self
     }
 
@@ -145,14 +174,16 @@ impl Dashboard {
         let shared = Arc::new(Shared {
             storage: self.storage,
             base: self.base,
+            hosts: Hosts::new(&self.hosts),
             csrf: hex(&digest(&[&secret, b"csrf"])),
-            session: hex(&digest(&[&secret, b"session"])),
+            sessions: Sessions::default(),
             token_hash: match &self.actions {
                 Actions::Token(token) => Some(digest(&[token.as_bytes()])),
                 _ => None,
             },
             actions: self.actions,
             horizon_min_age: self.horizon_min_age,
+            turns: tokio::sync::Semaphore::new(self.max_requests),
             history: Mutex::new(History::new(self.sample_every, Duration::from_secs(3600))),
         });
         history::spawn_sampler(Arc::downgrade(&shared), self.sample_every);
@@ -173,6 +204,14 @@ impl Dashboard {
                 Arc::clone(&shared),
                 require_sign_in,
             ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&shared),
+                bounded,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&shared),
+                require_allowed_host,
+            ))
             .layer(axum::middleware::map_response(security_headers))
             .with_state(shared)
     }
@@ -182,15 +221,23 @@ impl Dashboard {
 pub(crate) struct Shared {
     storage: Storage,
     base: String,
+    hosts: Hosts,
     actions: Actions,
     /// The CSRF form field every action carries.
     csrf: String,
-    /// The session cookie's value (token mode).
-    session: String,
+    /// Signed-in browsers (token mode).
+    sessions: Sessions,
     token_hash: Option<[u8; 32]>,
     horizon_min_age: Duration,
+    /// One permit per request being served (`Dashboard::max_concurrent_requests`).
+    turns: tokio::sync::Semaphore,
     history: Mutex<History>,
 }
+
+/// How long a request waits for its turn before it gets 503.
+const REQUEST_WAIT: Duration = Duration::from_secs(5);
+/// How long a request may take; past it, 503.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
 impl Shared {
     /// A link to a page of the dashboard.
@@ -212,15 +259,8 @@ impl Shared {
     }
 
     fn signed_in(&self, headers: &HeaderMap) -> bool {
-        headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|pair| pair.trim().split_once('='))
-            .any(|(name, value)| {
-                name == SESSION_COOKIE && same(value.as_bytes(), self.session.as_bytes())
-            })
+        let now = Instant::now();
+        session_ids(headers).any(|id| self.sessions.is_live(id, now))
     }
 
     fn bearer(&self, headers: &HeaderMap) -> bool {
@@ -255,7 +295,7 @@ impl Shared {
                 "sign in with the dashboard's token first",
             ));
         }
-        if cross_site(headers) {
+        if cross_site(headers, &self.hosts) {
             return Err(Refusal(
                 StatusCode::FORBIDDEN,
                 "refused: the request came from another site",
@@ -271,23 +311,39 @@ impl Shared {
     }
 }
 
+/// The session ids a request's cookies carry.
+fn session_ids(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .filter(|(name, _)| *name == SESSION_COOKIE)
+        .map(|(_, value)| value)
+}
+
 /// Did the browser say this request came from another site? `Sec-Fetch-Site` when sent (every
-/// current browser), else an `Origin` whose host is not the request's `Host`.
-fn cross_site(headers: &HeaderMap) -> bool {
+/// current browser), and an `Origin` that names neither the request's `Host` nor one of the hosts
+/// the dashboard is served as. (`Host` itself was checked against those hosts before.)
+fn cross_site(headers: &HeaderMap, hosts: &Hosts) -> bool {
     if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
-        return !matches!(site, "same-origin" | "none");
-    }
-    match (
-        headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()),
-        headers.get(header::HOST).and_then(|v| v.to_str().ok()),
-    ) {
-        (None, _) => false,
-        (Some(origin), Some(host)) => {
-            origin.strip_prefix("http://") != Some(host)
-                && origin.strip_prefix("https://") != Some(host)
+        if !matches!(site, "same-origin" | "none") {
+            return true;
         }
-        (Some(_), None) => true,
     }
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let Some(authority) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        // "null" (a sandboxed or file page) or another scheme
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    host != Some(authority) && !hosts.allows(authority)
 }
 
 fn digest(parts: &[&[u8]]) -> [u8; 32] {
@@ -329,22 +385,82 @@ fn failure(error: crate::Error) -> Response {
     (status, pages::message_page("Error", &error.to_string())).into_response()
 }
 
+/// Serve at most `max_concurrent_requests` at once, each within `REQUEST_TIMEOUT`: a burst of
+/// page loads (or a slow page over many queues) must not take every connection of the pool the
+/// process works with.
+async fn bounded(
+    State(shared): AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let busy = |message: &str| {
+        let mut response = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            pages::message_page("Busy", message),
+        )
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        response
+    };
+    let Ok(Ok(_turn)) = tokio::time::timeout(REQUEST_WAIT, shared.turns.acquire()).await else {
+        return busy(
+            "the dashboard is serving as many requests as it may at once; try again shortly",
+        );
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => busy("this page took too long to read from the database"),
+    }
+}
+
+/// Refuse a request whose `Host` is not one the dashboard is served as (see `access`).
+async fn require_allowed_host(
+    State(shared): AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    if host.is_some_and(|host| shared.hosts.allows(host)) {
+        return next.run(request).await;
+    }
+    let message = format!(
+        "this dashboard answers only for the hosts {}; serve it with the name you use added \
+         (`ringwork serve --dashboard-host <name>`, Dashboard::allowed_hosts)",
+        shared.hosts.names().join(", ")
+    );
+    (
+        StatusCode::MISDIRECTED_REQUEST,
+        pages::message_page("Refused", &message),
+    )
+        .into_response()
+}
+
 /// With a token, every page but the sign-in page and the stylesheet needs a signed-in browser (or
-/// the bearer token): a GET is sent to sign in, anything else is refused.
+/// the bearer token): a GET is sent to sign in and back to the page it asked for, anything else is
+/// refused.
 async fn require_sign_in(
     State(shared): AppState,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let open = {
-        let path = request.uri().path();
-        path.ends_with("/login") || path.ends_with("/assets/style.css")
-    };
+    // the router's own paths (a nested router sees them without the mount point), exactly
+    let open = matches!(request.uri().path(), "/login" | "/assets/style.css");
     if !matches!(shared.actions, Actions::Token(_)) || open || shared.may_act(request.headers()) {
         return next.run(request).await;
     }
     if request.method() == axum::http::Method::GET {
-        see_other(shared.href("/login"))
+        let asked = request
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        see_other(shared.href(&format!("/login?{}", pages::query(&[("next", asked)]))))
     } else {
         refuse(
             StatusCode::UNAUTHORIZED,
@@ -418,6 +534,15 @@ async fn set_queue_paused(
             "which queue? (the form has no queue)",
         );
     };
+    // the Rust API may pause a queue before its first job; a form names one that exists (a typo,
+    // or a forged form, must not create queues)
+    match shared.storage.queue_counts(Some(&queue)).await {
+        Ok(counts) if counts.is_empty() => {
+            return refuse(StatusCode::NOT_FOUND, "no such queue");
+        }
+        Ok(_) => {}
+        Err(e) => return failure(e),
+    }
     match shared.storage.set_queue_paused(&queue, paused).await {
         Ok(_) => see_other(shared.href("/queues")),
         Err(e) => failure(e),
@@ -570,6 +695,42 @@ async fn dead_letter_action(
 #[derive(serde::Deserialize)]
 struct LoginForm {
     token: Option<String>,
+    /// The dashboard page to go back to (a path of this router).
+    next: Option<String>,
+}
+
+/// Where to go after sign-in: `next` if it is a path of this router, else the overview. Never
+/// another site (`//host`, a scheme) and never the sign-in page again.
+fn after_sign_in(shared: &Shared, next: Option<&str>) -> String {
+    match next {
+        Some(path)
+            if path.starts_with('/')
+                && !path.starts_with("//")
+                && !path.starts_with("/login")
+                && !path.contains('\\')
+                && path.chars().all(|c| c.is_ascii_graphic()) =>
+        {
+            shared.href(path)
+        }
+        _ => shared.href("/"),
+    }
+}
+
+/// Did the request reach us through a TLS-terminating proxy? Then the session cookie is `Secure`.
+/// A client that sends the header itself only makes its own cookie stricter.
+fn over_tls(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
+}
+
+fn cookie_path(shared: &Shared) -> &str {
+    if shared.base.is_empty() {
+        "/"
+    } else {
+        &shared.base
+    }
 }
 
 async fn login(
@@ -583,26 +744,41 @@ async fn login(
             "this dashboard has no token to sign in with",
         );
     };
-    if cross_site(&headers) {
+    if cross_site(&headers, &shared.hosts) {
         return refuse(
             StatusCode::FORBIDDEN,
             "refused: the request came from another site",
         );
     }
+    let now = Instant::now();
+    if let Some(wait) = shared.sessions.throttled(now) {
+        let message = format!(
+            "too many wrong tokens: try again in {} s",
+            wait.as_secs().max(1)
+        );
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            pages::message_page("Refused", &message),
+        )
+            .into_response();
+    }
     let given = form.token.unwrap_or_default();
     if given.is_empty() || !same(&digest(&[given.as_bytes()]), &expected) {
+        shared.sessions.failed(now);
         return refuse(StatusCode::UNAUTHORIZED, "wrong token");
     }
-    let path = if shared.base.is_empty() {
-        "/"
-    } else {
-        &shared.base
-    };
+    // a new session for every sign-in: an id planted before it is worth nothing after
+    for old in session_ids(&headers) {
+        shared.sessions.close(old);
+    }
     let cookie = format!(
-        "{SESSION_COOKIE}={}; Path={path}; HttpOnly; SameSite=Strict",
-        shared.session
+        "{SESSION_COOKIE}={}; Path={}; Max-Age={}; HttpOnly; SameSite=Strict{}",
+        shared.sessions.open(now),
+        cookie_path(&shared),
+        access::SESSION_TTL.as_secs(),
+        if over_tls(&headers) { "; Secure" } else { "" }
     );
-    let mut response = see_other(shared.href("/"));
+    let mut response = see_other(after_sign_in(&shared, form.next.as_deref()));
     match HeaderValue::from_str(&cookie) {
         Ok(value) => {
             response.headers_mut().insert(header::SET_COOKIE, value);
@@ -623,14 +799,13 @@ async fn logout(
     if let Err(refused) = shared.check_action(&headers, form.csrf.as_deref()) {
         return refused.into_response();
     }
-    let path = if shared.base.is_empty() {
-        "/"
-    } else {
-        &shared.base
-    };
+    for id in session_ids(&headers) {
+        shared.sessions.close(id);
+    }
     let mut response = see_other(shared.href("/"));
     if let Ok(value) = HeaderValue::from_str(&format!(
-        "{SESSION_COOKIE}=; Path={path}; HttpOnly; SameSite=Strict; Max-Age=0"
+        "{SESSION_COOKIE}=; Path={}; HttpOnly; SameSite=Strict; Max-Age=0",
+        cookie_path(&shared)
     )) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }

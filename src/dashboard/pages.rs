@@ -609,7 +609,16 @@ pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Resp
     layout(&shared, &headers, "storage", "Storage", body)
 }
 
-pub(crate) async fn login(State(shared): AppState, headers: HeaderMap) -> Response {
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct LoginQuery {
+    next: Option<String>,
+}
+
+pub(crate) async fn login(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(asked): Query<LoginQuery>,
+) -> Response {
     let body = match shared.token_hash {
         None => html! { h1 { "Sign in" } p { "This dashboard has no token: its actions are "
         @if matches!(shared.actions, super::Actions::BehindProxy) { "on for everyone your proxy lets in." } @else { "off." } } },
@@ -618,6 +627,7 @@ pub(crate) async fn login(State(shared): AppState, headers: HeaderMap) -> Respon
             p.muted { "Actions (pause, retry, cancel, purge) need the token the dashboard was started with." }
             form method="post" action=(shared.href("/login")) {
                 input id="token" type="password" name="token" autocomplete="current-password" required;
+                @if let Some(next) = &asked.next { input type="hidden" name="next" value=(next); }
                 " " button id="sign-in" type="submit" { "Sign in" }
             }
         },

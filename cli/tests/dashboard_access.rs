@@ -1,0 +1,240 @@
+//! Who reaches the dashboard, over plain HTTP against `ringwork serve`: only requests naming one of
+//! its hosts (a page rebound to 127.0.0.1 gets 421), actions only from its own origin, sessions
+//! kept by the server (a new one per sign-in, expiring, dead after sign-out), sign-in throttled,
+//! exact sign-in exemptions, deep links kept through sign-in, unknown queues never created.
+
+mod common;
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
+
+use common::{exchange, header};
+use support::TestDb;
+
+const TOKEN: &str = "dashboard-access-token-0123456789";
+
+async fn serve(db: &TestDb, mode: &[&str]) -> (tokio::process::Child, SocketAddr) {
+    let mut args = vec![
+        "--no-maintenance",
+        "--dashboard-host",
+        "jobs.example.test",
+        "--database-url",
+        &db.url,
+        "--schema",
+        db.schema.as_str(),
+    ];
+    args.extend_from_slice(mode);
+    common::spawn_serve(&args).await
+}
+
+/// The session id a sign-in's `Set-Cookie` carries, and the whole header.
+fn session_cookie(head: &str) -> (String, String) {
+    let set = header(head, "set-cookie")
+        .expect("a Set-Cookie")
+        .to_string();
+    let id = set
+        .strip_prefix("ringwork_dashboard=")
+        .and_then(|rest| rest.split(';').next())
+        .expect("the session cookie")
+        .to_string();
+    (id, set)
+}
+
+fn csrf_of(body: &str) -> String {
+    let at = body.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    body[at..].split('"').next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn only_the_dashboards_hosts_are_answered() {
+    let db = TestDb::new().await;
+    let (mut serve, addr) = serve(&db, &["--dashboard"]).await;
+    let local = addr.to_string();
+    for (host, expected) in [
+        (local.as_str(), 200),
+        ("localhost:9", 200),
+        ("jobs.example.test", 200),
+        ("JOBS.EXAMPLE.TEST:443", 200),
+        ("evil.example", 421),
+        ("127.0.0.1.evil.example", 421),
+    ] {
+        let (status, _, body) =
+            exchange(addr, "GET", "/dashboard/queues", &[("Host", host)], "").await;
+        assert_eq!(status, expected, "Host {host}");
+        if expected == 421 {
+            assert!(body.contains("--dashboard-host"), "{body}");
+        }
+    }
+    let (status, _, _) = exchange(addr, "GET", "/dashboard/queues", &[], "").await;
+    assert_eq!(status, 421, "no Host at all");
+    // /metrics and the rest of the server are not the dashboard's
+    let (status, _, _) = exchange(addr, "GET", "/healthz", &[("Host", "evil.example")], "").await;
+    assert_ne!(status, 421);
+    serve.start_kill().unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn behind_a_proxy_actions_need_the_dashboards_own_origin_and_a_known_queue() {
+    let db = TestDb::new().await;
+    db.storage().ensure_queue("known_q").await.unwrap();
+    let (mut serve, addr) = serve(&db, &["--dashboard-behind-proxy"]).await;
+    let host = addr.to_string();
+    let (_, _, page) = exchange(addr, "GET", "/dashboard/queues", &[("Host", &host)], "").await;
+    let csrf = csrf_of(&page);
+    let form = format!("queue=known_q&csrf={csrf}");
+    // a rebound page: its own name in Host and Origin
+    let (status, _, _) = exchange(
+        addr,
+        "POST",
+        "/dashboard/queues/pause",
+        &[("Host", "evil.example"), ("Origin", "http://evil.example")],
+        &form,
+    )
+    .await;
+    assert_eq!(status, 421);
+    // another site's form posting to the real host
+    let (status, _, _) = exchange(
+        addr,
+        "POST",
+        "/dashboard/queues/pause",
+        &[("Host", &host), ("Origin", "http://evil.example")],
+        &form,
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(!db.storage().queue_counts(Some("known_q")).await.unwrap()[0].paused);
+    // the proxy passes its own upstream Host, the browser's Origin is the public name
+    let (status, _, _) = exchange(
+        addr,
+        "POST",
+        "/dashboard/queues/pause",
+        &[("Host", &host), ("Origin", "https://jobs.example.test")],
+        &form,
+    )
+    .await;
+    assert_eq!(status, 303);
+    assert!(db.storage().queue_counts(Some("known_q")).await.unwrap()[0].paused);
+    // a queue nobody created is not created by a form
+    let (status, _, _) = exchange(
+        addr,
+        "POST",
+        "/dashboard/queues/pause",
+        &[("Host", &host)],
+        &format!("queue=typo_q&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(db
+        .storage()
+        .queue_counts(Some("typo_q"))
+        .await
+        .unwrap()
+        .is_empty());
+    serve.start_kill().unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn sign_in_keeps_server_side_sessions_that_end_at_sign_out() {
+    let db = TestDb::new().await;
+    let (mut serve, addr) = serve(&db, &["--dashboard-token", TOKEN]).await;
+    let host = addr.to_string();
+    let get = |path: &'static str, cookie: Option<String>| {
+        let host = host.clone();
+        async move {
+            let mut headers = vec![("Host", host.clone())];
+            if let Some(cookie) = cookie {
+                headers.push(("Cookie", format!("ringwork_dashboard={cookie}")));
+            }
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            exchange(addr, "GET", path, &headers, "").await
+        }
+    };
+    // a deep link is kept through sign-in
+    let (status, head, _) = get("/dashboard/jobs?state=failed", None).await;
+    assert_eq!(status, 303);
+    let to_login = header(&head, "location").unwrap().to_string();
+    assert_eq!(to_login, "/dashboard/login?next=%2Fjobs%3Fstate%3Dfailed");
+    // exemptions are exact paths: a path that only ends in /login is not the sign-in page
+    let (status, head, _) = get("/dashboard/queues/login", None).await;
+    assert_eq!(status, 303, "{head}");
+    assert!(header(&head, "location")
+        .unwrap()
+        .starts_with("/dashboard/login"));
+    let (_, _, login_page) = get("/dashboard/login?next=%2Fjobs%3Fstate%3Dfailed", None).await;
+    assert!(
+        login_page.contains("name=\"next\" value=\"/jobs?state=failed\""),
+        "{login_page}"
+    );
+
+    let sign_in = |extra: Vec<(&'static str, &'static str)>, body: String| {
+        let host = host.clone();
+        async move {
+            let mut headers = vec![("Host", host.as_str())];
+            headers.extend(extra);
+            exchange(addr, "POST", "/dashboard/login", &headers, &body).await
+        }
+    };
+    let (status, head, _) = sign_in(
+        vec![],
+        format!("token={TOKEN}&next=%2Fjobs%3Fstate%3Dfailed"),
+    )
+    .await;
+    assert_eq!(status, 303);
+    assert_eq!(
+        header(&head, "location"),
+        Some("/dashboard/jobs?state=failed")
+    );
+    let (first, set) = session_cookie(&head);
+    assert!(
+        set.contains("Max-Age=43200") && set.contains("HttpOnly"),
+        "{set}"
+    );
+    assert!(!set.contains("Secure"), "plain HTTP: {set}");
+    // a sign-in through a TLS proxy: Secure; a new id every time; a next off the site is ignored
+    let (_, head, _) = sign_in(
+        vec![("X-Forwarded-Proto", "https")],
+        format!("token={TOKEN}&next=%2F%2Fevil.example%2F"),
+    )
+    .await;
+    assert_eq!(header(&head, "location"), Some("/dashboard"));
+    let (second, set) = session_cookie(&head);
+    assert!(set.contains("; Secure"), "{set}");
+    assert_ne!(first, second);
+
+    let (status, _, page) = get("/dashboard/queues", Some(first.clone())).await;
+    assert_eq!(status, 200);
+    // a made-up id, or one derived from the token, opens nothing
+    let (status, _, _) = get("/dashboard/queues", Some("0".repeat(64))).await;
+    assert_eq!(status, 303);
+    // sign out: that session is over, the other one lives
+    let csrf = csrf_of(&page);
+    let cookie = format!("ringwork_dashboard={first}");
+    let (status, _, _) = exchange(
+        addr,
+        "POST",
+        "/dashboard/logout",
+        &[("Host", &host), ("Cookie", &cookie)],
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 303);
+    let (status, _, _) = get("/dashboard/queues", Some(first)).await;
+    assert_eq!(status, 303, "the signed-out session opens nothing");
+    let (status, _, _) = get("/dashboard/queues", Some(second)).await;
+    assert_eq!(status, 200);
+
+    // five wrong tokens, then even the right one waits
+    for _ in 0..5 {
+        let (status, _, _) = sign_in(vec![], "token=wrong-token-guess-000".into()).await;
+        assert_eq!(status, 401);
+    }
+    let (status, _, body) = sign_in(vec![], format!("token={TOKEN}")).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("try again in"), "{body}");
+    serve.start_kill().unwrap();
+    db.cleanup().await;
+}

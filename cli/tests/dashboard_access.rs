@@ -238,3 +238,99 @@ async fn sign_in_keeps_server_side_sessions_that_end_at_sign_out() {
     serve.start_kill().unwrap();
     db.cleanup().await;
 }
+
+/// Store jobs past the SQL API's checks, as rows written before them would be (see
+/// tests/hostile_input.rs): one lane, so they list together.
+async fn store_around_the_checks(db: &TestDb, queue: &str, args: &[String]) -> Vec<i64> {
+    let s = db.schema.as_str();
+    sqlx::query_scalar(&format!(
+        "SELECT * FROM {s}.enqueue_jobs($1, 2::smallint, array_fill('hostile'::text, ARRAY[$3]),
+                                        $2::text[]::jsonb[], array_fill(25, ARRAY[$3]),
+                                        array_fill(NULL::int, ARRAY[$3]), array_fill(NULL::text, ARRAY[$3]))"
+    ))
+    .bind(queue)
+    .bind(args)
+    .bind(args.len() as i32)
+    .fetch_all(&db.pool)
+    .await
+    .expect("enqueue_jobs")
+}
+
+#[tokio::test]
+async fn every_page_renders_beside_rows_no_worker_can_decode() {
+    let db = TestDb::new().await;
+    let s = db.schema.as_str();
+    let nasty = vec![
+        r#"{"n": 1e400}"#.to_string(),
+        format!("{}1{}", "[".repeat(300), "]".repeat(300)),
+        format!("{{\"blob\": \"{}\"}}", "x".repeat(4 << 20)),
+        r#"{"bidi": "\u202Eexe.txt", "zw": "a\u200Bb", "quote": "</pre><script>x</script>"}"#
+            .to_string(),
+    ];
+    let mut ids = store_around_the_checks(&db, "hostile_pages", &nasty).await;
+    // the same rows claimed: the undecodable ones fail at their claim, the others run and fail
+    ids.extend(store_around_the_checks(&db, "hostile_failed", &nasty).await);
+    let storage = db.storage();
+    let claimed = storage.claim("hostile_failed", 10, None).await.unwrap();
+    let fails: Vec<_> = claimed
+        .iter()
+        .map(|job| {
+            (
+                job.attempt_ref(),
+                ringwork::CloseOutcome::Failed {
+                    error: "e".repeat(70_000),
+                },
+            )
+        })
+        .collect();
+    storage.close_batch(&fails).await.unwrap();
+    let forever: i64 = sqlx::query_scalar(&format!(
+        "SELECT * FROM {s}.schedule_jobs('hostile_pages', 2::smallint, ARRAY['k'], ARRAY['{{}}'::jsonb],
+                                         ARRAY[25], ARRAY['infinity'::timestamptz], ARRAY[NULL::int],
+                                         ARRAY[NULL::text])"
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    ids.push(forever);
+
+    let (mut serve, addr) = serve(&db, &["--dashboard"]).await;
+    let host = addr.to_string();
+    let mut pages: Vec<String> = [
+        "/dashboard",
+        "/dashboard/queues",
+        "/dashboard/dlq",
+        "/dashboard/storage",
+    ]
+    .iter()
+    .map(|p| p.to_string())
+    .collect();
+    for state in ringwork::JobStatus::ALL {
+        pages.push(format!("/dashboard/jobs?state={state}"));
+        pages.push(format!("/dashboard/jobs?state={state}&queue=hostile_pages"));
+    }
+    pages.extend(ids.iter().map(|id| format!("/dashboard/jobs/{id}")));
+    for page in &pages {
+        let (status, _, body) = exchange(addr, "GET", page, &[("Host", &host)], "").await;
+        assert_eq!(status, 200, "{page}: {}", &body[..body.len().min(300)]);
+        assert!(body.len() < 200_000, "{page}: {} bytes", body.len());
+        assert!(
+            !body.contains("<script>x"),
+            "{page} shows arguments as text"
+        );
+    }
+    let (_, _, scheduled) = exchange(
+        addr,
+        "GET",
+        "/dashboard/jobs?state=scheduled&queue=hostile_pages",
+        &[("Host", &host)],
+        "",
+    )
+    .await;
+    assert!(
+        scheduled.contains("9999-12-31"),
+        "infinity lists at the bound"
+    );
+    serve.start_kill().unwrap();
+    db.cleanup().await;
+}

@@ -38,6 +38,7 @@ pub mod http;
 mod job;
 pub mod maintenance;
 pub mod periodic;
+pub mod roles;
 mod runtime;
 pub mod schema;
 mod storage;

@@ -571,11 +571,21 @@ async fn migrate_locked(
     schema: &SchemaName,
     rings: RingSizes,
 ) -> Result<MigrateReport> {
+    // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema exists: a
+    // migrator given a schema made for it (`CREATE SCHEMA ... AUTHORIZATION`) has only that
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema.as_str())
+            .persistent(false)
+            .fetch_one(&mut *conn)
+            .await?;
+    if !exists {
+        sqlx::Executor::execute(&mut *conn, format!("CREATE SCHEMA {schema}").as_str()).await?;
+    }
     sqlx::Executor::execute(
         &mut *conn,
         format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema};
-             CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+            "CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
                  version    int PRIMARY KEY,
                  name       text NOT NULL,
                  checksum   text NOT NULL,

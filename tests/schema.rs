@@ -178,7 +178,7 @@ async fn a_cancelled_migrate_leaves_no_lock_behind() {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
                             WHERE l.locktype = 'advisory' AND l.granted AND a.wait_event_type = 'Lock'
-                              AND a.query LIKE 'CREATE SCHEMA IF NOT EXISTS ' || $1 || ';%')",
+                              AND a.query = 'CREATE SCHEMA ' || $1)",
         )
         .bind(fresh.as_str())
         .fetch_one(&db.pool)

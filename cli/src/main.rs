@@ -126,6 +126,23 @@ enum Command {
         #[arg(long, default_value = "ringwork")]
         schema: String,
     },
+    /// Grant a role what a worker, producer or reader needs in the schema, and nothing more (no
+    /// CREATE). Run as the schema's owner, after `migrate`; idempotent (docs/operations.md, "Roles").
+    Grant {
+        /// The role to grant to (it must exist).
+        role: String,
+        /// worker (claims, completes, maintenance), producer (inserts jobs), reader (status, a
+        /// read-only dashboard).
+        #[arg(long)]
+        access: ringwork::roles::Access,
+        /// Print the statements instead of running them.
+        #[arg(long)]
+        print: bool,
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        #[arg(long, default_value = "ringwork")]
+        schema: String,
+    },
     /// Enqueue N no-op jobs and run them; prints throughput, pickup latency, dead tuples and WAL/job.
     /// Without DATABASE_URL it runs on a throwaway PostgreSQL cluster that is removed on exit.
     Demo {
@@ -614,6 +631,33 @@ async fn run(cli: Cli) -> ringwork::Result<()> {
                     report.functions_checksum
                 );
             }
+        }
+        Command::Grant {
+            role,
+            access,
+            print,
+            database_url,
+            schema,
+        } => {
+            let name = SchemaName::new(&schema)?;
+            let statements = ringwork::roles::grant_statements(&name, &role, access)?;
+            if print {
+                for statement in &statements {
+                    println!("{statement};");
+                }
+                return Ok(());
+            }
+            let storage = open_storage_from(database_url, &schema).await?;
+            let mut tx = storage.pool().begin().await?;
+            for statement in &statements {
+                sqlx::query(statement).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            println!(
+                "granted {role} {} access to schema {name} ({} statements)",
+                access.as_str(),
+                statements.len()
+            );
         }
         Command::Demo {
             database_url,

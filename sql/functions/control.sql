@@ -57,6 +57,20 @@ BEGIN
 END
 $$;
 
+-- The queue's running mark (migration 0010), a sequence created as the schema's owner: the roles
+-- that set limits need no CREATE on the schema (the same as create_lane_shard, queue_ring.sql).
+CREATE OR REPLACE FUNCTION __S__.create_running_mark(p_queue text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_seq text := 'running_mark_' || nextval('__S__.lane_ids');
+BEGIN
+    EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 0 START 0', '__S__', v_seq);
+    UPDATE __S__.queues SET running_mark_seq = format('%I.%I', '__S__', v_seq)::regclass
+    WHERE queue = p_queue;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION __S__.create_running_mark(text) FROM PUBLIC;
+
 -- Fleet-wide limits of a queue (NULL: none); claim reads them (sql/functions/claim_ring.sql). A
 -- queue whose limits were raised or removed gets a NOTIFY, so its waiting dispatchers claim now.
 CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running int, p_rate_limit int,
@@ -65,7 +79,6 @@ CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running in
                                                   p_key_rate_period interval) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_seq text;
     v_mark regclass;
     v_old_path text[];
 BEGIN
@@ -75,10 +88,7 @@ BEGIN
     FROM __S__.queues q WHERE q.queue = p_queue FOR UPDATE;
     -- a concurrency limit, of the queue or per key, needs the queue's running mark (migration 0010)
     IF (p_max_running IS NOT NULL OR p_key_max_running IS NOT NULL) AND v_mark IS NULL THEN
-        v_seq := 'running_mark_' || nextval('__S__.lane_ids');
-        EXECUTE format('CREATE SEQUENCE %I.%I MINVALUE 0 START 0', '__S__', v_seq);
-        UPDATE __S__.queues SET running_mark_seq = format('%I.%I', '__S__', v_seq)::regclass
-        WHERE queue = p_queue;
+        PERFORM __S__.create_running_mark(p_queue);
     END IF;
     UPDATE __S__.queues
     SET max_running = p_max_running, rate_limit = p_rate_limit, rate_period = p_rate_period,

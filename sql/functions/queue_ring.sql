@@ -24,9 +24,12 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 256 $$;
 -- One new shard: a lane row and its two sequences. p_shard NULL numbers it by its lane_id, which is
 -- unique and larger than every base shard number of its lane, so concurrent creators never wait on
 -- one another's uncommitted row.
+-- SECURITY DEFINER: a lane's sequences are created as the schema's owner, so producers and workers
+-- need no CREATE on the schema (docs/operations.md, "Roles"). Its search_path is fixed, as a definer
+-- function's must be, and PUBLIC may not call it: only the roles granted EXECUTE.
 CREATE OR REPLACE FUNCTION __S__.create_lane_shard(p_queue text, p_priority smallint, p_shard int)
 RETURNS __S__.queue_lanes
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_id int := nextval('__S__.lane_ids');
     v_lane __S__.queue_lanes;
@@ -41,6 +44,7 @@ BEGIN
     RETURN v_lane;
 END
 $$;
+REVOKE EXECUTE ON FUNCTION __S__.create_lane_shard(text, smallint, int) FROM PUBLIC;
 
 -- The lane's base shards, created on first use (and completed for lanes created before shards
 -- existed). Returns shard 0.

@@ -94,7 +94,15 @@ async fn main() -> Result<(), BoxError> {
     let (refund, callback) = tokio::time::timeout(Duration::from_secs(20), requests.recv())
         .await?
         .ok_or("the handler never asked")?;
-    let waiting = client.storage().job_state(id).await?.map(|s| s.state);
+    // the handler asked before it returned: the job waits once its return has been recorded
+    let mut waiting = None;
+    for _ in 0..200 {
+        waiting = client.storage().job_state(id).await?.map(|s| s.state);
+        if waiting == Some(JobStatus::Waiting) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     println!("refund {refund} waits for approval (job {id}: {waiting:?}); callback {callback}");
     // the human clicks "approve"
     client

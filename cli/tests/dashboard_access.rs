@@ -334,3 +334,74 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
     serve.start_kill().unwrap();
     db.cleanup().await;
 }
+
+/// `count` jobs of `queue` dead-lettered now (the queue's dead-letter queue on, claimed, failed).
+async fn dead_letter(db: &TestDb, queue: &str, count: usize) {
+    let storage = db.storage();
+    storage.set_queue_dead_letter(queue, true).await.unwrap();
+    for n in 0..count {
+        storage
+            .insert(
+                &mut db.pool.acquire().await.unwrap(),
+                &ringwork::NewJob::from_parts("hostile", serde_json::json!({ "n": n }))
+                    .unwrap()
+                    .queue(queue),
+            )
+            .await
+            .unwrap();
+    }
+    let claimed = storage.claim(queue, 100, None).await.unwrap();
+    assert_eq!(claimed.len(), count);
+    let fails: Vec<_> = claimed
+        .iter()
+        .map(|job| {
+            (
+                job.attempt_ref(),
+                ringwork::CloseOutcome::Failed {
+                    error: "boom".into(),
+                },
+            )
+        })
+        .collect();
+    storage.close_batch(&fails).await.unwrap();
+}
+
+#[tokio::test]
+async fn purging_all_dead_letters_stops_at_what_the_page_showed() {
+    let db = TestDb::new().await;
+    dead_letter(&db, "dlq_q", 3).await;
+    let (mut serve, addr) = serve(&db, &["--dashboard-behind-proxy"]).await;
+    let host = addr.to_string();
+    let (_, _, page) = exchange(
+        addr,
+        "GET",
+        "/dashboard/dlq?queue=dlq_q",
+        &[("Host", &host)],
+        "",
+    )
+    .await;
+    let csrf = csrf_of(&page);
+    let needle = "name=\"shown_at\" value=\"";
+    let at = page.find(needle).expect("a cutoff field") + needle.len();
+    let shown_at = page[at..].split('"').next().unwrap().to_string();
+    // a job fails for good after the operator looked (the cutoff is in milliseconds: step past
+    // the one the page was shown in)
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    dead_letter(&db, "dlq_q", 1).await;
+    let (status, _, _) = exchange(
+        addr,
+        "POST",
+        "/dashboard/dlq/purge",
+        &[("Host", &host)],
+        &format!("scope=all&queue=dlq_q&shown_at={shown_at}&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 303);
+    let left = db.storage().queue_counts(Some("dlq_q")).await.unwrap()[0].dead_lettered;
+    assert_eq!(
+        left, 1,
+        "the job dead-lettered after the page was shown is kept"
+    );
+    serve.start_kill().unwrap();
+    db.cleanup().await;
+}

@@ -588,6 +588,8 @@ struct DlqForm {
     queue: Option<String>,
     jobs: Vec<i64>,
     all: bool,
+    /// For `all`: only jobs dead-lettered at least this long ago (before the page was shown).
+    older_than: Option<Duration>,
 }
 
 fn dlq_form(pairs: &[(String, String)]) -> Result<DlqForm, Refusal> {
@@ -617,10 +619,22 @@ fn dlq_form(pairs: &[(String, String)]) -> Result<DlqForm, Refusal> {
         }
         _ => return Err(Refusal(StatusCode::BAD_REQUEST, "the form has no scope")),
     };
+    // an "all" form from before the cutoff field existed acts on what is there now
+    let older_than = match field("shown_at") {
+        None => None,
+        Some(millis) => {
+            let shown = millis.parse::<i64>().map_err(|_| {
+                Refusal(StatusCode::BAD_REQUEST, "the form's shown_at is not a time")
+            })?;
+            let age = chrono::Utc::now().timestamp_millis().saturating_sub(shown);
+            Some(Duration::from_millis(age.max(0) as u64))
+        }
+    };
     Ok(DlqForm {
         queue: field("queue"),
         jobs: if all { Vec::new() } else { jobs },
         all,
+        older_than,
     })
 }
 
@@ -652,25 +666,30 @@ async fn dead_letter_action(
     if let Err(refused) = shared.check_action(&headers, csrf) {
         return refused.into_response();
     }
-    let DlqForm { queue, jobs, all } = match dlq_form(&pairs) {
+    let DlqForm {
+        queue,
+        jobs,
+        all,
+        older_than,
+    } = match dlq_form(&pairs) {
         Ok(form) => form,
         Err(refused) => return refused.into_response(),
     };
     let storage = &shared.storage;
+    let all_filter = crate::JobFilter {
+        queue: queue.clone(),
+        kind: None,
+        states: vec![JobStatus::DeadLettered],
+        older_than,
+    };
     let result = async {
         match (retry, all) {
             (true, true) => {
-                storage
-                    .bulk_retry(&crate::JobFilter {
-                        queue: queue.clone(),
-                        kind: None,
-                        states: vec![JobStatus::DeadLettered],
-                        older_than: None,
-                    })
-                    .await?;
+                storage.bulk_retry(&all_filter).await?;
             }
             (false, true) => {
-                storage.dlq_purge(queue.as_deref(), None).await?;
+                // bounded steps, like every bulk operation: never one DELETE of a whole queue
+                storage.bulk_delete(&all_filter).await?;
             }
             (true, false) => {
                 for id in &jobs {

@@ -294,7 +294,7 @@ pub(crate) async fn jobs(
         Ok(page) => page,
         Err(e) => return failure(e),
     };
-    let queues = shared.storage.queue_counts(None).await.unwrap_or_default();
+    let queues = shared.storage.queue_names().await.unwrap_or_default();
     let time_label = match state {
         JobStatus::Available | JobStatus::Scheduled | JobStatus::Retryable => "due",
         JobStatus::Running => "claimed",
@@ -326,7 +326,7 @@ pub(crate) async fn jobs(
                 select name="queue" {
                     option value="" { "any" }
                     @for q in &queues {
-                        option value=(q.queue) selected[Some(q.queue.as_str()) == queue] { (q.queue) }
+                        option value=(q) selected[Some(q.as_str()) == queue] { (q) }
                     }
                 }
             }
@@ -465,8 +465,14 @@ pub(crate) async fn dead_letters(
         Ok(page) => page,
         Err(e) => return failure(e),
     };
-    let queues = shared.storage.queue_counts(None).await.unwrap_or_default();
+    let queues = shared
+        .storage
+        .dead_letter_counts()
+        .await
+        .unwrap_or_default();
     let may_act = shared.may_act(&headers);
+    // the cutoff of the "all" actions: what the operator saw, not what fails after
+    let shown_at = Utc::now().timestamp_millis();
     let next = page.next.as_ref().map(|after| {
         let mut pairs = vec![("after", after.as_str())];
         if let Some(queue) = queue {
@@ -503,10 +509,13 @@ pub(crate) async fn dead_letters(
             label { "queue"
                 select name="queue" {
                     option value="" { "any" }
-                    @for q in queues.iter().filter(|q| q.dead_lettered > 0 || Some(q.queue.as_str()) == queue) {
-                        option value=(q.queue) selected[Some(q.queue.as_str()) == queue] {
-                            (q.queue) " (" (q.dead_lettered) ")"
+                    @for (name, count) in &queues {
+                        option value=(name) selected[Some(name.as_str()) == queue] {
+                            (name) " (" (count) ")"
                         }
+                    }
+                    @if let Some(queue) = queue.filter(|q| !queues.iter().any(|(name, _)| name == q)) {
+                        option value=(queue) selected { (queue) " (0)" }
                     }
                 }
             }
@@ -529,15 +538,18 @@ pub(crate) async fn dead_letters(
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
         @if may_act && !page.jobs.is_empty() {
             h2 { "Everything " (scope) }
+            p.muted { "Only jobs dead-lettered before this page was shown: any that fail after it are left." }
             div.actions {
                 form.inline method="post" action=(shared.href("/dlq/retry")) {
                     (csrf_field(&shared))
                     @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
+                    input type="hidden" name="shown_at" value=(shown_at);
                     button id="retry-all" type="submit" name="scope" value="all" { "Retry all " (scope) }
                 }
                 form.inline method="post" action=(shared.href("/dlq/purge")) {
                     (csrf_field(&shared))
                     @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
+                    input type="hidden" name="shown_at" value=(shown_at);
                     button.danger id="purge-all" type="submit" name="scope" value="all" { "Purge all " (scope) }
                 }
             }

@@ -19,6 +19,8 @@ pub(super) struct Statements {
     job_progress: String,
     job_args: String,
     list_jobs: String,
+    queue_names: String,
+    dead_letter_counts: String,
 }
 
 impl Statements {
@@ -55,6 +57,10 @@ impl Statements {
                  {s}.readable_time(at) AS at, left(detail, {LIST_DETAIL_CHARS}) AS detail, page_key \
                  FROM {s}.list_jobs($1, $2, $3, $4, $5)",
                 cut = ARGS_PREVIEW_CHARS + 1
+            ),
+            queue_names: format!("SELECT queue FROM {s}.queues ORDER BY queue"),
+            dead_letter_counts: format!(
+                "SELECT queue, count(*)::int8 FROM {s}.dlq_entries GROUP BY queue ORDER BY queue"
             ),
             pending_jobs: format!(
                 "SELECT job_id, state, queue, kind, args::text AS args, priority, attempt, \
@@ -312,6 +318,21 @@ impl Storage {
                 })
             })
             .collect()
+    }
+
+    /// Every queue's name, in order: one read of `queues`, for a page's queue filter (what
+    /// `queue_counts` would count per queue is not needed there).
+    pub async fn queue_names(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(&self.sql.read.queue_names)
+            .fetch_all(self.db())
+            .await?)
+    }
+
+    /// The queues that hold dead-lettered jobs, with how many each.
+    pub async fn dead_letter_counts(&self) -> Result<Vec<(String, i64)>> {
+        Ok(sqlx::query_as(&self.sql.read.dead_letter_counts)
+            .fetch_all(self.db())
+            .await?)
     }
 
     /// Available (claimable, uncancelled) jobs of one queue; the `available` of `queue_counts`

@@ -41,9 +41,17 @@ fn session_cookie(head: &str) -> (String, String) {
     (id, set)
 }
 
-fn csrf_of(body: &str) -> String {
-    let at = body.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+/// The attribute value that follows `prefix` (which ends with its opening quote) in a page.
+fn value_after(body: &str, prefix: &str) -> String {
+    let at = body
+        .find(prefix)
+        .unwrap_or_else(|| panic!("no {prefix} in the page"))
+        + prefix.len();
     body[at..].split('"').next().unwrap().to_string()
+}
+
+fn csrf_of(body: &str) -> String {
+    value_after(body, "name=\"csrf\" value=\"")
 }
 
 #[tokio::test]
@@ -381,9 +389,7 @@ async fn purging_all_dead_letters_stops_at_what_the_page_showed() {
     )
     .await;
     let csrf = csrf_of(&page);
-    let needle = "name=\"shown_at\" value=\"";
-    let at = page.find(needle).expect("a cutoff field") + needle.len();
-    let shown_at = page[at..].split('"').next().unwrap().to_string();
+    let shown_at = value_after(&page, "name=\"shown_at\" value=\"");
     // a job fails for good after the operator looked (the cutoff is in milliseconds: step past
     // the one the page was shown in)
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
@@ -402,6 +408,62 @@ async fn purging_all_dead_letters_stops_at_what_the_page_showed() {
         left, 1,
         "the job dead-lettered after the page was shown is kept"
     );
+    serve.start_kill().unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn queue_pages_count_one_page_of_queues_and_filter_by_name() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    for n in 0..120 {
+        storage
+            .ensure_queue(&format!("tenant_{n:03}"))
+            .await
+            .unwrap();
+    }
+    storage.ensure_queue("billing").await.unwrap();
+    let (mut serve, addr) = serve(&db, &["--dashboard"]).await;
+    let host = addr.to_string();
+    for path in ["/dashboard", "/dashboard/queues"] {
+        let (status, _, first) = exchange(addr, "GET", path, &[("Host", &host)], "").await;
+        assert_eq!(status, 200);
+        assert!(
+            first.contains("data-queue=\"billing\""),
+            "{path}: name order"
+        );
+        assert!(first.contains("data-queue=\"tenant_048\""));
+        assert!(
+            !first.contains("data-queue=\"tenant_049\""),
+            "{path}: 50 a page"
+        );
+        let next = value_after(&first, "id=\"next\" href=\"").replace("&amp;", "&");
+        let (status, _, second) = exchange(addr, "GET", &next, &[("Host", &host)], "").await;
+        assert_eq!(status, 200, "{next}: {second}");
+        assert!(
+            second.contains("data-queue=\"tenant_049\"")
+                && !second.contains("data-queue=\"billing\"")
+        );
+        let (_, _, filtered) = exchange(
+            addr,
+            "GET",
+            &format!("{path}?filter=bill"),
+            &[("Host", &host)],
+            "",
+        )
+        .await;
+        assert!(filtered.contains("data-queue=\"billing\"") && !filtered.contains("tenant_"));
+    }
+    // a filter no name could hold is a clear 400, not a database error
+    let (status, _, _) = exchange(
+        addr,
+        "GET",
+        "/dashboard/queues?filter=%00",
+        &[("Host", &host)],
+        "",
+    )
+    .await;
+    assert_eq!(status, 400);
     serve.start_kill().unwrap();
     db.cleanup().await;
 }

@@ -106,6 +106,21 @@ LANGUAGE sql STABLE SET jit = off AS $$
     ORDER BY q.queue
 $$;
 
+-- One page of queues in name order (after p_after; with p_contains, only names that hold it) and
+-- their exact counts: a page over a thousand queues counts only the ones it shows.
+CREATE OR REPLACE FUNCTION __S__.queue_counts_page(p_after text, p_contains text, p_limit int)
+RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
+               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
+LANGUAGE sql STABLE SET jit = off AS $$
+    SELECT c.* FROM (
+        SELECT q.queue FROM __S__.queues q
+        WHERE (p_after IS NULL OR q.queue > p_after)
+          AND (p_contains IS NULL OR strpos(q.queue, p_contains) > 0)
+        ORDER BY q.queue LIMIT greatest(p_limit, 0)
+    ) page CROSS JOIN LATERAL __S__.queue_counts(page.queue) c
+    ORDER BY c.queue
+$$;
+
 -- How long the queue's oldest available job has waited since its run_at, or NULL when none: one
 -- index probe (the head of the lane past its cursor) per shard that may hold work, plus the oldest
 -- parked job; never a scan of job rows. A cancelled job at a lane's head counts until a claim steps

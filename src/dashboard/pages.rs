@@ -167,9 +167,55 @@ fn sparkline(values: &[f64], bad: bool) -> Markup {
     }
 }
 
-pub(crate) async fn overview(State(shared): AppState, headers: HeaderMap) -> Response {
-    let queues = match shared.storage.queue_counts(None).await {
-        Ok(queues) => queues,
+/// How many queues the overview and the queues page show at once.
+const QUEUES_PER_PAGE: usize = 50;
+
+/// Query parameters of the pages that list queues: a page key and a name filter.
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct QueuePageQuery {
+    after: Option<String>,
+    filter: Option<String>,
+}
+
+/// One page of queues with their counts, and the link to the next page.
+async fn queue_page(
+    shared: &Shared,
+    path: &str,
+    params: &QueuePageQuery,
+) -> crate::Result<(Vec<QueueCounts>, Option<String>)> {
+    let filter = ListQuery::get(&params.filter);
+    let (queues, next) = shared
+        .storage
+        .queue_counts_page(ListQuery::get(&params.after), filter, QUEUES_PER_PAGE)
+        .await?;
+    let next = next.map(|after| {
+        let mut pairs = vec![("after", after.as_str())];
+        if let Some(filter) = filter {
+            pairs.push(("filter", filter));
+        }
+        format!("{}?{}", shared.href(path), query(&pairs))
+    });
+    Ok((queues, next))
+}
+
+/// The name filter of a queue listing.
+fn queue_filter(shared: &Shared, path: &str, params: &QueuePageQuery) -> Markup {
+    html! {
+        form.filters method="get" action=(shared.href(path)) {
+            label { "queue name contains"
+                input type="search" name="filter" value=(ListQuery::get(&params.filter).unwrap_or("")); }
+            button type="submit" { "Show" }
+        }
+    }
+}
+
+pub(crate) async fn overview(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(params): Query<QueuePageQuery>,
+) -> Response {
+    let (queues, next) = match queue_page(&shared, "/", &params).await {
+        Ok(page) => page,
         Err(e) => return failure(e),
     };
     let (since, series): (_, Vec<_>) = match shared.history.lock() {
@@ -185,6 +231,7 @@ pub(crate) async fn overview(State(shared): AppState, headers: HeaderMap) -> Res
             "Throughput, failures and depth over the last hour, sampled by this server"
             @if let Some(since) = since { " since " (when(since)) } "."
         }
+        (queue_filter(&shared, "/", &params))
         @if queues.is_empty() { p { "No queues yet: a queue appears with its first job." } }
         div.cards {
             @for (q, points) in queues.iter().zip(&series) {
@@ -211,6 +258,7 @@ pub(crate) async fn overview(State(shared): AppState, headers: HeaderMap) -> Res
                 }
             }
         }
+        @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next queues →" } } }
     };
     layout(&shared, &headers, "overview", "Overview", body)
 }
@@ -247,15 +295,20 @@ fn counts_row(shared: &Shared, q: &QueueCounts, may_act: bool) -> Markup {
     }
 }
 
-pub(crate) async fn queues(State(shared): AppState, headers: HeaderMap) -> Response {
-    let queues = match shared.storage.queue_counts(None).await {
-        Ok(queues) => queues,
+pub(crate) async fn queues(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(params): Query<QueuePageQuery>,
+) -> Response {
+    let (queues, next) = match queue_page(&shared, "/queues", &params).await {
+        Ok(page) => page,
         Err(e) => return failure(e),
     };
     let may_act = shared.may_act(&headers);
     let body = html! {
         h1 { "Queues" }
         p.muted { "Exact counts (no estimates). Completed, failed and cancelled are durable totals." }
+        (queue_filter(&shared, "/queues", &params))
         table id="queues" {
             thead { tr {
                 th { "queue" } th.num { "available" } th.num { "scheduled" } th.num { "retryable" }
@@ -264,6 +317,7 @@ pub(crate) async fn queues(State(shared): AppState, headers: HeaderMap) -> Respo
             } }
             tbody { @for q in &queues { (counts_row(&shared, q, may_act)) } }
         }
+        @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next queues →" } } }
     };
     layout(&shared, &headers, "queues", "Queues", body)
 }

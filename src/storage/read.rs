@@ -20,6 +20,7 @@ pub(super) struct Statements {
     job_args: String,
     list_jobs: String,
     queue_names: String,
+    queue_counts_page: String,
     dead_letter_counts: String,
 }
 
@@ -59,6 +60,10 @@ impl Statements {
                 cut = ARGS_PREVIEW_CHARS + 1
             ),
             queue_names: format!("SELECT queue FROM {s}.queues ORDER BY queue"),
+            queue_counts_page: format!(
+                "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
+                 dead_lettered, waiting FROM {s}.queue_counts_page($1, $2, $3)"
+            ),
             dead_letter_counts: format!(
                 "SELECT queue, count(*)::int8 FROM {s}.dlq_entries GROUP BY queue ORDER BY queue"
             ),
@@ -352,23 +357,44 @@ impl Storage {
             .bind(queue)
             .fetch_all(self.db())
             .await?;
-        rows.into_iter()
-            .map(|row| {
-                Ok(QueueCounts {
-                    queue: row.try_get("queue")?,
-                    paused: row.try_get("paused")?,
-                    available: row.try_get("available")?,
-                    scheduled: row.try_get("scheduled")?,
-                    retryable: row.try_get("retryable")?,
-                    running: row.try_get("running")?,
-                    completed: row.try_get("completed")?,
-                    failed: row.try_get("failed")?,
-                    cancelled: row.try_get("cancelled")?,
-                    dead_lettered: row.try_get("dead_lettered")?,
-                    waiting: row.try_get("waiting")?,
-                })
-            })
-            .collect()
+        rows.iter().map(queue_counts_row).collect()
+    }
+
+    /// `queue_counts` for one page of queues in name order: those after `after`, whose names
+    /// contain `contains` when given, at most `limit` (1..=1,000). Returns the page and the name to
+    /// pass as `after` for the next one (`None`: the last page).
+    pub async fn queue_counts_page(
+        &self,
+        after: Option<&str>,
+        contains: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<QueueCounts>, Option<String>)> {
+        let limit = limit.clamp(1, 1000);
+        if let Some(after) = after {
+            crate::job::validate_name("page key", after)?;
+        }
+        let contains = contains.filter(|c| !c.is_empty());
+        if let Some(contains) = contains {
+            crate::job::validate_name("queue filter", contains)?;
+        }
+        let rows = sqlx::query(&self.sql.read.queue_counts_page)
+            .bind(after)
+            .bind(contains)
+            // one more row than asked: whether a next page exists
+            .bind(limit as i32 + 1)
+            .fetch_all(self.db())
+            .await?;
+        let mut page = rows
+            .iter()
+            .map(queue_counts_row)
+            .collect::<Result<Vec<_>>>()?;
+        let next = if page.len() > limit {
+            page.truncate(limit);
+            page.last().map(|q| q.queue.clone())
+        } else {
+            None
+        };
+        Ok((page, next))
     }
 
     /// How long the queue's oldest available job has waited (since it became runnable), or
@@ -464,4 +490,20 @@ fn preview(text: String) -> String {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text,
     }
+}
+
+fn queue_counts_row(row: &sqlx::postgres::PgRow) -> Result<QueueCounts> {
+    Ok(QueueCounts {
+        queue: row.try_get("queue")?,
+        paused: row.try_get("paused")?,
+        available: row.try_get("available")?,
+        scheduled: row.try_get("scheduled")?,
+        retryable: row.try_get("retryable")?,
+        running: row.try_get("running")?,
+        completed: row.try_get("completed")?,
+        failed: row.try_get("failed")?,
+        cancelled: row.try_get("cancelled")?,
+        dead_lettered: row.try_get("dead_lettered")?,
+        waiting: row.try_get("waiting")?,
+    })
 }

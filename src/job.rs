@@ -371,7 +371,7 @@ pub(crate) fn validate_run_at(at: DateTime<Utc>) -> Result<()> {
 }
 
 /// How deeply arrays and objects nest in `value` (a scalar: 0), without recursion.
-fn json_depth(value: &serde_json::Value) -> usize {
+pub(crate) fn json_depth(value: &serde_json::Value) -> usize {
     let mut deepest = 0;
     let mut stack = vec![(value, 0usize)];
     while let Some((value, depth)) = stack.pop() {

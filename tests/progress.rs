@@ -328,3 +328,46 @@ async fn cancelling_a_retried_job_removes_its_kept_progress() {
     );
     db.cleanup().await;
 }
+
+#[derive(Serialize, Deserialize)]
+struct Chatty {
+    n: i32,
+}
+
+impl JobArgs for Chatty {
+    const KIND: &'static str = "progress_chatty";
+}
+
+#[tokio::test]
+async fn a_long_progress_message_is_kept_cut_and_a_too_deep_checkpoint_refused() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .queue("default", QueueConfig::default())
+        .register(|ctx: JobContext, _job: Chatty| async move {
+            let deep = (0..200).fold(json!(1), |inner, _| json!([inner]));
+            let refused = ctx.set_progress(10.0, "deep", Some(deep)).unwrap_err();
+            assert!(refused.to_string().contains("deeper than 127"), "{refused}");
+            ctx.set_progress(50.0, &"m".repeat(5_000), None)?;
+            Err::<(), ringwork::BoxError>(JobError::Snooze(Duration::from_secs(3600)).into())
+        })
+        .build()
+        .await
+        .unwrap();
+    let id = client
+        .insert(NewJob::new(&Chatty { n: 1 }).unwrap())
+        .await
+        .unwrap();
+    testing::drain(&client, "default").await.unwrap();
+    let progress = client
+        .storage()
+        .job_progress(id)
+        .await
+        .unwrap()
+        .expect("the snoozed attempt's progress");
+    assert_eq!(
+        progress.progress.message,
+        format!("{} [... 4000 more characters]", "m".repeat(1_000))
+    );
+    db.cleanup().await;
+}

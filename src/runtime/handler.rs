@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::job::JobArgs;
 use crate::storage::{AttemptRef, Outcome, Progress, ProgressRecord, Storage};
 
+/// How much of a progress message is kept (it is written with every heartbeat).
+pub(crate) const MAX_PROGRESS_MESSAGE_CHARS: usize = 1_000;
+
 /// What a handler knows about the attempt it runs.
 #[derive(Clone, Debug)]
 pub struct JobContext {
@@ -102,9 +105,27 @@ impl JobContext {
         if !(0.0..=100.0).contains(&percent) {
             return Err(invalid(format!("percent must be 0..=100, got {percent}")));
         }
+        if checkpoint
+            .as_ref()
+            .is_some_and(|c| crate::job::json_depth(c) > crate::job::MAX_ARGS_DEPTH)
+        {
+            return Err(invalid(format!(
+                "the checkpoint nests deeper than {} levels, which could not be read back",
+                crate::job::MAX_ARGS_DEPTH
+            )));
+        }
+        // a message is for people: cut, never refused, so a long one costs its heartbeats little
+        let message = match message.char_indices().nth(MAX_PROGRESS_MESSAGE_CHARS) {
+            Some((cut, _)) => format!(
+                "{} [... {} more characters]",
+                &message[..cut],
+                message[cut..].chars().count()
+            ),
+            None => message.to_string(),
+        };
         let progress = serde_json::to_value(Progress {
             percent,
-            message: message.to_string(),
+            message,
             checkpoint,
         })
         .map_err(|e| invalid(e.to_string()))?;

@@ -140,6 +140,25 @@ async fn behind_a_proxy_actions_need_the_dashboards_own_origin_and_a_known_queue
         .await
         .unwrap()
         .is_empty());
+    // a refusal is a page of the dashboard, in its layout; one for a foreign Host is bare
+    let (_, _, refused) = exchange(
+        addr,
+        "POST",
+        "/dashboard/queues/pause",
+        &[("Host", &host)],
+        &format!("queue=typo_q&csrf={csrf}"),
+    )
+    .await;
+    assert!(refused.contains("no such queue") && refused.contains("/dashboard/assets/style.css"));
+    let (_, _, bare) = exchange(
+        addr,
+        "GET",
+        "/dashboard/queues",
+        &[("Host", "evil.example")],
+        "",
+    )
+    .await;
+    assert!(!bare.contains("<nav"), "{bare}");
     serve.start_kill().unwrap();
     db.cleanup().await;
 }

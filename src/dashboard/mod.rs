@@ -210,6 +210,10 @@ impl Dashboard {
             ))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&shared),
+                in_layout,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&shared),
                 require_allowed_host,
             ))
             .layer(axum::middleware::map_response(security_headers))
@@ -413,6 +417,24 @@ async fn bounded(
         Ok(response) => response,
         Err(_) => busy("this page took too long to read from the database"),
     }
+}
+
+/// Show refusals and errors inside the layout. Not for a request refused for its Host: a page
+/// that may be another site's gets the bare message.
+async fn in_layout(
+    State(shared): AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = request.headers().clone();
+    let response = next.run(request).await;
+    let Some(message) = response.extensions().get::<pages::Message>().cloned() else {
+        return response;
+    };
+    let (mut parts, _) = response.into_parts();
+    let (_, body) = pages::message_in_layout(&shared, &headers, &message).into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, body)
 }
 
 /// Refuse a request whose `Host` is not one the dashboard is served as (see `access`).

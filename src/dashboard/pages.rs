@@ -23,8 +23,10 @@ pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
 }
 
 /// A page of its own, without the dashboard's links (refusals and errors).
-pub(crate) fn message_page(title: &str, message: &str) -> Html<String> {
-    Html(
+/// A refusal or error, as a page. A bare page here; the dashboard's `in_layout` step shows it
+/// inside the layout (nav, stylesheet) for every request that passed the Host check.
+pub(crate) fn message_page(title: &str, message: &str) -> Response {
+    let mut response = Html(
         html! {
             (DOCTYPE)
             html lang="en" {
@@ -34,6 +36,29 @@ pub(crate) fn message_page(title: &str, message: &str) -> Html<String> {
         }
         .into_string(),
     )
+    .into_response();
+    response.extensions_mut().insert(Message {
+        title: title.to_string(),
+        message: message.to_string(),
+    });
+    response
+}
+
+/// What `message_page` showed, for `in_layout`.
+#[derive(Clone)]
+pub(crate) struct Message {
+    title: String,
+    message: String,
+}
+
+/// The message inside the layout.
+pub(crate) fn message_in_layout(
+    shared: &Shared,
+    headers: &HeaderMap,
+    message: &Message,
+) -> Response {
+    let body = html! { h1 { (message.title) } p.error { (message.message) } };
+    layout(shared, headers, "", &message.title, body)
 }
 
 fn layout(shared: &Shared, headers: &HeaderMap, here: &str, title: &str, body: Markup) -> Response {
@@ -54,7 +79,7 @@ fn layout(shared: &Shared, headers: &HeaderMap, here: &str, title: &str, body: M
             }
         },
         (super::Actions::Token(_), false) => html! {
-            "read-only · " a href=(shared.href("/login")) { "sign in for actions" }
+            "signed out · " a href=(shared.href("/login")) { "sign in" }
         },
     };
     Html(

@@ -1,5 +1,6 @@
 -- Per-schema limits an operator may change: one row per limit that differs from its default
--- (`ringwork limits`, Storage::set_setting). Read by the enqueue checks (sql/functions/queue_ring.sql).
+-- (`SELECT <schema>.set_setting(name, value)`). Read by the enqueue checks and by close_batch
+-- (sql/functions/queue_ring.sql, setting).
 --
 -- FROZEN once released, like every migration: a schema change is a new file.
 --

@@ -390,6 +390,17 @@ async fn readers_show_rows_this_binary_cannot_decode() {
     assert!(!args.is_cut());
     let cut = storage.job_args(poison[1], 50).await.unwrap().unwrap();
     assert!(cut.is_cut() && cut.text.chars().count() == 50);
+    // failed at their claim into a dead-letter queue: listed there like any dead letter
+    storage
+        .set_queue_dead_letter("hostile_dlq", true)
+        .await
+        .unwrap();
+    let (_, dead) = poisoned_queue(&db, "hostile_dlq").await;
+    storage.claim("hostile_dlq", 100, None).await.unwrap();
+    let letters = storage.dlq_list(Some("hostile_dlq"), 100).await.unwrap();
+    let mut listed: Vec<i64> = letters.iter().map(|d| d.job_id).collect();
+    listed.sort_unstable();
+    assert_eq!(listed, dead);
     for id in poison.iter().chain(&failed).chain([&forever]) {
         storage.load_job(*id).await.unwrap().expect("a record");
     }

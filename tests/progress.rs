@@ -347,7 +347,12 @@ async fn a_long_progress_message_is_kept_cut_and_a_too_deep_checkpoint_refused()
         .register(|ctx: JobContext, _job: Chatty| async move {
             let deep = (0..200).fold(json!(1), |inner, _| json!([inner]));
             let refused = ctx.set_progress(10.0, "deep", Some(deep)).unwrap_err();
-            assert!(refused.to_string().contains("deeper than 127"), "{refused}");
+            assert!(refused.to_string().contains("deeper than 126"), "{refused}");
+            // at the bound: stored and read back
+            let at_bound = (0..125).fold(json!(1), |inner, _| json!([inner]));
+            ctx.set_progress(20.0, "at the bound", Some(json!({ "deep": at_bound })))?;
+            ctx.flush_progress().await?;
+            ctx.last_progress().await?.expect("read back");
             ctx.set_progress(50.0, &"m".repeat(5_000), None)?;
             Err::<(), ringwork::BoxError>(JobError::Snooze(Duration::from_secs(3600)).into())
         })

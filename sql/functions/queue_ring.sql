@@ -304,10 +304,11 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- A recorded error or reason no longer than the schema's max_error_chars.
+-- Only IMMUTABLE operations (no format()), so the planner inlines it into close_batch's statement.
 CREATE OR REPLACE FUNCTION __S__.bounded_text(p_text text, p_max bigint) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN length(p_text) <= p_max THEN p_text
-                ELSE left(p_text, p_max::int) || format(' [... %s more characters]', length(p_text) - p_max) END
+    SELECT CASE WHEN p_text IS NULL OR length(p_text) <= p_max THEN p_text
+                ELSE left(p_text, p_max::int) || ' [... ' || (length(p_text) - p_max)::text || ' more characters]' END
 $$;
 
 -- Arguments every consumer can decode: jsonb holds numbers of any size and any nesting, but a worker

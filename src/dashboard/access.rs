@@ -40,7 +40,8 @@ impl Hosts {
             let host = host.trim().to_ascii_lowercase();
             let host = match host.parse::<std::net::Ipv6Addr>() {
                 Ok(_) => format!("[{host}]"),
-                Err(_) => host,
+                // a port given with the name is not part of it: requests are matched without theirs
+                Err(_) => host_of(&host).to_string(),
             };
             if !host.is_empty() && !hosts.contains(&host) {
                 hosts.push(host);
@@ -152,7 +153,11 @@ mod tests {
 
     #[test]
     fn hosts_allow_loopback_and_the_configured_names_only() {
-        let hosts = Hosts::new(&["Jobs.Example.com".into(), "::2".into()]);
+        let hosts = Hosts::new(&[
+            "Jobs.Example.com".into(),
+            "::2".into(),
+            "ops.example.com:8443".into(),
+        ]);
         for ok in [
             "localhost",
             "127.0.0.1:9464",
@@ -160,6 +165,7 @@ mod tests {
             "jobs.example.com",
             "JOBS.example.com:443",
             "[::2]",
+            "ops.example.com:8443",
         ] {
             assert!(hosts.allows(ok), "{ok}");
         }

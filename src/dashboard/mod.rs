@@ -389,7 +389,7 @@ fn failure(error: crate::Error) -> Response {
     (status, pages::message_page("Error", &error.to_string())).into_response()
 }
 
-/// Serve at most `max_concurrent_requests` at once, each within `REQUEST_TIMEOUT`: a burst of
+/// Serve at most `max_concurrent_requests` at once, each page within `REQUEST_TIMEOUT`: a burst of
 /// page loads (or a slow page over many queues) must not take every connection of the pool the
 /// process works with.
 async fn bounded(
@@ -413,6 +413,11 @@ async fn bounded(
             "the dashboard is serving as many requests as it may at once; try again shortly",
         );
     };
+    // an action (a bulk retry or purge of a large dead-letter queue) runs in bounded steps until
+    // it is done: cutting it off would leave it half done and say it failed
+    if request.method() != axum::http::Method::GET {
+        return next.run(request).await;
+    }
     match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
         Ok(response) => response,
         Err(_) => busy("this page took too long to read from the database"),

@@ -105,13 +105,14 @@ impl JobContext {
         if !(0.0..=100.0).contains(&percent) {
             return Err(invalid(format!("percent must be 0..=100, got {percent}")));
         }
+        // stored inside the progress object, one level deeper than itself
+        let max_depth = crate::job::MAX_ARGS_DEPTH - 1;
         if checkpoint
             .as_ref()
-            .is_some_and(|c| crate::job::json_depth(c) > crate::job::MAX_ARGS_DEPTH)
+            .is_some_and(|c| crate::job::json_depth(c) > max_depth)
         {
             return Err(invalid(format!(
-                "the checkpoint nests deeper than {} levels, which could not be read back",
-                crate::job::MAX_ARGS_DEPTH
+                "the checkpoint nests deeper than {max_depth} levels, which could not be read back"
             )));
         }
         // a message is for people: cut, never refused, so a long one costs its heartbeats little

@@ -29,8 +29,11 @@ impl Statements {
             run_deferred_now: format!("SELECT {s}.run_deferred_now($1)"),
             unique_keys_expire: format!("SELECT {s}.unique_keys_expire(make_interval(secs => $1), $2)"),
             dlq_list: format!(
-                "SELECT job_id, queue, kind, args, attempt, run_lease, error, failed_at FROM {s}.dlq_entries
-                 WHERE $1::text IS NULL OR queue = $1 ORDER BY failed_at, job_id LIMIT $2"
+                "SELECT job_id, queue, kind, left(args::text, {cut}) AS args, attempt, run_lease,
+                        left(error, {detail}) AS error, failed_at FROM {s}.dlq_entries
+                 WHERE $1::text IS NULL OR queue = $1 ORDER BY failed_at, job_id LIMIT $2",
+                cut = super::read::ARGS_PREVIEW_CHARS + 1,
+                detail = super::read::LIST_DETAIL_CHARS
             ),
             dlq_retry: format!("SELECT {s}.dlq_retry($1)"),
             dlq_purge: format!(
@@ -48,7 +51,10 @@ pub struct DeadLetter {
     pub job_id: i64,
     pub queue: String,
     pub kind: String,
-    pub args: serde_json::Value,
+    /// The JSON text of the job's arguments, cut like a listing's (`ListedJob::args`): a
+    /// dead-letter queue holds jobs that failed, some of them because their arguments could not
+    /// be decoded.
+    pub args: String,
     pub attempt: i32,
     pub run_lease: i64,
     pub error: Option<String>,
@@ -95,7 +101,7 @@ impl Storage {
                     job_id: r.try_get("job_id")?,
                     queue: r.try_get("queue")?,
                     kind: r.try_get("kind")?,
-                    args: r.try_get("args")?,
+                    args: super::read::preview(r.try_get("args")?),
                     attempt: r.try_get("attempt")?,
                     run_lease: r.try_get("run_lease")?,
                     error: r.try_get("error")?,

@@ -485,7 +485,7 @@ impl Storage {
 }
 
 /// A listing's argument text, marked when the database cut it.
-fn preview(text: String) -> String {
+pub(super) fn preview(text: String) -> String {
     match text.char_indices().nth(ARGS_PREVIEW_CHARS) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text,

@@ -409,10 +409,18 @@ async fn purging_all_dead_letters_stops_at_what_the_page_showed() {
     .await;
     let csrf = csrf_of(&page);
     let shown_at = value_after(&page, "name=\"shown_at\" value=\"");
-    // a job fails for good after the operator looked (the cutoff is in milliseconds: step past
-    // the one the page was shown in)
-    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    // a job fails for good after the operator looked: its failure time is set one second past
+    // the page's, so the test does not depend on which millisecond the clock is in
     dead_letter(&db, "dlq_q", 1).await;
+    sqlx::query(&format!(
+        "UPDATE {}.dlq_entries SET failed_at = to_timestamp($1::float8 / 1000) + interval '1 second'
+         WHERE job_id = (SELECT max(job_id) FROM {0}.dlq_entries)",
+        db.schema
+    ))
+    .bind(shown_at.parse::<i64>().expect("shown_at is milliseconds") as f64)
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let (status, _, _) = exchange(
         addr,
         "POST",

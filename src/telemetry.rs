@@ -297,16 +297,18 @@ impl Telemetry {
 
     /// Read the state gauges from the database: five reads (queue counts, with the oldest wait of
     /// each queue that has available jobs; ring slots; prune blockers; horizon holders at least
-    /// `horizon_min_age` old; table statistics), each on its own, so one failing leaves the others fresh. `ringwork.state.read_ok` says whether all
-    /// succeeded; the first error is returned.
+    /// `horizon_min_age` old; table statistics), run side by side and each on its own, so one
+    /// failing or slow read leaves the others fresh within a scrape's budget.
+    /// `ringwork.state.read_ok` says whether all succeeded; the first error is returned.
     pub async fn record_storage(&self, storage: &Storage, horizon_min_age: Duration) -> Result<()> {
-        let results = [
-            self.record_counts(storage).await,
-            self.record_rings(storage).await,
-            self.record_prune_blockers(storage).await,
-            self.record_horizon(storage, horizon_min_age).await,
-            self.record_tables(storage).await,
-        ];
+        let (counts, rings, blockers, horizon, tables) = futures::join!(
+            self.record_counts(storage),
+            self.record_rings(storage),
+            self.record_prune_blockers(storage),
+            self.record_horizon(storage, horizon_min_age),
+            self.record_tables(storage),
+        );
+        let results = [counts, rings, blockers, horizon, tables];
         let first_error = results.into_iter().find_map(std::result::Result::err);
         self.i
             .state_read_ok

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Page-load times of the dashboard (issue 13): starts `ringwork serve` on a schema that already
-# holds jobs (e.g. left by `ringwork bench-counts --keep-schema`), loads each page N times with
+# Page-load times of the dashboard: starts `ringwork serve` on a schema that already
+# holds jobs (e.g. left by `ringwork-bench counts --keep-schema`), loads each page N times with
 # curl and prints a Markdown table of the server's response times (time to the last byte).
 # Usage: bench/dashboard-pages.sh DATABASE_URL SCHEMA [N]
 set -euo pipefail

@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// Errors returned by ringwork.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The database rejected a statement or the connection failed.
     #[error("database error: {0}")]

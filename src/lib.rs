@@ -32,6 +32,8 @@
 mod bytes;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
+#[cfg(feature = "embedded")]
+pub mod embedded;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;

@@ -1,4 +1,4 @@
-//! Metrics through OpenTelemetry (issue 12).
+//! Metrics through OpenTelemetry.
 //!
 //! The library depends on the OpenTelemetry API only: instruments are made from the `Meter` the
 //! application gives `ClientBuilder::meter` (default: the global meter provider's `ringwork` meter,

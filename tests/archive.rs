@@ -1,4 +1,4 @@
-//! The archive (issue 11): terminal history outlives its queue slot, is found by `job_state`,
+//! The archive: terminal history outlives its queue slot, is found by `job_state`,
 //! `load_job` and cancel, and is reclaimed a whole time bucket at a time. Real server, real
 //! partitions.
 

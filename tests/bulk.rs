@@ -1,4 +1,4 @@
-//! Bulk operations by filter (issue 14 item 5): cancel, retry and delete in bounded steps, on a real
+//! Bulk operations by filter: cancel, retry and delete in bounded steps, on a real
 //! server, with the races a sweep can meet (a running client claiming the same jobs).
 
 mod support;

@@ -1,4 +1,4 @@
-//! External callbacks and the lease ring (issue 16) on a real server: a waiting job frees its
+//! External callbacks and the lease ring on a real server: a waiting job frees its
 //! worker; complete, fail, retry and resume from outside; a callback that comes before the handler
 //! returned; timeouts; forged, malformed and late callbacks refused; complete vs timeout vs heartbeat
 //! on one callback; cancel of a waiting job; the lease ring's rotation truncates ended leases and

@@ -1,4 +1,4 @@
-//! Completing inside the handler's own transaction (issue 15, item 2): the handler's effect and the
+//! Completing inside the handler's own transaction: the handler's effect and the
 //! job's completion commit or roll back together, guarded by `(job_id, run_lease)`.
 
 mod support;
@@ -129,11 +129,10 @@ async fn the_effect_and_the_completion_commit_or_roll_back_together() {
     assert_eq!(effects(&db, rolled_back_failed).await, 0);
 
     running.shutdown(Duration::from_secs(5)).await;
-    use std::sync::atomic::Ordering::Relaxed;
-    assert_eq!(metrics.completed.load(Relaxed), 2);
-    assert_eq!(metrics.failed.load(Relaxed), 1);
+    assert_eq!(metrics.completed(), 2);
+    assert_eq!(metrics.failed(), 1);
     // the runtime's follow-up write for the committed job was refused, as expected: not stale
-    assert_eq!(metrics.stale.load(Relaxed), 0);
+    assert_eq!(metrics.stale(), 0);
     // exactly one completion is recorded for the job completed in its transaction
     assert_eq!(
         db.scalar_i64(&format!(

@@ -206,7 +206,7 @@ async fn the_claim_ring_gains_no_dead_tuples_while_a_transaction_holds_the_horiz
     }
     let done = eventually(Duration::from_secs(120), || {
         let metrics = Arc::clone(&metrics);
-        async move { metrics.completed.load(Ordering::Relaxed) == 10_000 }
+        async move { metrics.completed() == 10_000 }
     })
     .await;
     running.shutdown(Duration::from_secs(10)).await;

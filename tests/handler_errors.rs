@@ -1,4 +1,4 @@
-//! Handler errors of any type (issue 15, item 1): `?` works on `sqlx::Error`, `std::io::Error` and
+//! Handler errors of any type: `?` works on `sqlx::Error`, `std::io::Error` and
 //! `anyhow::Error`; such an error retries the attempt with its chain of causes recorded, while a
 //! `JobError` keeps its explicit outcome, even wrapped as the source of another error.
 

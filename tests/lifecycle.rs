@@ -241,7 +241,7 @@ async fn a_running_handler_is_told_it_was_cancelled() {
     .await;
     let stale = eventually(Duration::from_secs(5), || {
         let metrics = Arc::clone(&metrics);
-        async move { metrics.stale.load(Ordering::Relaxed) == 1 }
+        async move { metrics.stale() == 1 }
     })
     .await;
     running.shutdown(Duration::from_secs(5)).await;

@@ -1,4 +1,4 @@
-//! Fleet-wide queue limits (issue 14, items 2 and 3): a concurrency limit and a rate limit that hold
+//! Fleet-wide queue limits: a concurrency limit and a rate limit that hold
 //! across processes, counted from what claims write anyway (no per-job counter row).
 
 mod support;

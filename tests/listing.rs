@@ -1,4 +1,4 @@
-//! Job listings (issue 13: the dashboard's jobs and dead-letter pages) on a real server: every job
+//! Job listings (the dashboard's jobs and dead-letter pages) on a real server: every job
 //! is listed once, in its state, across pages, whether its rows are in the ring or the archive;
 //! `retry_job` runs a dead-lettered job again and refuses a finished one.
 

@@ -108,7 +108,7 @@ async fn a_handler_blocking_its_thread_does_not_get_its_neighbours_rescued() {
     let running = client.start().await.unwrap();
     let done = eventually(Duration::from_secs(30), || {
         let metrics = std::sync::Arc::clone(&metrics);
-        async move { metrics.completed.load(Ordering::Relaxed) == 8 }
+        async move { metrics.completed() == 8 }
     })
     .await;
     running.shutdown(Duration::from_secs(5)).await;
@@ -116,9 +116,9 @@ async fn a_handler_blocking_its_thread_does_not_get_its_neighbours_rescued() {
     let rescued = rescuer.join().unwrap();
     assert!(done, "not every job completed");
     assert_eq!(rescued, 0, "a job was rescued while its handler was alive");
-    assert_eq!(metrics.stale.load(Ordering::Relaxed), 0);
+    assert_eq!(metrics.stale(), 0);
     assert!(
-        metrics.blocked.load(Ordering::Relaxed) >= 2,
+        metrics.blocked() >= 2,
         "the blocking handlers were not reported"
     );
     db.cleanup().await;

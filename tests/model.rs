@@ -1,6 +1,6 @@
-//! Exhaustive model check of the ring protocol (issue 4), with the `stateright` crate.
+//! Exhaustive model check of the ring protocol, with the `stateright` crate.
 //!
-//! One queue with one (queue, priority) lane split into shards (issue 10: each shard has its own
+//! One queue with one (queue, priority) lane split into shards (each shard has its own
 //! positions, cursor sequence and attempt ledger), a queue ring and a claim ring, a handful of jobs
 //! and workers. Every action below is one transaction (or the in-memory step of a worker) of the
 //! real code; the mapping to the Rust and SQL functions is in `docs/model.md`. Where the real code
@@ -226,7 +226,7 @@ struct Row {
     lease: u8,
     /// Ghost: a committed claim handed this row out.
     taken: bool,
-    /// In `parked_entries` (issue 11): moved out of its slot by a parking prune, with its shard and
+    /// In `parked_entries`: moved out of its slot by a parking prune, with its shard and
     /// position; in no slot (`slot` is 0 and means nothing) until an unpark puts it back.
     parked: bool,
 }
@@ -528,7 +528,7 @@ struct Bounds {
     rollbacks: bool,
     /// Workers heartbeat running attempts (the `attempt_state` freshness bit is tracked).
     heartbeats: bool,
-    /// Prune parks the pending rows of a slot held only by them (issue 11), and unparks run.
+    /// Prune parks the pending rows of a slot held only by them, and unparks run.
     parking: bool,
 }
 
@@ -563,8 +563,8 @@ struct Faults {
     /// claim() advances the cursor sequence to its new position before it commits (setval is
     /// not transactional), and can then abort.
     cursor_before_commit: bool,
-    /// rescue() sweeps only `claim_ring_slots WHERE state <> 'free'` — the code before
-    /// b7349ee, which this model's liveness check showed can strand a claim.
+    /// rescue() sweeps only `claim_ring_slots WHERE state <> 'free'` — the code before rescue
+    /// swept free slots too, which this model's liveness check showed can strand a claim.
     rescue_skips_free_slots: bool,
     /// Producers do not take the shard's producer lock: `enqueue_segment` may write a shard that
     /// another open enqueue transaction holds. Claims have no gap check, so a claim can step the
@@ -601,7 +601,7 @@ impl RingModel {
     }
 
     fn rescuable(&self, state: &State, claim: &Claim) -> bool {
-        // rescue() loops over every claim slot, free ones included (since b7349ee)
+        // rescue() loops over every claim slot, free ones included
         !self.faults.rescue_skips_free_slots || !state.claim_ring.is(claim.slot, SlotState::Free)
     }
 
@@ -1889,7 +1889,7 @@ fn broken_shared_shard_without_producer_lock_is_caught() {
     assert_counterexample(&run, "NoLostJob");
 }
 
-/// Parking (issue 11): a queue prune may park the pending rows of a slot held only by them, and
+/// Parking: a queue prune may park the pending rows of a slot held only by them, and
 /// they come back (in place, by position) through a claim's first look, its per-shard re-check
 /// after the shard lock, or a resume. A parked job is never lost or run twice by the parking, and
 /// some parked job is claimed again and finishes.
@@ -2137,7 +2137,7 @@ fn liveness_every_claimed_job_can_still_finish() {
     println!("actions that fire: {:?}", live.fired);
 }
 
-/// Why lane shards exist (issue 10), kept as a regression check of the "held back" half of the
+/// Why lane shards exist, kept as a regression check of the "held back" half of the
 /// liveness walk: in the code before shards, every producer wrote the one lane and a claim's walk
 /// stopped below a position an open enqueue held, so one open transaction held back every job
 /// committed after it. The model of that code keeps every safety property and plain liveness, but
@@ -2172,7 +2172,7 @@ fn pre_shard_gap_check_lets_an_open_enqueue_hold_back_other_jobs() {
 /// The finding, kept as a regression check. claim() reads the current claim slot without a lock
 /// and inserts its batch last. If maintenance seals and prunes that slot in between (every claim
 /// in it closed), the claim commits into a *free* slot. With rescue sweeping only non-free slots
-/// (the code before b7349ee), if that worker dies the attempt is not rescued until the ring
+/// (as rescue once did), if that worker dies the attempt is not rescued until the ring
 /// rotates onto the slot again — and rotation needs new claims in the current slot: on a queue
 /// that has gone quiet, never.
 ///

@@ -1,4 +1,4 @@
-//! Exhaustive model check of the lease ring (issue 16), with the `stateright` crate.
+//! Exhaustive model check of the lease ring, with the `stateright` crate.
 //!
 //! One job whose handler registers a callback and returns `WaitForCallback`, answered by up to two
 //! callbacks of any kind from outside, racing its timeout, heartbeats, a cancel, a crash of its

@@ -1,4 +1,4 @@
-//! Parking (issue 11): a paused or unworked lane no longer pins its queue slots. Prune moves the
+//! Parking: a paused or unworked lane no longer pins its queue slots. Prune moves the
 //! lane's unclaimed rows out of the ring, the slot is truncated, and the lane's next claim (or its
 //! queue's resume) brings them back in their original order. Real transactions on a real server.
 

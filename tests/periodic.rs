@@ -1,4 +1,4 @@
-//! Periodic jobs (issue 14, item 1): cron in a time zone or a fixed interval, evaluated by every
+//! Periodic jobs: cron in a time zone or a fixed interval, evaluated by every
 //! process that declares them and fired exactly once per fire time, also while processes race,
 //! fail and leave; missed fires follow the schedule's policy; paused schedules do not fire; a
 //! maintenance leader that declares no schedules (`ringwork serve`) does not stop them.

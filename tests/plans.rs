@@ -45,8 +45,8 @@ async fn hot_functions_pin_generic_plans() {
             config.contains(&"plan_cache_mode=force_generic_plan".to_string()),
             "{name}: {config:?}"
         );
-        // claim never JIT-compiles: a generic estimate of a key limit's walk passed
-        // jit_above_cost and compiled on every claim (1.6 s each; docs/bench/2026-12-01-limits-cost.md)
+        // claim never JIT-compiles: a generic estimate of a key limit's walk can pass
+        // jit_above_cost, and JIT would then compile the plan on every claim (over a second each)
         if *name == "claim" {
             assert!(config.contains(&"jit=off".to_string()), "{config:?}");
         }

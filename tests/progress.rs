@@ -1,4 +1,4 @@
-//! Progress (issue 15, item 3): `ctx.set_progress(percent, message, checkpoint)`, buffered and
+//! Progress: `ctx.set_progress(percent, message, checkpoint)`, buffered and
 //! written with heartbeats, kept across retries, snoozes and rescues until the job ends, and read
 //! back by the next attempt to resume from its checkpoint.
 

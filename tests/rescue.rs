@@ -725,7 +725,7 @@ async fn rescue_sweeps_a_claim_that_committed_into_a_slot_already_freed() {
     db.cleanup().await;
 }
 
-/// Issue 11: "a rotation ledger that survives a crash between append and use". Rotation appends to
+/// A rotation ledger survives a crash between append and use. Rotation appends to
 /// the ledger and then points the current-slot sequences (what producers and claimers read) at the
 /// new slots, inside its transaction; sequences are not transactional, so a rotation that dies
 /// before its commit leaves them naming slots the ledger still calls free. Work written there in

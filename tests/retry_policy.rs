@@ -1,4 +1,4 @@
-//! Retry policies (issue 14, item 4): per kind and per queue, exponential with base, factor, cap
+//! Retry policies: per kind and per queue, exponential with base, factor, cap
 //! and jitter, or a function; the kind's policy wins; `RetryAfter` still sets its own delay; bad
 //! values are refused when the client is built.
 

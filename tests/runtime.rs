@@ -69,10 +69,7 @@ fn spawn_worker_process(
             stop.notified().await;
             running.shutdown(Duration::from_secs(10)).await;
             pool.close().await;
-            (
-                metrics.completed.load(Ordering::Relaxed),
-                metrics.stale.load(Ordering::Relaxed),
-            )
+            (metrics.completed(), metrics.stale())
         })
     })
 }
@@ -182,15 +179,11 @@ async fn ring_tables_gain_no_dead_tuples_from_enqueue_claim_complete() {
     }
     let all_done = eventually(Duration::from_secs(120), || {
         let metrics = Arc::clone(&metrics);
-        async move { metrics.completed.load(Ordering::Relaxed) == 20_100 }
+        async move { metrics.completed() == 20_100 }
     })
     .await;
     running.shutdown(Duration::from_secs(10)).await;
-    assert!(
-        all_done,
-        "completed {}",
-        metrics.completed.load(Ordering::Relaxed)
-    );
+    assert!(all_done, "completed {}", metrics.completed());
 
     // Closing every connection makes each backend flush its statistics on exit; then wait until
     // the inserts are visible in the statistics before reading the dead-tuple counts.
@@ -303,18 +296,15 @@ async fn unknown_kind_and_undecodable_args_fail_that_job_only() {
     let running = client.start().await.unwrap();
     let done = eventually(Duration::from_secs(30), || {
         let metrics = Arc::clone(&metrics);
-        async move {
-            metrics.completed.load(Ordering::Relaxed) == 20
-                && metrics.failed.load(Ordering::Relaxed) == 2
-        }
+        async move { metrics.completed() == 20 && metrics.failed() == 2 }
     })
     .await;
     running.shutdown(Duration::from_secs(5)).await;
     assert!(
         done,
         "completed {} failed {}",
-        metrics.completed.load(Ordering::Relaxed),
-        metrics.failed.load(Ordering::Relaxed)
+        metrics.completed(),
+        metrics.failed()
     );
     // from done_entries, or from the archive once fast maintenance has pruned the slot
     let storage = db.storage();
@@ -473,15 +463,12 @@ async fn failed_attempts_retry_through_deferred_and_then_complete_or_fail_for_go
     let running = client.start().await.unwrap();
     let done = eventually(Duration::from_secs(30), || {
         let metrics = Arc::clone(&metrics);
-        async move {
-            metrics.completed.load(Ordering::Relaxed) == 1
-                && metrics.failed.load(Ordering::Relaxed) == 1
-        }
+        async move { metrics.completed() == 1 && metrics.failed() == 1 }
     })
     .await;
     running.shutdown(Duration::from_secs(5)).await;
     assert!(done);
-    assert_eq!(metrics.retried.load(Ordering::Relaxed), 4);
+    assert_eq!(metrics.retried(), 4);
     // in done_entries, or in the archive once fast maintenance has pruned its slot
     let state: String = sqlx::query_scalar(&format!(
         "SELECT state || ' after attempt ' || attempt || ', lease ' || run_lease FROM {s}.done_entries WHERE job_id = $1
@@ -588,8 +575,8 @@ async fn heartbeats_go_on_while_shutdown_drains_a_long_handler() {
     }
     shutdown.await.unwrap();
     assert_eq!(rescued, 0, "the draining attempt was rescued");
-    assert_eq!(metrics.completed.load(Ordering::Relaxed), 1);
-    assert_eq!(metrics.stale.load(Ordering::Relaxed), 0);
+    assert_eq!(metrics.completed(), 1);
+    assert_eq!(metrics.stale(), 0);
     let state = storage.job_state(id).await.unwrap().unwrap();
     assert_eq!((state.state.as_str(), state.attempt), ("completed", 1));
     assert_eq!(runs.load(Ordering::SeqCst), 1);

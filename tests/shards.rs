@@ -1,4 +1,4 @@
-//! Lane shards (issue 10): an open producer transaction holds back only its own jobs, claimers take
+//! Lane shards: an open producer transaction holds back only its own jobs, claimers take
 //! different shards at once, and counts, cancel and prune stay exact across shards. Every test runs
 //! real transactions against a real server.
 

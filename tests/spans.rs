@@ -1,4 +1,4 @@
-//! Spans (issue 12, item 2, in part): one `ringwork.process` span per execution, attributed after
+//! Spans: one `ringwork.process` span per execution, attributed after
 //! OpenTelemetry's messaging conventions, and spans for claim and completion batches. A layer of
 //! its own records every span; the test binary installs it as the global subscriber, since the
 //! client's tasks run on threads of their own.

@@ -1,4 +1,4 @@
-//! The stable SQL API for producers in other languages (issue 15, item 7): `<schema>.enqueue(...)`
+//! The stable SQL API for producers in other languages: `<schema>.enqueue(...)`
 //! from a plain SQL session, in the caller's transaction, at once or scheduled, validated like the
 //! Rust client validates; a Rust worker runs what SQL enqueued.
 

@@ -555,7 +555,7 @@ async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() 
     db.cleanup().await;
 }
 
-/// Issue 11, readers: the maintenance tick does not try a sealed slot that a long transaction holds
+/// Long readers: the maintenance tick does not try a sealed slot that a long transaction holds
 /// a lock on (idle in it for a second, or open ten): `held`, with no proof run and no lock waited
 /// for. A holder that is running, and one that has just gone idle, are still tried (`busy`): a
 /// prune that tries every tick gets in between readers that come and go. Slots the holder does not
@@ -616,7 +616,7 @@ async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_relea
     db.cleanup().await;
 }
 
-/// Issue 11, readers: once a ring's lock attempt times out in a tick, the ring's other sealed slots
+/// Long readers: once a ring's lock attempt times out in a tick, the ring's other sealed slots
 /// wait for the next tick (`after_busy`) instead of each running its proof and queueing the hot path
 /// behind another ACCESS EXCLUSIVE request. The first tick after the holder ends prunes them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -668,7 +668,7 @@ async fn a_tick_tries_one_busy_slot_a_ring_and_prunes_the_rest_once_released() {
     db.cleanup().await;
 }
 
-/// Issue 11, "zero growth under a held horizon": rotation, prune and rescue-cursor moves append to
+/// Zero growth under a held horizon: rotation, prune and rescue-cursor moves append to
 /// ledgers inside the slots they describe (migration 0005) and rewrite nothing. With a transaction
 /// pinning the MVCC horizon for the whole run (so no page pruning or vacuum could reclaim a dead
 /// version), 30 turns of both rings, each with a prune and a cursor move, leave no updated or

@@ -1,4 +1,4 @@
-//! The test kit (issue 15, item 4), used as a service's tests would use it: a throwaway schema,
+//! The test kit, used as a service's tests would use it: a throwaway schema,
 //! assertions on what a transaction enqueued, jobs run inline through their real handlers.
 
 mod support;

@@ -1,4 +1,4 @@
-//! Traces linked to the producer (issue 12, item 2): the W3C traceparent of the span that enqueued
+//! Traces linked to the producer: the W3C traceparent of the span that enqueued
 //! a job is stored with it, and every execution's `ringwork.process` span is that span's child,
 //! on the first attempt and after a retry. The test exports spans through tracing-opentelemetry
 //! into OpenTelemetry's in-memory exporter, installed as the global subscriber (the client's tasks

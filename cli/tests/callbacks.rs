@@ -1,4 +1,4 @@
-//! External callbacks from outside the process (issue 16): `POST /callbacks/<id>/<action>` on
+//! External callbacks from outside the process: `POST /callbacks/<id>/<action>` on
 //! `ringwork serve`, and `ringwork callback`, against jobs that wait in the lease ring.
 
 mod common;

@@ -1,4 +1,4 @@
-//! The dashboard (issue 13) end to end: `ringwork serve` against a real database, driven by a
+//! The dashboard end to end: `ringwork serve` against a real database, driven by a
 //! headless Chromium through chromedriver (Debian's `chromium` and `chromium-driver`, which
 //! `.ci/run` installs). Jobs with known outcomes are run by a real client; the test reads what the
 //! pages show, signs in, pauses and resumes a queue, retries a dead-lettered job and sees it run,

@@ -1,4 +1,4 @@
-//! Metrics and health (issue 12, items 1 and 3) against a real server: a client's events and the
+//! Metrics and health against a real server: a client's events and the
 //! database's state reach the Prometheus endpoint of the library's router; `/healthz` follows the
 //! client's dispatchers; `/readyz` names the maintenance leader; `ringwork serve` answers the same
 //! endpoints and pushes OTLP to a test receiver.

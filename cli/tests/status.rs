@@ -1,4 +1,4 @@
-//! `ringwork status` and the horizon canary (issue 12, items 4 and 5) against a real server: a held
+//! `ringwork status` and the horizon canary against a real server: a held
 //! transaction is named with its pid, a paused queue's depth is exact, and the JSON is what the
 //! screen shows.
 

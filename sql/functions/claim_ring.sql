@@ -82,9 +82,8 @@ $$;
 --
 -- The counting functions a limited claim calls are PL/pgSQL, not SQL: a SQL function the planner
 -- cannot inline is planned again at every call, and planning these statements over every claim
--- ring partition took 0.3 to 0.6 ms per call, more than running them (pg_stat_statements with
--- track_planning, 1x32 saturation: it made a limited claim 1.6x as slow as a plain one). PL/pgSQL
--- keeps its plans for the session.
+-- ring partition took 0.3 to 0.6 ms per call, more than running them (under saturation, a limited
+-- claim took over half again as long as a plain one). PL/pgSQL keeps its plans for the session.
 CREATE OR REPLACE FUNCTION __S__.count_running_from(p_queue text, p_mark bigint)
 RETURNS TABLE (running bigint, oldest_open bigint)
 LANGUAGE plpgsql STABLE AS $$
@@ -116,7 +115,7 @@ $$;
 -- batch, one probe of the closure batches that overlap it gives its still-open receipts (its
 -- receipts less their union); only those are unnested and matched to their ready rows for the
 -- args, so the cost is a probe per batch of the running mark's window plus one lookup per running
--- attempt (a probe per item cost 0.31x throughput at 1x32). Jobs without the key: NULL.
+-- attempt (a probe per item cut saturated throughput to about a third). Jobs without the key: NULL.
 CREATE OR REPLACE FUNCTION __S__.count_running_by_key(p_queue text, p_mark bigint, p_path text[])
 RETURNS TABLE (key text, running bigint)
 LANGUAGE plpgsql STABLE AS $$
@@ -226,8 +225,8 @@ RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigin
                attempt int, max_attempts int, priority smallint, created_at timestamptz,
                deadline_at timestamptz, traceparent text)
 -- jit off: a claim's statements are short, and a generic plan's estimate (a key limit's walk of
--- open claims estimates thousands of rows) can pass jit_above_cost: compiling took 1.6 s per claim
--- on a server with the default jit = on, for a walk that runs in 3 ms (206 jobs/s at 1x32)
+-- open claims estimates thousands of rows) can pass jit_above_cost: compiling would take over a
+-- second per claim on a server with the default jit = on, for a walk that runs in milliseconds
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_claim_slot int;

@@ -233,7 +233,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- Bulk operations by filter (issue 14 item 5): cancel, retry, delete. Each call is one bounded
+-- Bulk operations by filter: cancel, retry, delete. Each call is one bounded
 -- step: at most p_limit jobs, in job_id order after p_after, so an operation over a million jobs is
 -- many short transactions, never one long lock. The caller (Storage::bulk_*) loops, passing the
 -- returned last_job_id back, until a step looks at fewer than p_limit jobs. Filters: queue and kind

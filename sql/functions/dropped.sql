@@ -52,7 +52,7 @@ END
 $$;
 -- archive ahead (migration 0016): archive_slot gained p_generation and returns what it did
 DROP FUNCTION IF EXISTS __S__.archive_slot(int, interval, interval);
--- the tick's held skip (issue 11): held_ring_slots(min_age) became (idle, open)
+-- the tick's held skip: held_ring_slots(min_age) became (idle, open)
 DROP FUNCTION IF EXISTS __S__.held_ring_slots(interval);
 -- proven segments (migration 0018): archive_slot gained p_ready_segments
 DROP FUNCTION IF EXISTS __S__.archive_slot(int, bigint, interval, interval);

@@ -1,4 +1,4 @@
--- Health: what an operator needs to know about the database around ringwork (issue 12).
+-- Health: what an operator needs to know about the database around ringwork.
 --
 -- Every function of the engine is defined exactly once, in the file of its plane, and installed with
 -- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function

@@ -73,7 +73,7 @@ CREATE OR REPLACE FUNCTION __S__.queue_counts(p_queue text DEFAULT NULL)
 RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
                completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
 -- jit off: a custom plan of this statement over every ring partition can estimate above
--- jit_above_cost, and compiling it took 0.9 s for a count that runs in 10 ms (bench-counts)
+-- jit_above_cost, and compiling it took about a second for a count that runs in milliseconds
 LANGUAGE sql STABLE SET jit = off AS $$
     SELECT q.queue, q.paused,
            (SELECT coalesce(sum(__S__.lane_available(l.lane_id)), 0)::bigint
@@ -205,7 +205,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- Job listings for the dashboard (issue 13): one page of jobs of one state, optionally of one queue
+-- Job listings for the dashboard: one page of jobs of one state, optionally of one queue
 -- and one kind, with keyset paging. Each row carries its page_key; the next page passes the last
 -- row's page_key as p_after (NULL: the first page). The backlog tables (deferred, parked, DLQ,
 -- leases) and the archive are walked by index from the page key, stopping after p_limit rows;

@@ -291,7 +291,7 @@ DECLARE
     v_closed int := 0;
 BEGIN
     -- Every slot, free ones included: a claim that read the current slot just before a rotation and
-    -- a prune of that slot can commit into it after it was freed (found by the model, issue 4).
+    -- a prune of that slot can commit into it after it was freed (the model check, tests/model.rs).
     -- A free slot is almost always empty, so sweeping it costs an index probe.
     FOR v_slot IN SELECT slot FROM __S__.claim_ring_slots ORDER BY generation, slot LOOP
         EXIT WHEN v_closed >= p_limit;

@@ -418,8 +418,7 @@ $$;
 -- and the leader's backend spent most of a core on proofs whose lock attempt was bound to fail.
 -- The bounds are long on purpose: readers that come and go (a report every second or two) end
 -- their transactions often, and a prune that tries every tick gets in between them; skipping them
--- as soon as they were 1 s old or idle cut prunes from 71 to 26 in ten minutes
--- (docs/bench/2026-12-02-held-skip.md).
+-- as soon as they were 1 s old or idle cut the prunes that got through to about a third.
 CREATE OR REPLACE FUNCTION __S__.held_ring_slots(p_idle interval, p_open interval)
 RETURNS TABLE (ring text, slot int)
 LANGUAGE sql STABLE AS $$

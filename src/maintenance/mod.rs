@@ -92,6 +92,9 @@ impl Default for MaintenanceConfig {
 }
 
 impl MaintenanceConfig {
+    /// The shortest `stale_after` accepted: below it a claim's own heartbeat cannot keep up.
+    pub const MIN_STALE_AFTER: Duration = Duration::from_millis(100);
+
     pub(crate) fn validate(&self) -> Result<()> {
         if self.tick.is_zero() {
             return Err(Error::Config("maintenance tick must be > 0".into()));
@@ -101,7 +104,7 @@ impl MaintenanceConfig {
                 "prune_lock_timeout must be in (0, 5s]: a long wait queues hot reads behind the prune".into(),
             ));
         }
-        if self.stale_after < Duration::from_millis(100) {
+        if self.stale_after < Self::MIN_STALE_AFTER {
             return Err(Error::Config("stale_after must be at least 100 ms".into()));
         }
         if self.tick >= self.stale_after {

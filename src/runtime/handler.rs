@@ -287,6 +287,7 @@ impl CancelSignal {
 
 /// A handler's failure. `Retry` uses an attempt and backs off; `Terminal` fails the job for good.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum JobError {
     Retry(String),
     RetryAfter(Duration, String),

@@ -21,7 +21,7 @@ pub(crate) mod inline;
 mod notifier;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -140,8 +140,7 @@ pub const CLAIM_AHEAD_MAX_HANDLER: Duration = Duration::from_millis(50);
 /// (`QueueConfig::claim_ahead` bounds the count as well): a job claimed ahead waits at most about
 /// this long for its worker. 200 ms, not 50: under saturation a 1-ms handler measures well over 2 ms
 /// on a busy 2-core machine (its wake-ups wait for a core), and a 50-ms window then cut the claims
-/// of processes of 4 workers (8x4 saturation 8.4–8.7k jobs/s against 9.8–11.1k,
-/// docs/bench/2026-12-02-claim-ahead-window.md).
+/// of processes of 4 workers (at 8x4 saturation, a tenth to a quarter fewer jobs a second).
 pub const CLAIM_AHEAD_WINDOW: Duration = Duration::from_millis(200);
 
 /// How completions are batched (completer.rs): flushes are paced, not delayed.
@@ -168,23 +167,55 @@ impl Default for CompletionConfig {
 /// Counters a caller can read while the client runs.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    pub claimed: AtomicU64,
-    pub completed: AtomicU64,
-    pub retried: AtomicU64,
-    pub failed: AtomicU64,
-    pub stale: AtomicU64,
-    /// Handler polls that held their thread for more than a second (each reported in the log).
-    pub blocked: AtomicU64,
-    /// Pickup latency samples (enqueue → handler start), in milliseconds, when enabled.
-    pub pickup_ms: Mutex<Option<Vec<f64>>>,
+    pub(crate) claimed: AtomicU64,
+    pub(crate) completed: AtomicU64,
+    pub(crate) retried: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) stale: AtomicU64,
+    pub(crate) blocked: AtomicU64,
+    pub(crate) pickup_ms: Mutex<Option<Vec<f64>>>,
 }
 
 impl Metrics {
-    /// Start keeping pickup-latency samples.
+    /// Attempts this process claimed.
+    pub fn claimed(&self) -> u64 {
+        self.claimed.load(Ordering::Relaxed)
+    }
+    /// Attempts this process completed.
+    pub fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed)
+    }
+    /// Attempts that failed and were scheduled to run again.
+    pub fn retried(&self) -> u64 {
+        self.retried.load(Ordering::Relaxed)
+    }
+    /// Attempts that failed for good.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+    /// Outcomes refused because the attempt had been rescued or cancelled meanwhile.
+    pub fn stale(&self) -> u64 {
+        self.stale.load(Ordering::Relaxed)
+    }
+    /// Handler polls that held their thread for more than a second (each reported in the log).
+    pub fn blocked(&self) -> u64 {
+        self.blocked.load(Ordering::Relaxed)
+    }
+
+    /// Start keeping pickup-latency samples (enqueue to handler start, in milliseconds).
     pub fn record_pickup_latency(&self) {
         if let Ok(mut samples) = self.pickup_ms.lock() {
             samples.get_or_insert_with(Vec::new);
         }
+    }
+
+    /// The pickup-latency samples kept since `record_pickup_latency` (empty when it was not
+    /// called), in milliseconds, in the order the handlers started.
+    pub fn pickup_latencies_ms(&self) -> Vec<f64> {
+        self.pickup_ms
+            .lock()
+            .map(|s| s.clone().unwrap_or_default())
+            .unwrap_or_default()
     }
 }
 

@@ -12,10 +12,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
 
-// The CLI's throwaway cluster, compiled here too (it is std-only), so the library's tests can start
-// one without depending on the CLI crate.
-#[path = "../../cli/src/embedded.rs"]
-pub mod embedded;
+pub use ringwork::embedded;
 pub mod pgbouncer;
 
 static SERVER_URL: OnceCell<String> = OnceCell::const_new();

@@ -1,0 +1,284 @@
+//! `ringwork-bench check`: a short sitting compared with the checked-in baseline.
+//!
+//! One sitting measures the machine's ceiling for a ring-shaped job path (`ceiling/run.sh`: bare
+//! statements through pgbench, no queue logic) and then ringwork's saturation throughput on the
+//! same server. The figure kept and compared is their ratio, so a slower or busier machine moves
+//! both and does not fail the check; a change that makes ringwork's own path heavier does.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ringwork::embedded::EmbeddedPostgres;
+use ringwork::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::runner::run;
+use crate::scenario::{BenchConfig, Scenario, System};
+
+/// `bench/baseline.json`: the ratio a sitting is held to.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Baseline {
+    /// ringwork's median saturation throughput over the ceiling's full-cycle rate.
+    pub ratio: f64,
+    /// The fraction of `ratio` a sitting may fall short by and still pass.
+    pub tolerance: f64,
+    /// The profile measured, `RxW`.
+    pub profile: String,
+    pub phase_secs: u64,
+    pub ceiling_secs: u64,
+    /// Where the baseline was measured: commit, machine, server settings.
+    pub commit: String,
+    pub machine: String,
+    pub server: String,
+    /// The two rates behind `ratio`, jobs/s, for the reader.
+    pub ringwork_jobs_per_s: f64,
+    pub ceiling_jobs_per_s: f64,
+}
+
+/// What `check` asks for.
+pub struct CheckOptions {
+    pub database_url: Option<String>,
+    pub baseline: PathBuf,
+    /// Write this sitting as the new baseline instead of comparing with it.
+    pub write: bool,
+    /// Override the baseline's phase and ceiling lengths (seconds), for a quicker look.
+    pub phase_secs: Option<u64>,
+    /// Rounds to run; the best round's ratio is the sitting's.
+    pub rounds: u32,
+}
+
+/// One round: the ceiling, ringwork, the ceiling again.
+struct Round {
+    rate: f64,
+    ceiling_before: f64,
+    ceiling_after: f64,
+    server: String,
+}
+
+/// A checkpoint first, so that no measurement pays for the previous one's dirty pages.
+async fn checkpoint(url: &str) -> Result<()> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await?;
+    sqlx::query("CHECKPOINT").execute(&pool).await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// The ceiling is measured on both sides of ringwork's phase, so that a slow spell of the
+/// machine during one of them does not decide the round.
+async fn measure_round(
+    url: &str,
+    profile: &str,
+    phase_secs: u64,
+    ceiling_secs: u64,
+) -> Result<Round> {
+    checkpoint(url).await?;
+    let ceiling_before = ceiling(url, ceiling_secs)?;
+    checkpoint(url).await?;
+    let config = BenchConfig {
+        database_url: Some(url.to_string()),
+        systems: vec![System::Ringwork],
+        profiles: crate::scenario::parse_profiles(profile)?,
+        scenarios: vec![Scenario::Saturation],
+        phase: Duration::from_secs(phase_secs),
+        soak: Duration::from_secs(600),
+        job_ms: 1,
+        rate: 200,
+        depth: 5_000,
+        sample_every: Duration::from_secs(2),
+        readers: 2,
+        held_txs: 64,
+        hold: Duration::from_secs(10),
+        paused_jobs: 100_000,
+        pg_restart_cmd: None,
+        autovacuum: true,
+        analyze_every: None,
+        out_dir: PathBuf::from("target/bench"),
+        label: "check".into(),
+    };
+    let results = run(config).await?;
+    let run_result = results
+        .first()
+        .ok_or_else(|| Error::Config("the round produced no result".into()))?;
+    if run_result.lost != 0 {
+        return Err(Error::Config(format!(
+            "the round lost {} jobs",
+            run_result.lost
+        )));
+    }
+    let rate = run_result
+        .phases
+        .iter()
+        .find(|p| p.name == "saturation")
+        .map(|p| p.completed_per_s.median)
+        .ok_or_else(|| Error::Config("the round has no saturation phase".into()))?;
+    checkpoint(url).await?;
+    let ceiling_after = ceiling(url, ceiling_secs)?;
+    Ok(Round {
+        rate,
+        ceiling_before,
+        ceiling_after,
+        server: run_result.server.clone(),
+    })
+}
+
+/// The ceiling script's summary line: "... full cycle on shared CPU ~N jobs/s, ...".
+fn parse_ceiling(output: &str) -> Option<f64> {
+    let rest = output.split("full cycle on shared CPU ~").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+fn ceiling(url: &str, seconds: u64) -> Result<f64> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("ceiling/run.sh");
+    // pgbench and psql from the server's own binaries when they are not on PATH
+    let mut path = std::env::var_os("PATH").unwrap_or_default();
+    if let Ok(bindir) = ringwork::embedded::find_bindir() {
+        let mut dirs = vec![bindir];
+        dirs.extend(std::env::split_paths(&path));
+        path = std::env::join_paths(dirs).map_err(|e| Error::Config(e.to_string()))?;
+    }
+    let output = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(url)
+        .arg(seconds.to_string())
+        .env("PATH", path)
+        .output()
+        .map_err(|e| Error::Config(format!("cannot run {}: {e}", script.display())))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(Error::Config(format!(
+            "{} failed ({}): {}{}",
+            script.display(),
+            output.status,
+            text,
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    eprintln!("ceiling: {}", text.trim());
+    parse_ceiling(&text).ok_or_else(|| {
+        Error::Config(format!(
+            "{} printed no full-cycle rate: {text}",
+            script.display()
+        ))
+    })
+}
+
+fn read_baseline(path: &Path) -> Result<Baseline> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Config(format!("{} is not a baseline: {e}", path.display())))
+}
+
+fn git_commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Run the sitting; `Err` when it falls short of the baseline beyond the tolerance.
+pub async fn check(options: CheckOptions) -> Result<()> {
+    let existing = read_baseline(&options.baseline);
+    let (profile, phase_secs, ceiling_secs, tolerance) = match (&existing, options.write) {
+        (Ok(b), _) => (b.profile.clone(), b.phase_secs, b.ceiling_secs, b.tolerance),
+        (Err(_), true) => ("1x32".to_string(), 30, 15, 0.15),
+        (Err(e), false) => return Err(Error::Config(e.to_string())),
+    };
+    let phase_secs = options.phase_secs.unwrap_or(phase_secs).max(4);
+    let ceiling_secs = options.phase_secs.unwrap_or(ceiling_secs).max(2);
+    crate::scenario::parse_profiles(&profile)?;
+    let rounds = options.rounds;
+    if rounds == 0 {
+        return Err(Error::Config("--rounds must be at least 1".into()));
+    }
+
+    // one server for both measurements: the given one, or a throwaway cluster with production's
+    // autovacuum setting
+    let embedded;
+    let url = match &options.database_url {
+        Some(url) => url.clone(),
+        None => {
+            eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster…");
+            embedded = EmbeddedPostgres::start_with(&[("autovacuum", "on")])
+                .map_err(|e| Error::Config(e.to_string()))?;
+            embedded.url()
+        }
+    };
+    // Noise on a shared machine only ever slows a measurement, so the sitting keeps the best
+    // of each figure across its rounds; a regression lowers every ringwork round.
+    let mut rate: f64 = 0.0;
+    let mut ceiling_rate: f64 = 0.0;
+    let mut server = String::new();
+    for round in 1..=rounds {
+        let r = measure_round(&url, &profile, phase_secs, ceiling_secs).await?;
+        println!(
+            "\nround {round}/{rounds}: ringwork {profile} saturation {:.0} jobs/s; ceiling {:.0} before, {:.0} after",
+            r.rate, r.ceiling_before, r.ceiling_after
+        );
+        rate = rate.max(r.rate);
+        ceiling_rate = ceiling_rate.max(r.ceiling_before).max(r.ceiling_after);
+        server = r.server;
+    }
+    let ratio = rate / ceiling_rate;
+    println!(
+        "best of {rounds}: ringwork {rate:.0} jobs/s; ceiling {ceiling_rate:.0} jobs/s; ratio {ratio:.3}"
+    );
+    if options.write {
+        let baseline = Baseline {
+            ratio,
+            tolerance,
+            profile,
+            phase_secs,
+            ceiling_secs,
+            commit: git_commit(),
+            machine: format!(
+                "{} cores",
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            ),
+            server,
+            ringwork_jobs_per_s: rate,
+            ceiling_jobs_per_s: ceiling_rate,
+        };
+        let text =
+            serde_json::to_string_pretty(&baseline).map_err(|e| Error::Config(e.to_string()))?;
+        std::fs::write(&options.baseline, text + "\n").map_err(|e| {
+            Error::Config(format!("cannot write {}: {e}", options.baseline.display()))
+        })?;
+        println!("wrote {}", options.baseline.display());
+        return Ok(());
+    }
+    let baseline = existing.map_err(|e| Error::Config(e.to_string()))?;
+    let floor = baseline.ratio * (1.0 - baseline.tolerance);
+    println!(
+        "baseline ratio {:.3} at {} (floor {floor:.3}, tolerance {:.0} %)",
+        baseline.ratio,
+        baseline.commit,
+        baseline.tolerance * 100.0
+    );
+    if ratio < floor {
+        return Err(Error::Config(format!(
+            "regression: ratio {ratio:.3} is below the baseline's floor {floor:.3}"
+        )));
+    }
+    println!("ok");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ceiling_rate_is_read_from_the_scripts_summary() {
+        let line = "ingest 40000 jobs/s (520 B WAL/job); drain 90000 jobs/s (80 B WAL/job); full cycle on shared CPU ~27692 jobs/s, ~600 B WAL/job";
+        assert_eq!(parse_ceiling(line), Some(27692.0));
+        assert_eq!(parse_ceiling("pgbench: error"), None);
+    }
+}

@@ -1,0 +1,233 @@
+//! The worker and producer processes the runner starts and reads (one JSON line a second each).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use ringwork::Storage;
+use ringwork::{Error, Result};
+
+use crate::scenario::{System, BENCH_QUEUE, BENCH_SCHEMA};
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) completed: AtomicU64,
+    pub(crate) enqueued: AtomicU64,
+    pub(crate) pickup_ms: Mutex<Vec<f64>>,
+    /// Producer sequence numbers whose handler finished, in any process (a re-run after a crash
+    /// reports its job again; the set keeps it once).
+    pub(crate) handled: Mutex<std::collections::HashSet<u64>>,
+    /// Every handled line, re-runs included.
+    pub(crate) handled_lines: AtomicU64,
+    /// Sequence-number ranges of committed producer batches.
+    pub(crate) committed: Mutex<Vec<(u64, u64)>>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ChildLine {
+    #[serde(default)]
+    pub(crate) completed: Option<u64>,
+    #[serde(default)]
+    pub(crate) enqueued: Option<u64>,
+    #[serde(default)]
+    pub(crate) pickup_ms: Vec<f64>,
+    #[serde(default)]
+    pub(crate) handled: Option<u64>,
+    /// A committed producer batch: sequence numbers [from, to).
+    #[serde(default)]
+    pub(crate) committed: Option<(u64, u64)>,
+}
+
+pub(crate) fn spawn_child(
+    program: &PathBuf,
+    args: &[String],
+    counters: Arc<Counters>,
+) -> Result<Child> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Error::Config(format!("cannot start {}: {e}", program.display())))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| Error::Config("child stdout not piped".into()))?;
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(parsed) = serde_json::from_str::<ChildLine>(&line) else {
+                continue; // "ready" and other chatter
+            };
+            if let Some(n) = parsed.completed {
+                counters.completed.fetch_add(n, Ordering::Relaxed);
+            }
+            if let Some(n) = parsed.enqueued {
+                counters.enqueued.fetch_add(n, Ordering::Relaxed);
+            }
+            if let Some(range) = parsed.committed {
+                if let Ok(mut committed) = counters.committed.lock() {
+                    committed.push(range);
+                }
+            }
+            if let Some(n) = parsed.handled {
+                counters.handled_lines.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut handled) = counters.handled.lock() {
+                    handled.insert(n);
+                }
+            }
+            if !parsed.pickup_ms.is_empty() {
+                if let Ok(mut samples) = counters.pickup_ms.lock() {
+                    samples.extend(parsed.pickup_ms);
+                }
+            }
+        }
+    });
+    Ok(child)
+}
+
+pub(crate) async fn stop_child(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
+    }
+    if tokio::time::timeout(Duration::from_secs(40), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+pub(crate) struct Processes {
+    pub(crate) system: System,
+    pub(crate) url: String,
+    pub(crate) workers_per_process: usize,
+    pub(crate) job_ms: u64,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) workers: Vec<Child>,
+    pub(crate) producer: Option<Child>,
+}
+
+impl Processes {
+    pub(crate) fn program(&self) -> Result<PathBuf> {
+        match &self.system {
+            System::Ringwork => std::env::current_exe()
+                .map_err(|e| Error::Config(format!("cannot find this binary: {e}"))),
+            System::Awa { adapter, .. } => Ok(adapter.clone()),
+        }
+    }
+
+    pub(crate) fn common(&self) -> Vec<String> {
+        let mut args = vec!["--database-url".to_string(), self.url.clone()];
+        if self.system == System::Ringwork {
+            args.extend(["--schema".to_string(), BENCH_SCHEMA.to_string()]);
+        }
+        args
+    }
+
+    pub(crate) fn spawn_worker(&mut self) -> Result<()> {
+        let verb = match self.system {
+            System::Ringwork => "worker",
+            System::Awa { .. } => "work",
+        };
+        let mut args = vec![verb.to_string()];
+        args.extend(self.common());
+        args.extend([
+            "--workers".to_string(),
+            self.workers_per_process.to_string(),
+            "--job-ms".to_string(),
+            self.job_ms.to_string(),
+        ]);
+        let child = spawn_child(&self.program()?, &args, Arc::clone(&self.counters))?;
+        self.workers.push(child);
+        Ok(())
+    }
+
+    pub(crate) fn spawn_producer(&mut self, fixed_rate: Option<u64>, depth: u64) -> Result<()> {
+        let verb = match self.system {
+            System::Ringwork => "produce",
+            System::Awa { .. } => "produce",
+        };
+        let mut args = vec![verb.to_string()];
+        args.extend(self.common());
+        match fixed_rate {
+            Some(rate) => args.extend([
+                "--mode".to_string(),
+                "rate".to_string(),
+                "--rate".to_string(),
+                rate.to_string(),
+            ]),
+            None => args.extend([
+                "--mode".to_string(),
+                "depth".to_string(),
+                "--depth".to_string(),
+                depth.to_string(),
+            ]),
+        }
+        self.producer = Some(spawn_child(
+            &self.program()?,
+            &args,
+            Arc::clone(&self.counters),
+        )?);
+        Ok(())
+    }
+
+    /// One `depth` line of the adapter: the exact counts, or (`fast`) only a cheap `available`.
+    pub(crate) async fn adapter_counts(&self, fast: bool) -> Result<serde_json::Value> {
+        let mut args = vec!["depth".to_string()];
+        if fast {
+            args.push("--fast".to_string());
+        }
+        args.extend(self.common());
+        let output = Command::new(self.program()?)
+            .args(&args)
+            .output()
+            .await
+            .map_err(|e| Error::Config(format!("adapter depth: {e}")))?;
+        serde_json::from_slice(&output.stdout)
+            .map_err(|e| Error::Config(format!("adapter depth output: {e}")))
+    }
+
+    /// Pending jobs (available + scheduled + retryable + running).
+    pub(crate) async fn pending(&self, storage: Option<&Storage>) -> Result<i64> {
+        match (&self.system, storage) {
+            (System::Ringwork, Some(storage)) => {
+                let counts = storage.queue_counts(Some(BENCH_QUEUE)).await?;
+                Ok(counts
+                    .iter()
+                    .map(|c| c.available + c.scheduled + c.retryable + c.running)
+                    .sum())
+            }
+            _ => {
+                let v = self.adapter_counts(false).await?;
+                Ok(["available", "scheduled", "retryable", "running"]
+                    .iter()
+                    .map(|k| v.get(k).and_then(|x| x.as_i64()).unwrap_or(0))
+                    .sum())
+            }
+        }
+    }
+
+    /// Available jobs only (queue depth). For awa, the adapter's cheap probe: its exact count
+    /// costs seconds per call at tens of thousands of stored jobs.
+    pub(crate) async fn depth(&self, storage: Option<&Storage>) -> Result<i64> {
+        match (&self.system, storage) {
+            (System::Ringwork, Some(storage)) => storage.available_count(BENCH_QUEUE).await,
+            _ => {
+                let v = self.adapter_counts(true).await?;
+                Ok(v.get("available").and_then(|x| x.as_i64()).unwrap_or(0))
+            }
+        }
+    }
+}

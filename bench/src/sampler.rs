@@ -1,0 +1,230 @@
+//! Sampling the database during a phase, and a phase's samples summarised.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use sqlx::PgPool;
+
+use ringwork::schema::churn_class;
+use ringwork::Result;
+use ringwork::Storage;
+
+use crate::processes::Processes;
+use crate::report::{PhaseResult, RingPoint, Spread, TableStat};
+use crate::scenario::System;
+
+#[derive(Clone, Default)]
+pub(crate) struct Sample {
+    pub(crate) at: f64,
+    pub(crate) completed: u64,
+    pub(crate) enqueued: u64,
+    pub(crate) wal_lsn: i64,
+    pub(crate) commits: i64,
+    pub(crate) depth: i64,
+    pub(crate) tables: BTreeMap<String, TableStat>,
+    pub(crate) rotations: i64,
+    pub(crate) sealed: i64,
+}
+
+pub(crate) async fn sample(
+    admin: &PgPool,
+    processes: &Processes,
+    storage: Option<&Storage>,
+    started: Instant,
+) -> Result<Sample> {
+    let (wal_lsn, commits): (i64, i64) = sqlx::query_as(
+        "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8,
+                (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())",
+    )
+    .fetch_one(admin)
+    .await?;
+    let schema = processes.system.schema().to_string();
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_live_tup, n_dead_tup, pg_total_relation_size(relid)
+         FROM pg_stat_user_tables WHERE schemaname = $1",
+    )
+    .bind(&schema)
+    .fetch_all(admin)
+    .await?;
+    let tables = rows
+        .into_iter()
+        .map(|(name, live, dead, bytes)| {
+            let class = match processes.system {
+                System::Ringwork => churn_class(&name).map(|c| format!("{c:?}").to_lowercase()),
+                System::Awa { .. } => None,
+            };
+            (
+                name,
+                TableStat {
+                    live,
+                    dead,
+                    bytes,
+                    class,
+                },
+            )
+        })
+        .collect();
+    let (rotations, sealed) = match processes.system {
+        System::Ringwork => sqlx::query_as::<_, (i64, i64)>(&format!(
+            "SELECT (SELECT max(generation) FROM {schema}.queue_ring_slots)
+                    + (SELECT max(generation) FROM {schema}.claim_ring_slots),
+                    (SELECT count(*) FROM {schema}.queue_ring_slots WHERE state = 'sealed')
+                    + (SELECT count(*) FROM {schema}.claim_ring_slots WHERE state = 'sealed')"
+        ))
+        .fetch_one(admin)
+        .await
+        .unwrap_or((0, 0)),
+        System::Awa { .. } => (0, 0),
+    };
+    Ok(Sample {
+        at: started.elapsed().as_secs_f64(),
+        completed: processes.counters.completed.load(Ordering::Relaxed),
+        enqueued: processes.counters.enqueued.load(Ordering::Relaxed),
+        wal_lsn,
+        commits,
+        depth: processes.depth(storage).await.unwrap_or(-1),
+        tables,
+        rotations,
+        sealed,
+    })
+}
+
+pub(crate) fn spread(values: &[f64]) -> Spread {
+    if values.is_empty() {
+        return Spread::default();
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    Spread {
+        median: sorted[sorted.len() / 2],
+        peak: sorted[sorted.len() - 1],
+    }
+}
+
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+pub(crate) fn summarise(
+    name: &str,
+    samples: &[Sample],
+    mut pickups: Vec<f64>,
+    recovery_s: Option<f64>,
+    ringwork: bool,
+) -> PhaseResult {
+    let first = samples.first().cloned().unwrap_or_default();
+    let last = samples.last().cloned().unwrap_or_default();
+    let rate = |f: fn(&Sample) -> u64| -> Vec<f64> {
+        samples
+            .windows(2)
+            .map(|w| (f(&w[1]) - f(&w[0])) as f64 / (w[1].at - w[0].at).max(1e-3))
+            .collect()
+    };
+    let completed = last.completed - first.completed;
+    let per_job = |delta: i64| {
+        if completed == 0 {
+            0.0
+        } else {
+            delta as f64 / completed as f64
+        }
+    };
+    pickups.sort_by(|a, b| a.total_cmp(b));
+    let schema_dead = |s: &Sample| s.tables.values().map(|t| t.dead).sum::<i64>();
+    let ring_dead = |s: &Sample| {
+        s.tables
+            .values()
+            .filter(|t| t.class.as_deref() == Some("ring"))
+            .map(|t| t.dead)
+            .max()
+            .unwrap_or(0)
+    };
+    let rotations = last.rotations - first.rotations;
+    PhaseResult {
+        name: name.to_string(),
+        seconds: last.at - first.at,
+        completed_per_s: spread(&rate(|s| s.completed)),
+        enqueued_per_s: spread(&rate(|s| s.enqueued)),
+        depth: spread(
+            &samples
+                .iter()
+                .filter(|s| s.depth >= 0)
+                .map(|s| s.depth as f64)
+                .collect::<Vec<_>>(),
+        ),
+        completed,
+        pickup_ms_p50: percentile(&pickups, 0.50),
+        pickup_ms_p95: percentile(&pickups, 0.95),
+        pickup_ms_p99: percentile(&pickups, 0.99),
+        wal_bytes_per_job: per_job(last.wal_lsn - first.wal_lsn),
+        commits_per_job: per_job(last.commits - first.commits),
+        ring_dead_peak: ringwork.then(|| samples.iter().map(ring_dead).max().unwrap_or(0)),
+        schema_dead_end: schema_dead(&last),
+        schema_dead_peak: samples.iter().map(schema_dead).max().unwrap_or(0),
+        tables_end: last.tables.clone(),
+        rotations: ringwork.then_some(rotations),
+        // every rotation seals a slot; a prune frees one
+        prunes: ringwork.then_some(rotations - (last.sealed - first.sealed)),
+        sealed_at_end: ringwork.then_some(last.sealed),
+        recovery_s,
+        ring_over_time: if ringwork {
+            samples.iter().map(ring_point).collect()
+        } else {
+            Vec::new()
+        },
+        paused_queue: None,
+    }
+}
+
+pub(crate) fn ring_point(s: &Sample) -> RingPoint {
+    RingPoint {
+        at: s.at,
+        ring_bytes: s
+            .tables
+            .iter()
+            .filter(|(name, t)| {
+                t.class.as_deref() == Some("ring") && !name.starts_with("archived_")
+            })
+            .map(|(_, t)| t.bytes)
+            .sum(),
+        archive_bytes: s
+            .tables
+            .iter()
+            .filter(|(name, _)| name.starts_with("archived_"))
+            .map(|(_, t)| t.bytes)
+            .sum(),
+        parked_rows: s.tables.get("parked_entries").map_or(0, |t| t.live),
+        sealed: s.sealed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_summary_turns_counter_samples_into_rates_and_per_job_costs() {
+        let at = |t: f64, completed: u64, wal: i64| Sample {
+            at: t,
+            completed,
+            wal_lsn: wal,
+            commits: completed as i64 / 10,
+            ..Sample::default()
+        };
+        let samples = vec![
+            at(0.0, 0, 0),
+            at(2.0, 2000, 600_000),
+            at(4.0, 6000, 1_800_000),
+        ];
+        let p = summarise("x", &samples, vec![3.0, 1.0, 2.0], None, true);
+        assert_eq!(p.completed, 6000);
+        assert_eq!(p.completed_per_s.peak, 2000.0);
+        assert_eq!(p.wal_bytes_per_job, 300.0);
+        assert_eq!(p.pickup_ms_p50, 2.0);
+        assert_eq!(p.prunes, Some(0));
+    }
+}

@@ -1,0 +1,326 @@
+//! The ringwork side of the line protocol: the worker and producer processes themselves.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use sqlx::postgres::PgPoolOptions;
+
+use ringwork::NewJob;
+use ringwork::SchemaName;
+use ringwork::Storage;
+use ringwork::{Client, CompletionConfig, JobContext, JobError, MaintenanceConfig, QueueConfig};
+use ringwork::{Error, Result};
+use tracing::Instrument;
+
+use crate::scenario::{BenchJob, BENCH_QUEUE};
+
+pub(crate) fn now_us() -> i64 {
+    Utc::now().timestamp_micros()
+}
+
+/// Print `report_line` once a second until SIGINT or SIGTERM.
+pub(crate) async fn report_until_signal(report_line: &dyn Fn()) -> Result<()> {
+    let report = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            report_line();
+        }
+    };
+    tokio::select! {
+        _ = report => Ok(()),
+        result = wait_for_signal() => result,
+    }
+}
+
+pub(crate) async fn wait_for_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::Config(format!("cannot install SIGTERM handler: {e}")))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+/// `ringwork-bench worker`: W workers on the bench queue; one JSON line per second.
+pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64) -> Result<()> {
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect(url)
+        .await?;
+    let pickups: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let recorder = Arc::clone(&pickups);
+    let mut builder = Client::builder(pool);
+    if telemetry_part("metrics") {
+        let exporter = Arc::new(ringwork::http::PrometheusExporter::new(|provider| {
+            provider
+        })?);
+        builder = builder.telemetry(exporter.telemetry());
+        // a scrape every 10 s, as a Prometheus server would
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let _ = exporter.render();
+            }
+        });
+    }
+    let client = builder
+        .schema(schema)
+        .migrate(false)
+        .queue(
+            BENCH_QUEUE,
+            QueueConfig {
+                max_workers: workers,
+                poll_interval: Duration::from_millis(50),
+                // RINGWORK_BENCH_CLAIM_AHEAD=N: the claim-ahead baseline (0 claims only for free
+                // workers, as before claim ahead existed)
+                claim_ahead: env_number("RINGWORK_BENCH_CLAIM_AHEAD")
+                    .unwrap_or(QueueConfig::default().claim_ahead as u64)
+                    as usize,
+                ..QueueConfig::default()
+            },
+        )
+        // A crashed worker's claims are rescued after 10 s (heartbeats every 2.5 s keep live
+        // ones), so crash scenarios recover within a phase. Baselines, through the environment
+        // inherited from the bench process: RINGWORK_BENCH_NO_PARK turns parking off (the
+        // paused-queue baseline), RINGWORK_BENCH_NO_ARCHIVE the archive (the WAL cost of history).
+        .maintenance(MaintenanceConfig {
+            stale_after: Duration::from_secs(10),
+            park_idle: match std::env::var_os("RINGWORK_BENCH_NO_PARK") {
+                Some(_) => None,
+                None => MaintenanceConfig::default().park_idle,
+            },
+            keep_completed: match std::env::var_os("RINGWORK_BENCH_NO_ARCHIVE") {
+                Some(_) => Duration::ZERO,
+                None => MaintenanceConfig::default().keep_completed,
+            },
+            keep_failed: match std::env::var_os("RINGWORK_BENCH_NO_ARCHIVE") {
+                Some(_) => Duration::ZERO,
+                None => MaintenanceConfig::default().keep_failed,
+            },
+            ..MaintenanceConfig::default()
+        })
+        // RINGWORK_BENCH_COMPLETION_DELAY_MS=N: the completion flush pace (`max_delay`), to compare
+        // paces
+        .completion(CompletionConfig {
+            max_delay: env_number("RINGWORK_BENCH_COMPLETION_DELAY_MS")
+                .map(Duration::from_millis)
+                .unwrap_or(CompletionConfig::default().max_delay),
+            ..CompletionConfig::default()
+        })
+        .register(move |_ctx: JobContext, job: BenchJob| {
+            let recorder = Arc::clone(&recorder);
+            async move {
+                let ms = (now_us() - job.enq_us) as f64 / 1000.0;
+                if !job.held {
+                    if let Ok(mut samples) = recorder.lock() {
+                        samples.push(ms);
+                    }
+                }
+                if job_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(job_ms)).await;
+                }
+                // Written before the handler returns, hence before its completion can commit: a
+                // SIGKILL can lose a completion (the job is rescued and re-run) but never the
+                // line of a committed one.
+                println!("{{\"handled\":{}}}", job.n);
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .await?;
+    let metrics = client.metrics();
+    let running = client.start().await?;
+    let reported = AtomicU64::new(0);
+    let report_line = || {
+        let now = metrics.completed();
+        let samples = pickups
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        let delta = now - reported.swap(now, Ordering::Relaxed);
+        println!(
+            "{}",
+            serde_json::json!({"completed": delta, "pickup_ms": samples})
+        );
+    };
+    report_until_signal(&report_line).await?;
+    running.shutdown(Duration::from_secs(30)).await;
+    // completions flushed during shutdown
+    report_line();
+    Ok(())
+}
+
+/// `RINGWORK_BENCH_TELEMETRY=1` (inherited by the bench's children): workers and producer pay for
+/// observability as a production deployment would: every metric recorded into a Prometheus
+/// registry (rendered every 10 s), and info-level spans (`ringwork.process`, the producer's
+/// `bench.produce`, whose traceparent every job carries) exported through tracing-opentelemetry and
+/// a batch span processor to an exporter that drops them. Unset: neither (the baseline).
+/// `metrics` or `traces` turns on only that half (to tell their costs apart).
+pub(crate) fn telemetry_part(part: &str) -> bool {
+    match std::env::var("RINGWORK_BENCH_TELEMETRY") {
+        Ok(value) => value != "metrics" && value != "traces" || value == part,
+        Err(_) => false,
+    }
+}
+
+/// Drops exported spans: the cost measured is recording and batching, not a collector's network.
+#[derive(Debug)]
+pub(crate) struct DiscardSpans;
+
+impl opentelemetry_sdk::trace::SpanExporter for DiscardSpans {
+    async fn export(
+        &self,
+        _batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The OpenTelemetry span layer of a bench child when telemetry is requested (see
+/// `telemetry_requested`); None otherwise.
+pub fn telemetry_trace_layer<S>() -> Option<impl tracing_subscriber::Layer<S>>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer as _;
+    if !telemetry_part("traces") {
+        return None;
+    }
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(DiscardSpans)
+        .build();
+    let tracer = provider.tracer("ringwork-bench");
+    // the provider lives as long as the process: its batch processor thread exports the spans
+    std::mem::forget(provider);
+    // The layer as docs/operations.md recommends for workers: tracing-opentelemetry's defaults also
+    // time every poll of every span (busy/idle), and attach thread and source-location attributes
+    // to every span; RINGWORK_BENCH_OTEL_DEFAULTS=1 keeps those defaults (to measure them).
+    let lean = std::env::var_os("RINGWORK_BENCH_OTEL_DEFAULTS").is_none();
+    Some(
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_tracked_inactivity(!lean)
+            .with_threads(!lean)
+            .with_location(!lean)
+            .with_target(!lean)
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+    )
+}
+
+/// A number from the environment the bench process passes on to its children (baselines).
+pub(crate) fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
+/// `ringwork-bench produce`: insert bench jobs at a fixed rate, or keep `depth` available.
+pub async fn producer_process(
+    url: &str,
+    schema: &str,
+    rate: Option<u64>,
+    depth: Option<u64>,
+) -> Result<()> {
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect(url)
+        .await?;
+    let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
+    let enqueued = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&enqueued);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    // A task of its own, stopped by a flag between inserts: an insert in flight at SIGTERM is
+    // finished and counted, never abandoned between commit and count.
+    let produce = tokio::spawn(async move {
+        let started = Instant::now();
+        // committed jobs (for the rate schedule) and the next unused sequence number: every
+        // attempt takes fresh numbers, so a batch whose commit reply was lost (it may have
+        // committed) never shares numbers with its retry
+        let mut sent: u64 = 0;
+        let mut next_n: u64 = 0;
+        while !stopping.load(Ordering::Relaxed) {
+            let want = match (rate, depth) {
+                (Some(rate), _) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+                    due.saturating_sub(sent).min(10_000)
+                }
+                (None, Some(depth)) => {
+                    // every 100 ms: the exact count is not free (one probe per shard), and the
+                    // harness should not spend the cores it measures; at 10k jobs/s, 5,000 ready
+                    // jobs last 500 ms
+                    // (RINGWORK_BENCH_DEPTH_PROBE_MS: the baseline of this interval, 20 before)
+                    tokio::time::sleep(Duration::from_millis(
+                        env_number("RINGWORK_BENCH_DEPTH_PROBE_MS").unwrap_or(100),
+                    ))
+                    .await;
+                    match storage.available_count(BENCH_QUEUE).await {
+                        Ok(available) => (depth as i64 - available).clamp(0, 5_000) as u64,
+                        Err(_) => 0,
+                    }
+                }
+                (None, None) => return,
+            };
+            if want == 0 {
+                continue;
+            }
+            let enq_us = now_us();
+            let first = next_n;
+            next_n += want;
+            let jobs: Vec<NewJob> = (0..want)
+                .filter_map(|i| {
+                    NewJob::new(&BenchJob {
+                        enq_us,
+                        n: first + i,
+                        held: false,
+                    })
+                    .ok()
+                    .map(|j| j.queue(BENCH_QUEUE))
+                })
+                .collect();
+            let mut conn = match pool.acquire().await {
+                Ok(c) => c,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            // a span per batch: with telemetry on, every job carries its traceparent
+            let span = tracing::info_span!("bench.produce", jobs = jobs.len());
+            match storage.insert_many(&mut conn, &jobs).instrument(span).await {
+                Ok(ids) => {
+                    sent += ids.len() as u64;
+                    counter.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    // the runner accounts for exactly these numbers
+                    println!(
+                        "{}",
+                        serde_json::json!({ "committed": [first, first + ids.len() as u64] })
+                    );
+                }
+                // a lost connection (pg-restart): the batch was not committed, or its commit is
+                // unknown; count only what is known committed and try again with new numbers
+                Err(e) => {
+                    eprintln!("producer: insert failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    });
+    let reported = AtomicU64::new(0);
+    let report_line = || {
+        let now = enqueued.load(Ordering::Relaxed);
+        let delta = now - reported.swap(now, Ordering::Relaxed);
+        println!("{}", serde_json::json!({ "enqueued": delta }));
+    };
+    report_until_signal(&report_line).await?;
+    stop.store(true, Ordering::Relaxed);
+    let _ = produce.await;
+    // the last partial second
+    report_line();
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! The operator commands against a real server: a name that does not exist is an error with its
+//! own exit status (3), never a success that prints "not found" or quietly creates the thing;
+//! destructive commands ask unless `--yes`; time flags take durations and refuse negative ones;
+//! `--schema public` and a `--stale-after` that would rescue running jobs are refused.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Output, Stdio};
+
+use ringwork::NewJob;
+use serde_json::json;
+use support::TestDb;
+
+fn ringwork(db: &TestDb, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ringwork"))
+        .args(args)
+        .args(["--database-url", &db.url, "--schema", db.schema.as_str()])
+        // no terminal: a question is answered "no"
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ringwork")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn a_name_that_does_not_exist_exits_3_and_creates_nothing() {
+    let db = TestDb::new().await;
+    for args in [
+        &["job", "987654321"][..],
+        &["cancel", "987654321"],
+        &["dlq", "retry", "987654321"],
+        &["dlq", "purge", "987654321"],
+        &["counts", "--queue", "no_such_queue"],
+        &["pause", "no_such_queue"],
+        &["resume", "no_such_queue"],
+        &["limit", "no_such_queue", "--max-running", "3"],
+        &["cron", "pause", "no_such_schedule"],
+    ] {
+        let out = ringwork(&db, args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not found")
+                || stderr(&out).contains("does not exist")
+                || stderr(&out).contains("not in the dead-letter queue")
+                || stderr(&out).contains("has not fired"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(db.storage().queue_names().await.unwrap().is_empty());
+    assert!(db.storage().schedules().await.unwrap().is_empty());
+
+    // --create is how a queue is made from the command line
+    let out = ringwork(&db, &["pause", "mail", "--create"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(db.storage().queue_counts(Some("mail")).await.unwrap()[0].paused);
+    let out = ringwork(&db, &["resume", "mail"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!db.storage().queue_counts(Some("mail")).await.unwrap()[0].paused);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_existing_job_is_shown_and_cancelled_in_words() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let inserted = db
+        .storage()
+        .insert_many(
+            &mut conn,
+            &[NewJob::from_parts("k", json!({"n": 1})).unwrap()],
+        )
+        .await
+        .unwrap();
+    drop(conn);
+    let id = inserted[0].to_string();
+    let out = ringwork(&db, &["job", &id, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(shown["state"], "available");
+    assert_eq!(shown["kind"], "k");
+    let out = ringwork(&db, &["cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("cancelled; it will not run"),
+        "{}",
+        stdout(&out)
+    );
+    let out = ringwork(&db, &["cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("already finished"),
+        "{}",
+        stdout(&out)
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn time_flags_take_durations_and_refuse_negative_ones() {
+    let db = TestDb::new().await;
+    db.storage().set_queue_paused("mail", false).await.unwrap();
+    let out = ringwork(&db, &["limit", "mail", "--rate", "10", "--per", "-5"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("negative"), "{}", stderr(&out));
+    let out = ringwork(&db, &["limit", "mail", "--rate", "10", "--per", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let out = ringwork(&db, &["limit", "mail", "--rate", "10", "--per", "30s"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("at most 10 claims per 30s"),
+        "{}",
+        stdout(&out)
+    );
+    // a bare number is still seconds
+    let out = ringwork(&db, &["limit", "mail", "--rate", "10", "--per", "30"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("(unchanged)"), "{}", stdout(&out));
+
+    // below the library's minimum, maintain would rescue jobs that are running
+    let out = ringwork(&db, &["maintain", "--stale-after", "0.001"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--stale-after must be at least"),
+        "{}",
+        stderr(&out)
+    );
+    let out = ringwork(&db, &["maintain", "--stale-after", "1m"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("rescued 0"), "{}", stdout(&out));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn destructive_commands_ask_and_public_is_refused() {
+    let db = TestDb::new().await;
+    let out = ringwork(&db, &["dlq", "purge", "--all"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
+    let out = ringwork(&db, &["dlq", "purge", "--all", "--yes"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("purged 0"), "{}", stdout(&out));
+    let out = ringwork(
+        &db,
+        &[
+            "bulk",
+            "delete",
+            "--state",
+            "dead_lettered",
+            "--older-than",
+            "7d",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_ringwork"))
+        .args(["counts", "--database-url", &db.url, "--schema", "public"])
+        .output()
+        .expect("run ringwork");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--schema public is refused"),
+        "{}",
+        stderr(&out)
+    );
+    db.cleanup().await;
+}

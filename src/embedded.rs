@@ -1,0 +1,291 @@
+//! A throwaway PostgreSQL cluster for the demo, the benchmark and machines without a running
+//! server: initdb and pg_ctl from the installed server binaries, in a temporary directory removed
+//! on drop. PostgreSQL refuses to run as root, so as root the cluster is run as the `postgres`
+//! system user.
+//!
+//! Standard library only (feature `embedded`): the CLI's demo, the benchmark runner and the test
+//! suite start one when no server answers.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Why the throwaway cluster could not be started or driven.
+#[derive(Debug)]
+pub struct EmbeddedError(String);
+
+impl std::fmt::Display for EmbeddedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "throwaway PostgreSQL cluster: {}", self.0)
+    }
+}
+
+impl std::error::Error for EmbeddedError {}
+
+type Result<T> = std::result::Result<T, EmbeddedError>;
+
+/// A directory under the system temporary directory, removed on drop.
+struct ClusterDir(PathBuf);
+
+impl ClusterDir {
+    fn create() -> Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path =
+            std::env::temp_dir().join(format!("ringwork-pg-{}-{nanos:09}", std::process::id()));
+        std::fs::create_dir(&path).map_err(|e| {
+            EmbeddedError(format!(
+                "cannot create the directory {}: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Self(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ClusterDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct EmbeddedPostgres {
+    dir: ClusterDir,
+    bindir: PathBuf,
+    port: u16,
+    run_as: Option<String>,
+}
+
+impl EmbeddedPostgres {
+    /// initdb + start a cluster on a free localhost port, with PostgreSQL's defaults (autovacuum
+    /// on). Blocks until it accepts connections.
+    pub fn start() -> Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// `start`, with extra server settings (`-c name=value`), e.g. `("autovacuum", "off")`.
+    pub fn start_with(settings: &[(&str, &str)]) -> Result<Self> {
+        let bindir = find_bindir()?;
+        let dir = ClusterDir::create()?;
+        let run_as = if is_root() {
+            Some("postgres".to_string())
+        } else {
+            None
+        };
+        if let Some(user) = &run_as {
+            check(
+                Command::new("chown")
+                    .arg("-R")
+                    .arg(user)
+                    .arg(dir.path())
+                    .output(),
+                "chown the cluster directory to postgres",
+            )?;
+        }
+        let port = free_port()?;
+        let data = dir.path().join("data");
+        let embedded = Self {
+            dir,
+            bindir,
+            port,
+            run_as,
+        };
+        embedded.run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        )?;
+        let log = embedded.dir.path().join("postgres.log");
+        let mut options = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
+            path_str(embedded.dir.path())?
+        );
+        for (name, value) in settings {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
+        embedded.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-o",
+                &options,
+                "-l",
+                path_str(&log)?,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )?;
+        Ok(embedded)
+    }
+
+    /// Leave the cluster running after `self` is dropped, but stop it and remove its directory
+    /// once process `pid` exits (for test binaries, whose statics are never dropped).
+    #[allow(dead_code)] // used by the library's test support, which compiles this file too
+    pub fn stop_when_process_exits(self, pid: u32) -> Result<String> {
+        let url = self.url();
+        let dir = self.dir.path().to_path_buf();
+        let pg_ctl = self.bindir.join("pg_ctl");
+        let stop = match &self.run_as {
+            Some(user) => format!(
+                "runuser -u {user} -- {} -D {}/data -m immediate stop",
+                pg_ctl.display(),
+                dir.display()
+            ),
+            None => format!(
+                "{} -D {}/data -m immediate stop",
+                pg_ctl.display(),
+                dir.display()
+            ),
+        };
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf {}",
+            dir.display()
+        );
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| EmbeddedError(format!("cannot start the cluster watchdog: {e}")))?;
+        // the watchdog owns the directory and the server from now on: skip our Drop (and the directory's)
+        std::mem::forget(self);
+        Ok(url)
+    }
+
+    /// Crash-restart the server: immediate shutdown (no checkpoint, sessions cut, asynchronously
+    /// committed transactions not yet flushed are lost), then crash recovery on start, as after a
+    /// power cut. `pg_ctl restart` reuses the options the server was started with.
+    pub fn restart(&self) -> Result<()> {
+        let data = self.dir.path().join("data");
+        let log = self.dir.path().join("postgres.log");
+        // -l: without a log file the new server would inherit (and hold open) our output pipe
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-l",
+                path_str(&log)?,
+                "-m",
+                "immediate",
+                "-w",
+                "-t",
+                "60",
+                "restart",
+            ],
+        )
+    }
+
+    /// Connection URL of the throwaway cluster.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> Result<()> {
+        let binary = self.bindir.join(program);
+        let output = match &self.run_as {
+            Some(user) => Command::new("runuser")
+                .arg("-u")
+                .arg(user)
+                .arg("--")
+                .arg(&binary)
+                .args(args)
+                .current_dir(self.dir.path())
+                .output(),
+            None => Command::new(&binary).args(args).output(),
+        };
+        check(output, program)
+    }
+}
+
+impl Drop for EmbeddedPostgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        if let Some(data) = data.to_str() {
+            let _ = self.run("pg_ctl", &["-D", data, "-m", "immediate", "-w", "stop"]);
+        }
+    }
+}
+
+fn check(output: std::io::Result<Output>, what: &str) -> Result<()> {
+    let output = output.map_err(|e| EmbeddedError(format!("{what}: {e}")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(EmbeddedError(format!(
+            "{what} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| EmbeddedError(format!("path {path:?} is not UTF-8")))
+}
+
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+pub fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| EmbeddedError(format!("no free port: {e}")))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| EmbeddedError(format!("no free port: {e}")))
+}
+
+/// The server binaries: `pg_config --bindir` when it names a directory with initdb, else the
+/// newest /usr/lib/postgresql/<version>/bin.
+pub fn find_bindir() -> Result<PathBuf> {
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if dir.join("initdb").exists() {
+            return Ok(dir);
+        }
+    }
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|p| p.join("initdb").exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    candidates.sort();
+    candidates.pop().ok_or_else(|| {
+        EmbeddedError(
+            "no PostgreSQL server binaries found (initdb); install the postgresql server package \
+             or set DATABASE_URL"
+                .into(),
+        )
+    })
+}

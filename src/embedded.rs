@@ -55,6 +55,8 @@ impl Drop for ClusterDir {
     }
 }
 
+/// A running throwaway cluster on a free localhost port, its data in a temporary directory;
+/// dropping it stops the server (`pg_ctl stop -m immediate`) and removes the directory.
 pub struct EmbeddedPostgres {
     dir: ClusterDir,
     bindir: PathBuf,
@@ -245,6 +247,7 @@ fn path_str(path: &Path) -> Result<&str> {
         .ok_or_else(|| EmbeddedError(format!("path {path:?} is not UTF-8")))
 }
 
+/// Whether this process runs as root (`id -u` prints 0); false when `id` cannot be run.
 pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -253,6 +256,8 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// A localhost TCP port that was free when asked (the OS picks it; another process may take
+/// it before it is used).
 pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| EmbeddedError(format!("no free port: {e}")))?;
@@ -263,7 +268,7 @@ pub fn free_port() -> Result<u16> {
 }
 
 /// The server binaries: `pg_config --bindir` when it names a directory with initdb, else the
-/// newest /usr/lib/postgresql/<version>/bin.
+/// newest `/usr/lib/postgresql/<version>/bin`.
 pub fn find_bindir() -> Result<PathBuf> {
     if let Ok(output) = Command::new("pg_config").arg("--bindir").output() {
         let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());

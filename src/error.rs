@@ -13,14 +13,22 @@ pub enum Error {
     /// A schema, queue or kind name that cannot be used.
     #[error("invalid {what} {value:?}: {reason}")]
     InvalidName {
+        /// What the name is for (`schema name`, `queue name`, `job kind`, ...).
         what: &'static str,
+        /// The name as given.
         value: String,
+        /// What is wrong with it.
         reason: &'static str,
     },
 
     /// Job arguments that cannot be stored (not serialisable, or holding a NUL character).
     #[error("invalid job arguments for kind {kind:?}: {reason}")]
-    InvalidArgs { kind: String, reason: String },
+    InvalidArgs {
+        /// The kind of the job whose arguments were refused.
+        kind: String,
+        /// Why they cannot be stored.
+        reason: String,
+    },
 
     /// A configuration value outside its allowed range.
     #[error("invalid configuration: {0}")]
@@ -32,14 +40,22 @@ pub enum Error {
          upgrade the binary (refusing to run against a newer schema)"
     )]
     SchemaTooNew {
+        /// The schema's name.
         schema: String,
+        /// The schema version installed in the database.
         database: i32,
+        /// The newest schema version this binary knows.
         binary: i32,
     },
 
     /// The database server could not be reached (refused, unreachable, or no answer in time).
     #[error("cannot reach the database server at {target}: {reason}")]
-    Unreachable { target: String, reason: String },
+    Unreachable {
+        /// The server tried: `host:port`, or the socket path.
+        target: String,
+        /// Why it could not be reached (the I/O error, or no answer within 5 s).
+        reason: String,
+    },
 
     /// A write on behalf of an attempt that is no longer open: it was rescued, cancelled or
     /// completed before this write, which changed nothing (the stale-writer guard).
@@ -47,17 +63,32 @@ pub enum Error {
         "attempt {run_lease} of job {job_id} is no longer open (rescued, cancelled or already \
          completed); this write changed nothing"
     )]
-    Stale { job_id: i64, run_lease: i64 },
+    Stale {
+        /// The job the write was for.
+        job_id: i64,
+        /// The run lease of the attempt the write named.
+        run_lease: i64,
+    },
 
     /// A callback id that this schema did not give out (malformed, or its signature does not
     /// match), or one whose wait is over (answered already, timed out, or its attempt ended
     /// before it waited).
     #[error("callback {id}: {reason}")]
-    Callback { id: String, reason: String },
+    Callback {
+        /// The callback id as given.
+        id: String,
+        /// Why it was refused.
+        reason: String,
+    },
 
     /// The database schema is not the one this binary's migrations describe.
     #[error("schema {schema:?} cannot be used: {reason}")]
-    SchemaMismatch { schema: String, reason: String },
+    SchemaMismatch {
+        /// The schema's name (empty where it is not known).
+        schema: String,
+        /// What does not match.
+        reason: String,
+    },
 }
 
 /// Shorthand for `Result<T, ringwork::Error>`.

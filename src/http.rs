@@ -73,6 +73,7 @@ impl PrometheusExporter {
         self.telemetry.clone()
     }
 
+    /// The SDK meter provider the exporter reads (to make more meters on it, or to shut it down).
     pub fn provider(&self) -> &SdkMeterProvider {
         &self.provider
     }
@@ -96,6 +97,8 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
+    /// Endpoints over `storage`: no exporter (`/metrics` answers 404), no liveness check, no
+    /// leader required by `/readyz`, horizon holders counted from 10 s.
     pub fn new(storage: Storage) -> Self {
         Self {
             storage,

@@ -14,6 +14,8 @@ pub const DEFAULT_QUEUE: &str = "default";
 
 /// A job's arguments. `KIND` is the stable name stored with the job and used to find its handler.
 pub trait JobArgs: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The job kind: stored with every job of this type and used to find its handler, so it must
+    /// stay the same across renames of the type.
     const KIND: &'static str;
 }
 
@@ -34,16 +36,27 @@ pub struct NewJob {
 /// Where a job is: the states `job_state`, history entries, counts and unique keys speak of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum JobStatus {
+    /// Ready to be claimed: an unclaimed row in the queue ring.
     Available,
+    /// Waiting in `deferred_jobs` for its first attempt (a future `run_at`, a snoozed first
+    /// attempt, or a dead-letter retry).
     Scheduled,
+    /// Waiting in `deferred_jobs` to run again after an attempt (a retry, a snooze of a later
+    /// attempt, or a rescue).
     Retryable,
+    /// Claimed by a worker, its claim not yet closed.
     Running,
     /// Its handler registered a callback and returned `JobError::WaitForCallback`: it holds no
     /// worker and waits in the lease ring for the callback or its timeout.
     Waiting,
+    /// Its handler returned `Ok(())`.
     Completed,
+    /// Failed for good (a terminal error, or its attempts used up) in a queue without a
+    /// dead-letter queue.
     Failed,
+    /// Cancelled (`Client::cancel`, `ringwork cancel`) before it finished.
     Cancelled,
+    /// Failed for good in a queue with a dead-letter queue: held in `dlq_entries`.
     DeadLettered,
 }
 
@@ -127,8 +140,13 @@ impl serde::Serialize for JobStatus {
 /// released and the new job takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unique {
+    /// Also compare the queue (default false).
     pub by_queue: bool,
+    /// Also compare the insert time's bucket of this length (whole seconds, at least one);
+    /// `None`: no period.
     pub by_period: Option<std::time::Duration>,
+    /// The holder's states in which a new insert is a duplicate; in any other state the key is
+    /// released.
     pub states: Vec<UniqueState>,
 }
 
@@ -232,6 +250,8 @@ impl NewJob {
         ))
     }
 
+    /// The queue to insert into (default `default`; 1..=128 bytes, no control or invisible
+    /// format characters; checked on insert).
     pub fn queue(mut self, queue: &str) -> Self {
         self.queue = queue.to_string();
         self
@@ -243,6 +263,8 @@ impl NewJob {
         self
     }
 
+    /// Attempts the job may use before it fails for good (1..=1,000,000, default 25; checked on
+    /// insert).
     pub fn max_attempts(mut self, max_attempts: i32) -> Self {
         self.max_attempts = max_attempts;
         self

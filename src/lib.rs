@@ -28,6 +28,7 @@
 //! running.shutdown(std::time::Duration::from_secs(10)).await;
 //! # Ok(()) }
 //! ```
+#![warn(missing_docs)]
 
 mod bytes;
 #[cfg(feature = "dashboard")]

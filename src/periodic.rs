@@ -28,7 +28,10 @@ pub enum MissedFires {
     #[default]
     Skip,
     /// Fire for each missed time, oldest first, at most the `max` most recent ones.
-    CatchUp { max: u32 },
+    CatchUp {
+        /// The most missed fires to make up for (the most recent ones).
+        max: u32,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -116,6 +119,7 @@ impl Periodic {
         self
     }
 
+    /// The schedule's name, which keys its fires.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -284,6 +284,8 @@ const RESERVED_WORDS: &[&str] = &[
 ];
 
 impl SchemaName {
+    /// Validate `name`: 1..=40 lower-case ASCII letters, digits and `_`, starting with a letter or
+    /// `_`, not starting with `pg_` and not a reserved word (else `Error::InvalidName`).
     pub fn new(name: &str) -> Result<Self> {
         let invalid = |reason| Error::InvalidName {
             what: "schema name",
@@ -320,6 +322,7 @@ impl SchemaName {
         Ok(Self(name.to_string()))
     }
 
+    /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -345,7 +348,9 @@ impl std::fmt::Display for SchemaName {
 /// Ring sizes, fixed when the schema is first created.
 #[derive(Clone, Copy, Debug)]
 pub struct RingSizes {
+    /// Slots of the queue ring (4..=64, default 16).
     pub queue_slots: u32,
+    /// Slots of the claim ring (3..=64, default 8).
     pub claim_slots: u32,
 }
 

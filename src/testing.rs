@@ -67,6 +67,7 @@ impl TestSchema {
         })
     }
 
+    /// The schema's name.
     pub fn name(&self) -> &str {
         self.schema.as_str()
     }
@@ -76,6 +77,7 @@ impl TestSchema {
         Client::builder(self.pool.clone()).schema(self.schema.as_str())
     }
 
+    /// A storage handle on this schema (direct, no transaction pooler).
     pub fn storage(&self) -> Storage {
         Storage::new(self.pool.clone(), self.schema.clone())
     }

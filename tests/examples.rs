@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::TestDb;
 
-const EXAMPLES: [&str; 13] = [
+const EXAMPLES: [&str; 14] = [
     "transactional_enqueue",
     "handler_errors",
     "complete_in_tx",
@@ -24,6 +24,7 @@ const EXAMPLES: [&str; 13] = [
     "retry_policy",
     "bulk_operations",
     "approval",
+    "axum_service",
 ];
 
 fn example_binary(name: &str) -> PathBuf {

@@ -97,6 +97,8 @@ pub struct Dashboard {
 }
 
 impl Dashboard {
+    /// A read-only dashboard over `storage`, served at the root to loopback hosts only: at most
+    /// 8 requests at once, horizon holders from 60 s, counts sampled every 10 s.
     pub fn new(storage: Storage) -> Self {
         Self {
             storage,

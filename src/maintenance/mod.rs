@@ -24,6 +24,8 @@ use crate::storage::Storage;
 pub use runner::leader_lock_key;
 pub(crate) use runner::run;
 
+/// How this process runs maintenance (rotation, rescue, prune, retention, promotion) while it
+/// leads its schema.
 #[derive(Clone, Debug)]
 pub struct MaintenanceConfig {
     /// Run maintenance in this process when elected (default true).
@@ -152,19 +154,30 @@ impl MaintenanceConfig {
 /// What one tick did (for tests and logs).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct TickReport {
+    /// The queue ring's write slot moved on this tick.
     pub rotated_queue: bool,
+    /// The claim ring's write slot moved on this tick.
     pub rotated_claim: bool,
+    /// Queue-ring slots truncated (reclaimed) this tick.
     pub pruned_queue_slots: Vec<i32>,
+    /// Claim-ring slots truncated (reclaimed) this tick.
     pub pruned_claim_slots: Vec<i32>,
+    /// Due scheduled and retryable jobs moved to the queue ring.
     pub promoted: i32,
+    /// Stale and past-deadline attempts closed, at most `rescue_batch` (retried, failed or
+    /// dead-lettered).
     pub rescued: i32,
     /// Waits for a callback that timed out and were ended (retried, or failed).
     pub callbacks_timed_out: i32,
     /// `rotated`, `young`, `empty` or `busy` (the lease ring).
     pub lease_ring: String,
+    /// Dead-letter entries deleted past `dlq_retention` (at most `promote_batch`).
     pub dlq_expired: i32,
+    /// Unique keys forgotten past `unique_key_retention` (at most `promote_batch`).
     pub unique_keys_expired: i32,
+    /// Archive time buckets truncated past `keep_completed` or `keep_failed`.
     pub archive_buckets_truncated: i32,
+    /// Old time buckets of the durable terminal totals folded into the current one.
     pub totals_buckets_folded: i32,
     /// Sealed slots left for a later tick: (ring, reason), the reason as `PruneResult::Skipped`.
     pub prune_skips: Vec<(&'static str, String)>,

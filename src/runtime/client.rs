@@ -25,6 +25,8 @@ use crate::schema::{self, RingSizes, SchemaName};
 use crate::storage::Storage;
 use crate::telemetry::Telemetry;
 
+/// Configures a [`Client`]: schema, rings, queues, handlers, schedules, completion, maintenance
+/// and telemetry. Made by [`Client::builder`]; `build` checks and connects.
 pub struct ClientBuilder {
     pool: PgPool,
     schema: SchemaName,
@@ -62,6 +64,8 @@ impl ClientBuilder {
         self
     }
 
+    /// Ring sizes for a schema this build creates (default 16 queue slots, 8 claim slots); fixed
+    /// once the schema exists.
     pub fn rings(mut self, rings: RingSizes) -> Self {
         self.rings = rings;
         self
@@ -103,11 +107,13 @@ impl ClientBuilder {
         self
     }
 
+    /// How this process batches completions (see `CompletionConfig`).
     pub fn completion(mut self, config: CompletionConfig) -> Self {
         self.completion = config;
         self
     }
 
+    /// How this process runs maintenance when it leads (see `MaintenanceConfig`).
     pub fn maintenance(mut self, config: MaintenanceConfig) -> Self {
         self.maintenance = config;
         self
@@ -149,6 +155,8 @@ impl ClientBuilder {
         self
     }
 
+    /// Check the configuration, reach the server, apply migrations (or, with `migrate(false)`,
+    /// refuse a newer schema), and create the declared queues. Starts nothing: see `start`.
     pub async fn build(self) -> Result<Client> {
         if let Some(e) = self.schema_error {
             return Err(e);
@@ -240,6 +248,8 @@ pub struct Client {
 }
 
 impl Client {
+    /// A builder on `pool` with the defaults: schema `ringwork`, default ring sizes, no queues,
+    /// migrations applied at build.
     pub fn builder(pool: PgPool) -> ClientBuilder {
         ClientBuilder {
             pool,
@@ -258,6 +268,7 @@ impl Client {
         }
     }
 
+    /// The storage handle on this client's pool and schema.
     pub fn storage(&self) -> &Storage {
         &self.inner.storage
     }
@@ -267,6 +278,7 @@ impl Client {
         &self.inner
     }
 
+    /// This client's in-process counters, shared: read them while it runs.
     pub fn metrics(&self) -> Arc<Metrics> {
         Arc::clone(&self.inner.metrics)
     }

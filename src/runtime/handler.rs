@@ -19,12 +19,19 @@ pub(crate) const MAX_PROGRESS_MESSAGE_CHARS: usize = 1_000;
 /// What a handler knows about the attempt it runs.
 #[derive(Clone, Debug)]
 pub struct JobContext {
+    /// The job's id.
     pub job_id: i64,
+    /// This attempt's run lease: one higher for every claim of the job, snoozed runs included.
     pub run_lease: i64,
+    /// This attempt's number, from 1; a snoozed run keeps it.
     pub attempt: i32,
+    /// Attempts the job may use before it fails for good.
     pub max_attempts: i32,
+    /// The job's kind.
     pub kind: String,
+    /// The queue the job was claimed from.
     pub queue: String,
+    /// When the job was inserted.
     pub created_at: DateTime<Utc>,
     pub(crate) cancel: Arc<CancelSignal>,
     pub(crate) writes: Arc<AttemptWrites>,
@@ -289,10 +296,14 @@ impl CancelSignal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum JobError {
+    /// A failure worth retrying: uses an attempt and runs again after the retry policy's delay
+    /// (failed for good once the attempts are used up).
     Retry(String),
+    /// Like `Retry`, but runs again after this delay instead of the retry policy's.
     RetryAfter(Duration, String),
     /// Run again after the delay without using an attempt (the job is not ready yet).
     Snooze(Duration),
+    /// A failure not worth retrying: the job fails now (dead-lettered if its queue has a DLQ).
     Terminal(String),
     /// The handler registered a callback (`JobContext::register_callback`) and hands the job to
     /// the outside world: the attempt ends, the worker is free, and the job waits in the lease ring
@@ -441,9 +452,13 @@ pub enum RetryPolicy {
     /// `base × factor^(attempt − 1)`, capped at `cap`, plus a random share of up to `jitter` of it
     /// (0.1 adds up to 10 %).
     Exponential {
+        /// Delay before the first retry.
         base: Duration,
+        /// Multiplier applied to the delay for each further retry.
         factor: f64,
+        /// Longest delay, before jitter.
         cap: Duration,
+        /// Largest random share added to the delay (0.1 adds up to 10 %).
         jitter: f64,
     },
     /// Your own curve: the delay before retry number `attempt` (1 after the first attempt failed).

@@ -44,24 +44,31 @@ impl Default for Drain {
 /// One handler run during a drain.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Run {
+    /// The job that ran.
     pub job_id: i64,
+    /// The job's kind.
     pub kind: String,
+    /// The attempt's number, from 1.
     pub attempt: i32,
+    /// How the run ended.
     pub outcome: RunOutcome,
 }
 
 /// How a run ended, as it was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunOutcome {
+    /// The handler returned `Ok(())`: the job completed.
     Completed,
     /// Back to the queue after a backoff (uses an attempt).
     Retried {
+        /// The error recorded for the attempt.
         error: String,
     },
     /// Back to the queue without using an attempt.
     Snoozed,
     /// Failed for good (or dead-lettered, when the queue has a dead-letter queue).
     Failed {
+        /// The error recorded for the failure.
         error: String,
     },
     /// The attempt was closed under the handler (cancelled): its outcome changed nothing.
@@ -74,6 +81,7 @@ pub enum RunOutcome {
 /// What a drain ran, in order.
 #[derive(Clone, Debug, Default)]
 pub struct Drained {
+    /// Every run, in the order it ran.
     pub runs: Vec<Run>,
     /// The drain stopped at `Drain::max_runs` with work left.
     pub hit_max_runs: bool,
@@ -85,14 +93,17 @@ impl Drained {
         self.runs.iter().filter(|r| matches(&r.outcome)).count()
     }
 
+    /// Runs that completed.
     pub fn completed(&self) -> usize {
         self.count(|o| *o == RunOutcome::Completed)
     }
 
+    /// Runs that were retried (used an attempt and went back after a backoff).
     pub fn retried(&self) -> usize {
         self.count(|o| matches!(o, RunOutcome::Retried { .. }))
     }
 
+    /// Runs that failed for good (or dead-lettered).
     pub fn failed(&self) -> usize {
         self.count(|o| matches!(o, RunOutcome::Failed { .. }))
     }

@@ -48,16 +48,23 @@ impl Statements {
 /// A dead-lettered job.
 #[derive(Clone, Debug)]
 pub struct DeadLetter {
+    /// The job's id.
     pub job_id: i64,
+    /// The queue it was in.
     pub queue: String,
+    /// The job's kind.
     pub kind: String,
     /// The JSON text of the job's arguments, cut like a listing's (`ListedJob::args`): a
     /// dead-letter queue holds jobs that failed, some of them because their arguments could not
     /// be decoded.
     pub args: String,
+    /// Attempts it used.
     pub attempt: i32,
+    /// The run lease of its last attempt.
     pub run_lease: i64,
+    /// The error that ended it, cut to `LIST_DETAIL_CHARS` characters; `None` if none was kept.
     pub error: Option<String>,
+    /// When it was dead-lettered.
     pub failed_at: DateTime<Utc>,
 }
 

@@ -48,15 +48,25 @@ impl Statements {
 /// `receipt_id` tie closure evidence back to the exact claim partition and batch item.
 #[derive(Clone, Debug)]
 pub struct ClaimedJob {
+    /// The job's id.
     pub job_id: i64,
+    /// This attempt's run lease (the job's previous one plus one).
     pub run_lease: i64,
+    /// The claim-ring slot that holds this claim's evidence.
     pub claim_slot: i32,
+    /// The claim's receipt in that slot (`batch_id * 4096 + ordinal`).
     pub receipt_id: i64,
+    /// The job's kind, which picks its handler.
     pub kind: String,
+    /// The job's arguments (`Null` when they could not be decoded).
     pub args: serde_json::Value,
+    /// This attempt's number, from 1.
     pub attempt: i32,
+    /// Attempts the job may use before it fails for good.
     pub max_attempts: i32,
+    /// The job's priority, 1 (first) ..= 4 (last).
     pub priority: i16,
+    /// When the job was inserted.
     pub created_at: DateTime<Utc>,
     /// When deadline rescue may close this attempt (queue deadline or the job's own timeout).
     pub deadline_at: Option<DateTime<Utc>>,
@@ -75,9 +85,13 @@ pub(crate) struct Claimed {
 /// The identity of one attempt, as every write on its behalf must name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttemptRef {
+    /// The job's id.
     pub job_id: i64,
+    /// The attempt's run lease.
     pub run_lease: i64,
+    /// The claim-ring slot of the attempt's claim.
     pub claim_slot: i32,
+    /// The attempt's receipt in that slot.
     pub receipt_id: i64,
 }
 
@@ -85,23 +99,36 @@ pub struct AttemptRef {
 #[derive(Clone, Debug)]
 pub enum CloseOutcome {
     /// Back to `deferred_jobs`, runnable again at `at`.
-    Retry { at: DateTime<Utc>, error: String },
+    Retry {
+        /// When the job may run again.
+        at: DateTime<Utc>,
+        /// The error recorded for the attempt.
+        error: String,
+    },
     /// Terminal failure: a failed `done_entries` row, or a `dlq_entries` row when the queue has a
     /// dead-letter queue.
-    Failed { error: String },
+    Failed {
+        /// The error recorded for the failure.
+        error: String,
+    },
     /// Back to `deferred_jobs` at `at` without using an attempt.
-    Snooze { at: DateTime<Utc> },
+    Snooze {
+        /// When the job may run again.
+        at: DateTime<Utc>,
+    },
 }
 
 /// Whether a write on behalf of an attempt took effect.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
+    /// The write took effect.
     Applied,
     /// The attempt was already closed (completed, rescued, cancelled) or never existed: nothing changed.
     Stale,
 }
 
 impl ClaimedJob {
+    /// The identity every write on behalf of this attempt names.
     pub fn attempt_ref(&self) -> AttemptRef {
         AttemptRef {
             job_id: self.job_id,

@@ -45,8 +45,11 @@ impl Statements {
 /// field narrows the set; `states` must name at least one state the operation applies to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobFilter {
+    /// Only jobs of this queue; `None`: every queue.
     pub queue: Option<String>,
+    /// Only jobs of this kind; `None`: every kind.
     pub kind: Option<String>,
+    /// The states to touch; at least one must be a state the operation applies to.
     pub states: Vec<JobStatus>,
     /// Only jobs at least this old: waiting and running jobs by when they were created,
     /// dead-lettered and history rows by when they failed or finished.
@@ -177,6 +180,7 @@ pub struct QueueLimits {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyLimit {
+    /// The field path in the job's args whose value is the key (`["customer", "id"]`).
     pub path: Vec<String>,
     /// At most this many running per key value, across the fleet.
     pub max_running: Option<u32>,
@@ -199,11 +203,13 @@ impl KeyLimit {
         }
     }
 
+    /// At most `max` running per key value, across the fleet.
     pub fn max_running(mut self, max: u32) -> Self {
         self.max_running = Some(max);
         self
     }
 
+    /// At most `count` claims per `period` (a sliding window) per key value, across the fleet.
     pub fn rate(mut self, count: u32, period: std::time::Duration) -> Self {
         self.rate = Some((count, period));
         self
@@ -284,7 +290,9 @@ pub enum CancelOutcome {
     /// It was running: its claim is closed as cancelled, the handler is signalled, and its
     /// completion will be reported stale.
     CancelledRunning,
+    /// It had already ended: nothing changed.
     AlreadyFinished,
+    /// No such job: it never existed, or its records are gone.
     NotFound,
 }
 

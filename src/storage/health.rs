@@ -42,6 +42,7 @@ pub struct HorizonHolder {
     pub holder: String,
     /// The backend: the session's, or the slot's active walsender.
     pub pid: Option<i32>,
+    /// The role of the session, or the prepared transaction's owner; `None` for a slot.
     pub usename: Option<String>,
     /// `application_name` (session), or the slot's output plugin.
     pub application: Option<String>,
@@ -61,10 +62,13 @@ pub struct HorizonHolder {
 /// One of ringwork's tables (a partitioned table summed over its partitions).
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
 pub struct TableHealth {
+    /// The table's name (for a partitioned table, the parent's).
     pub table_name: String,
     /// The statistics collector's estimates (`pg_stat_user_tables`).
     pub live_tuples: i64,
+    /// Dead tuples (the same estimates).
     pub dead_tuples: i64,
+    /// Bytes on disk, indexes and TOAST included (`pg_total_relation_size`).
     pub total_bytes: i64,
 }
 
@@ -77,7 +81,9 @@ pub struct Readiness {
     pub migrated: bool,
     /// The installed SQL functions are this binary's (`ringwork migrate` installs them).
     pub functions_current: bool,
+    /// The schema version installed; `None` when the schema has no migrations table.
     pub installed_version: Option<i32>,
+    /// The schema version this binary was built for.
     pub expected_version: i32,
     /// The backend of the process leading maintenance (rotation, rescue, prune), if any.
     pub leader_pid: Option<i32>,

@@ -53,14 +53,26 @@ pub enum CallbackAction {
     /// The job completed.
     Complete,
     /// The job failed for good (dead-lettered when its queue has a dead-letter queue).
-    Fail { error: String },
+    Fail {
+        /// The error recorded for the failure.
+        error: String,
+    },
     /// The job runs again as its next attempt (failed for good when its attempts are used up).
-    Retry { error: String },
+    Retry {
+        /// The error recorded for the attempt.
+        error: String,
+    },
     /// The handler runs again, without using an attempt, and reads `payload` with
     /// `JobContext::callback_payload`.
-    Resume { payload: serde_json::Value },
+    Resume {
+        /// What the handler reads back with `JobContext::callback_payload`.
+        payload: serde_json::Value,
+    },
     /// The wait goes on: its timeout becomes now + `extend`.
-    Heartbeat { extend: Duration },
+    Heartbeat {
+        /// How long from now the wait's new timeout is.
+        extend: Duration,
+    },
 }
 
 impl CallbackAction {
@@ -126,6 +138,7 @@ pub enum CallbackOutcome {
 }
 
 impl CallbackOutcome {
+    /// The outcome's name: `applied`, `recorded` or `extended`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Applied => "applied",

@@ -72,6 +72,8 @@ pub struct Storage {
 }
 
 impl Storage {
+    /// A handle on `schema` through `pool`, connecting directly (no transaction pooler). Renders
+    /// the schema's statements; runs none.
     pub fn new(pool: PgPool, schema: SchemaName) -> Self {
         let sql = Arc::new(Statements {
             queue_ring: queue_ring::Statements::new(&schema),
@@ -111,6 +113,7 @@ impl Storage {
         matches!(self.pooling, Pooling::TransactionPooler { .. })
     }
 
+    /// The pool this storage runs its statements on.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -141,6 +144,7 @@ impl Storage {
         }
     }
 
+    /// The schema this storage reads and writes.
     pub fn schema(&self) -> &SchemaName {
         &self.schema
     }

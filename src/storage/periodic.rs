@@ -42,11 +42,16 @@ impl Statements {
 /// A schedule as the database knows it: its fires and whether it is paused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduleRecord {
+    /// The schedule's name.
     pub schedule: String,
+    /// The fire time of its latest kept fire; `None` when none is kept (a paused schedule that
+    /// never fired, or whose fires aged out).
     pub last_fire_at: Option<DateTime<Utc>>,
+    /// The job that latest fire inserted.
     pub last_job_id: Option<i64>,
     /// Fires kept (about the last week).
     pub fires: i64,
+    /// The schedule is paused: it fires only when triggered (`ringwork cron trigger`).
     pub paused: bool,
 }
 

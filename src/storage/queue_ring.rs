@@ -104,7 +104,9 @@ struct Encoded {
 /// and `job_id` is the holder's id (nothing was inserted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Inserted {
+    /// The new job's id, or, for a duplicate, the id of the job holding the key.
     pub job_id: i64,
+    /// A unique job's key was already held: nothing was inserted.
     pub duplicate: bool,
 }
 

@@ -103,11 +103,17 @@ impl ArgsText {
 /// A job's current state (see `Storage::job_state`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobState {
+    /// The job's id.
     pub job_id: i64,
+    /// Where the job is now.
     pub state: crate::JobStatus,
+    /// The job's queue.
     pub queue: String,
+    /// The job's kind.
     pub kind: String,
+    /// Attempts it used (for a running job, the running attempt's number).
     pub attempt: i32,
+    /// Its latest run lease (for a running job, the running attempt's).
     pub run_lease: i64,
     /// The recorded error of a failed/cancelled/retryable job.
     pub detail: Option<String>,
@@ -118,15 +124,25 @@ pub struct JobState {
 /// queue slot was pruned and its history archived or expired since.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueCounts {
+    /// The queue's name.
     pub queue: String,
+    /// The queue is paused: its jobs are not claimed (inserts still work).
     pub paused: bool,
+    /// Jobs ready to run (claimable, parked, or held under a key limit).
     pub available: i64,
+    /// Jobs waiting in `deferred_jobs` for their first attempt.
     pub scheduled: i64,
+    /// Jobs waiting in `deferred_jobs` to run again after an attempt.
     pub retryable: i64,
+    /// Attempts claimed and not yet closed.
     pub running: i64,
+    /// Jobs completed (durable total).
     pub completed: i64,
+    /// Jobs failed for good (durable total).
     pub failed: i64,
+    /// Jobs cancelled (durable total).
     pub cancelled: i64,
+    /// Jobs in the dead-letter queue now.
     pub dead_lettered: i64,
     /// Waiting for an external callback (the lease ring): no worker, no open claim.
     pub waiting: i64,
@@ -135,9 +151,11 @@ pub struct QueueCounts {
 /// One recorded step of a job's history (see `Storage::load_job`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HistoryEntry {
+    /// The run lease of the attempt this step belongs to.
     pub run_lease: i64,
     /// `Completed`, `Failed`, `Cancelled`, `Scheduled`, `Retryable` or `DeadLettered`.
     pub state: crate::JobStatus,
+    /// The error or cancel reason recorded (for a pending retry, the previous attempt's error).
     pub error: Option<String>,
     /// When it ended, or (scheduled/retryable) when it is due.
     pub at: DateTime<Utc>,
@@ -146,7 +164,9 @@ pub struct HistoryEntry {
 /// A job's current state with its recorded history (see `Storage::load_job`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobRecord {
+    /// The job's current state, as `Storage::job_state` reports it.
     pub state: JobState,
+    /// The recorded steps the schema still holds, oldest run lease first.
     pub history: Vec<HistoryEntry>,
     /// The last progress an attempt recorded, while the job runs or waits to run again.
     pub progress: Option<ProgressRecord>,
@@ -157,6 +177,7 @@ pub struct JobRecord {
 pub struct Progress {
     /// 0 to 100.
     pub percent: f64,
+    /// What the handler says it is doing (cut after 1,000 characters).
     pub message: String,
     /// What the handler needs to resume where it was (read back with `JobContext::last_progress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,35 +187,50 @@ pub struct Progress {
 /// A job's last recorded progress: which attempt recorded it, and when it was written.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProgressRecord {
+    /// The run lease of the attempt that recorded it.
     pub run_lease: i64,
+    /// What it recorded.
     pub progress: Progress,
+    /// When it was written (the attempt's heartbeat time).
     pub recorded_at: DateTime<Utc>,
 }
 
 /// A job waiting to run (see `Storage::pending_jobs`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PendingJob {
+    /// The job's id.
     pub job_id: i64,
     /// `Available`, `Scheduled` or `Retryable`.
     pub state: crate::JobStatus,
+    /// The job's queue.
     pub queue: String,
+    /// The job's kind.
     pub kind: String,
+    /// The job's arguments, decoded.
     pub args: serde_json::Value,
+    /// The job's priority, 1 (first) ..= 4 (last).
     pub priority: i16,
+    /// Attempts it used so far.
     pub attempt: i32,
+    /// When it is (or was) due to run; the listing is ordered by it.
     pub run_at: DateTime<Utc>,
 }
 
 /// One row of a job listing (see `Storage::list_jobs`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ListedJob {
+    /// The job's id.
     pub job_id: i64,
+    /// The job's state (the listing's state).
     pub state: crate::JobStatus,
+    /// The job's queue.
     pub queue: String,
+    /// The job's kind.
     pub kind: String,
-    /// The JSON text of the job's arguments, cut in the database to [`ARGS_PREVIEW_CHARS`]
+    /// The JSON text of the job's arguments, cut in the database to `ARGS_PREVIEW_CHARS`
     /// characters and a trailing `…` (the whole arguments: `Storage::job_args`).
     pub args: String,
+    /// Attempts it used (for a running job, the running attempt's number).
     pub attempt: i32,
     /// Waiting jobs: when they are (or were) due; running: when claimed; finished: when they
     /// finished; dead-lettered: when they failed.
@@ -208,7 +244,9 @@ pub struct ListedJob {
 /// One page of a job listing: its rows and the key of the next page (`None` at the end).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct JobPage {
+    /// The page's rows, in the listing's order.
     pub jobs: Vec<ListedJob>,
+    /// The page key of the next page; `None` on the last page.
     pub next: Option<String>,
 }
 

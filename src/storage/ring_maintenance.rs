@@ -75,7 +75,9 @@ pub struct QueueSlotPrune {
 pub struct RingSlot {
     /// `queue` or `claim`.
     pub ring: String,
+    /// The slot's number in its ring.
     pub slot: i32,
+    /// The ring generation the slot was last opened in (one higher at each rotation).
     pub generation: i64,
     /// `current`, `sealed` or `free`.
     pub state: String,
@@ -93,13 +95,17 @@ pub struct RingSlot {
 pub struct PruneBlocker {
     /// `queue`, `claim`, `lease` (a lease ring child: what makes its rotation `busy`) or `archive`.
     pub ring: String,
+    /// The slot, or the archive bucket, whose child it holds a lock on.
     pub slot: i32,
+    /// The backend's pid.
     pub pid: i32,
+    /// The backend's `application_name`.
     pub application: Option<String>,
     /// `pg_stat_activity.state` (`active`, `idle in transaction`, ...).
     pub backend_state: Option<String>,
     /// How long its transaction has been open, in seconds.
     pub xact_age_secs: Option<f64>,
+    /// The lock modes it holds on those children, comma-separated.
     pub lock_modes: String,
     /// The start of its current or last statement.
     pub query: Option<String>,
@@ -108,6 +114,7 @@ pub struct PruneBlocker {
 /// Result of one prune attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PruneResult {
+    /// The slot was truncated and freed.
     Pruned,
     /// Not pruned; the reason (`open_claims`, `pending_ready`, `busy`, `not_sealed`, and from the
     /// maintenance tick `held`: a long lock holder, so neither proof nor lock was tried).
@@ -166,6 +173,7 @@ impl Storage {
         )
     }
 
+    /// The queue ring's sealed slots, oldest generation first.
     pub async fn sealed_queue_slots(&self) -> Result<Vec<i32>> {
         Ok(
             sqlx::query_scalar(&self.sql.ring_maintenance.sealed_queue_slots)
@@ -174,6 +182,7 @@ impl Storage {
         )
     }
 
+    /// The claim ring's sealed slots, oldest generation first.
     pub async fn sealed_claim_slots(&self) -> Result<Vec<i32>> {
         Ok(
             sqlx::query_scalar(&self.sql.ring_maintenance.sealed_claim_slots)

@@ -505,6 +505,18 @@ pub fn functions_checksum() -> String {
     sha256_hex(&parts)
 }
 
+/// The combined hash of every migration and function file: two schemas migrated by binaries with
+/// the same schema checksum hold the same tables and functions (the test kit keys its template
+/// database on it).
+pub fn schema_checksum() -> String {
+    let parts: Vec<&str> = MIGRATIONS
+        .iter()
+        .chain(FUNCTION_FILES.iter())
+        .flat_map(|(name, sql)| [*name, *sql])
+        .collect();
+    sha256_hex(&parts)
+}
+
 // Every statement here is sent unnamed (`persistent(false)`): they run at start-up, or once per
 // readiness check, and a named statement would not survive a transaction-mode pooler.
 

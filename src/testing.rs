@@ -1,6 +1,11 @@
-//! A test kit for services that use ringwork (feature `testing`): a throwaway schema per test, jobs
-//! run inline through their real handlers, and assertions on what a transaction enqueued. It runs
-//! against a real PostgreSQL server, like ringwork's own tests.
+//! A test kit for services that use ringwork (feature `testing`): a throwaway database or schema
+//! per test, jobs run inline through their real handlers, and assertions on what a transaction
+//! enqueued. It runs against a real PostgreSQL server, like ringwork's own tests.
+//!
+//! [`TestDatabase`] clones a database that was migrated once per schema version (a template), so a
+//! test pays for a `CREATE DATABASE` (a fraction of a second) instead of a migration of a few
+//! hundred tables; it needs a role that may create databases. [`TestSchema`] migrates a schema of
+//! its own in the caller's database, for roles that may not.
 //!
 //! ```no_run
 //! use ringwork::testing::{self, TestSchema};
@@ -29,9 +34,12 @@
 //! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio::sync::OnceCell;
 
 use crate::error::{Error, Result};
 use crate::job::{JobArgs, NewJob};
@@ -42,6 +50,219 @@ use crate::storage::Storage;
 pub use crate::runtime::inline::{Drain, Drained, Run, RunOutcome};
 
 static SCHEMAS: AtomicU32 = AtomicU32::new(0);
+static DATABASES: AtomicU32 = AtomicU32::new(0);
+/// The template this process clones, made (or found) by the first `TestDatabase::create`.
+static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+
+/// The schema ringwork is migrated into in every test database (not the default `ringwork`, so a
+/// name written into the code instead of the configured schema shows up in tests).
+pub const TEST_DATABASE_SCHEMA: &str = "ringwork_test";
+const TEST_DATABASE_PREFIX: &str = "ringwork_test_";
+const TEMPLATE_PREFIX: &str = "ringwork_template_";
+/// Serialises the making of a template across processes (an advisory lock in the server's
+/// database): two test binaries started together build it once.
+const TEMPLATE_LOCK_KEY: i64 = 0x7269_6e67_776f_726b;
+
+/// A database of its own for one test: cloned from a template that holds a migrated ringwork
+/// schema ([`TEST_DATABASE_SCHEMA`]), dropped by `drop`. The template is made once per schema
+/// version (its name carries [`crate::schema::schema_checksum`]) and reused by later runs.
+///
+/// Databases left by a test process that died are dropped when a later process first makes or
+/// finds the template, if that process runs on the server's host (a dead process id there means
+/// its databases are orphans).
+pub struct TestDatabase {
+    server_url: String,
+    name: String,
+    url: String,
+    pool: PgPool,
+    schema: SchemaName,
+}
+
+impl TestDatabase {
+    /// Clone the template into a new database named `ringwork_test_<pid>_<n>_<random>` on the
+    /// server of `server_url` (whose own database is only used to issue `CREATE DATABASE`).
+    pub async fn create(server_url: &str) -> Result<Self> {
+        let template = TEMPLATE
+            .get_or_try_init(|| make_template(server_url))
+            .await?
+            .clone();
+        let name = format!(
+            "{TEST_DATABASE_PREFIX}{}_{}_{}",
+            std::process::id(),
+            DATABASES.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>() % 1_000_000
+        );
+        let mut admin = PgConnection::connect(server_url).await?;
+        sqlx::raw_sql(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        let url = database_url(server_url, &name)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url)
+            .await?;
+        Ok(Self {
+            server_url: server_url.to_string(),
+            name,
+            url,
+            pool,
+            schema: SchemaName::new(TEST_DATABASE_SCHEMA)?,
+        })
+    }
+
+    /// The database's URL (the server's, with this database's name).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A pool of up to 8 connections to the database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The migrated schema ([`TEST_DATABASE_SCHEMA`]).
+    pub fn schema(&self) -> &SchemaName {
+        &self.schema
+    }
+
+    /// A client builder on the schema (add queues and handlers, then `build`).
+    pub fn client(&self) -> ClientBuilder {
+        Client::builder(self.pool.clone()).schema(self.schema.as_str())
+    }
+
+    /// A storage handle on the schema (direct, no transaction pooler).
+    pub fn storage(&self) -> Storage {
+        Storage::new(self.pool.clone(), self.schema.clone())
+    }
+
+    /// Close the pool and drop the database; sessions still connected to it (a child process, a
+    /// leaked pool) are terminated.
+    pub async fn drop(self) -> Result<()> {
+        // `close` waits for checked-out connections; FORCE ends any that a test leaked
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.pool.close()).await;
+        let mut admin = PgConnection::connect(&self.server_url).await?;
+        sqlx::raw_sql(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&mut admin)
+        .await?;
+        admin.close().await?;
+        Ok(())
+    }
+}
+
+/// `server_url` with its database name replaced by `database`.
+fn database_url(server_url: &str, database: &str) -> Result<String> {
+    let mut url = url::Url::parse(server_url)
+        .map_err(|e| Error::Config(format!("the server URL does not parse: {e}")))?;
+    url.set_path(&format!("/{database}"));
+    Ok(url.to_string())
+}
+
+/// Find the template for this binary's schema, or make it: create a database under a building
+/// name, migrate it, then rename it (a template is never seen half made).
+async fn make_template(server_url: &str) -> Result<String> {
+    let checksum = crate::schema::schema_checksum();
+    let name = format!("{TEMPLATE_PREFIX}{}", &checksum[..16]);
+    let mut admin = PgConnection::connect(server_url).await?;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(TEMPLATE_LOCK_KEY)
+        .execute(&mut admin)
+        .await?;
+    let made = make_template_locked(&mut admin, server_url, &name).await;
+    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(TEMPLATE_LOCK_KEY)
+        .execute(&mut admin)
+        .await;
+    made?;
+    unlocked?;
+    admin.close().await?;
+    Ok(name)
+}
+
+async fn make_template_locked(
+    admin: &mut PgConnection,
+    server_url: &str,
+    name: &str,
+) -> Result<()> {
+    drop_orphans(admin, server_url).await?;
+    let databases: Vec<String> = sqlx::query_scalar(
+        "SELECT datname FROM pg_database WHERE starts_with(datname, $1) ORDER BY datname",
+    )
+    .bind(TEMPLATE_PREFIX)
+    .fetch_all(&mut *admin)
+    .await?;
+    if databases.iter().any(|d| d == name) {
+        return Ok(());
+    }
+    // templates of other schema versions: best effort (another run may be cloning one)
+    for old in &databases {
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {old}"))
+            .execute(&mut *admin)
+            .await;
+    }
+    let building = format!("{name}_building");
+    // one statement per call: several in one simple query run as one transaction block
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"),
+        format!("CREATE DATABASE {building}"),
+    ] {
+        sqlx::raw_sql(&statement).execute(&mut *admin).await?;
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url(server_url, &building)?)
+        .await?;
+    let schema = SchemaName::new(TEST_DATABASE_SCHEMA)?;
+    crate::schema::migrate(&pool, &schema, RingSizes::default()).await?;
+    pool.close().await;
+    sqlx::raw_sql(&format!("ALTER DATABASE {building} RENAME TO {name}"))
+        .execute(&mut *admin)
+        .await?;
+    Ok(())
+}
+
+/// Drop the test databases of processes that no longer run, when the server runs on this host
+/// (elsewhere a process id says nothing) and nobody is connected to them.
+async fn drop_orphans(admin: &mut PgConnection, server_url: &str) -> Result<()> {
+    let local = url::Url::parse(server_url)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_string))
+        .is_none_or(|host| matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]" | "::1"));
+    if !local || !std::path::Path::new("/proc/self").exists() {
+        return Ok(());
+    }
+    let unused: Vec<String> = sqlx::query_scalar(
+        "SELECT d.datname FROM pg_database d
+         WHERE starts_with(d.datname, $1)
+           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datid = d.oid)",
+    )
+    .bind(TEST_DATABASE_PREFIX)
+    .fetch_all(&mut *admin)
+    .await?;
+    for database in unused {
+        let pid = database
+            .strip_prefix(TEST_DATABASE_PREFIX)
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {database}"))
+            .execute(&mut *admin)
+            .await;
+    }
+    Ok(())
+}
 
 /// A schema of its own for one test: migrated on `create`, dropped (with everything in it) by
 /// `drop`. Tests that run in parallel on one database never see each other's jobs.

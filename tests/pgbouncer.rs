@@ -84,6 +84,9 @@ fn work(n: u32) -> NewJob {
 /// nothing about transaction pooling.
 #[tokio::test]
 async fn plain_sqlx_statements_break_behind_a_transaction_pooler() {
+    if !support::pgbouncer::installed("plain_sqlx_statements_break_behind_a_transaction_pooler") {
+        return;
+    }
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(&db.url, 1);
     let options: PgConnectOptions = bouncer.url.parse().unwrap();
@@ -122,6 +125,9 @@ async fn plain_sqlx_statements_break_behind_a_transaction_pooler() {
 /// them: the leader holds its lock on the direct session pool), counts and readiness.
 #[tokio::test]
 async fn a_client_behind_pgbouncer_runs_every_job_once() {
+    if !support::pgbouncer::installed("a_client_behind_pgbouncer_runs_every_job_once") {
+        return;
+    }
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(&db.url, 2);
     let pool = bouncer.pool(12).await;
@@ -271,6 +277,11 @@ async fn a_client_behind_pgbouncer_runs_every_job_once() {
 /// scheduled job waits until a process with a session pool promotes it.
 #[tokio::test]
 async fn without_a_session_pool_jobs_run_by_polling_and_maintenance_waits_for_a_session() {
+    if !support::pgbouncer::installed(
+        "without_a_session_pool_jobs_run_by_polling_and_maintenance_waits_for_a_session",
+    ) {
+        return;
+    }
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(&db.url, 2);
     let pool = bouncer.pool(8).await;

@@ -4,9 +4,9 @@
 //! cluster started once per test binary (stopped by a watchdog when the binary exits).
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use ringwork::testing::TestDatabase;
 use ringwork::{Client, ClientBuilder, MaintenanceConfig, SchemaName, Storage};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -26,7 +26,6 @@ static BOUNCER: OnceCell<pgbouncer::PgBouncer> = OnceCell::const_new();
 pub fn through_pgbouncer() -> bool {
     std::env::var_os("RINGWORK_TEST_PGBOUNCER").is_some_and(|v| !v.is_empty() && v != "0")
 }
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 async fn server_url() -> String {
     SERVER_URL
@@ -53,42 +52,37 @@ async fn server_url() -> String {
         .clone()
 }
 
-/// One test's database: its own schema, migrated, dropped by `cleanup`.
+/// One test's database: a clone of the kit's migrated template (`ringwork::testing::TestDatabase`),
+/// dropped by `cleanup`.
 pub struct TestDb {
     pub url: String,
     pub pool: PgPool,
     pub schema: SchemaName,
     /// A pool through pgbouncer, when `through_pgbouncer()`.
     pub bounced: Option<PgPool>,
+    database: TestDatabase,
 }
 
 impl TestDb {
     pub async fn new() -> Self {
-        let url = server_url().await;
-        let name = format!(
-            "rwt_{}_{}_{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed),
-            rand::random::<u32>() % 100_000
-        );
-        let schema = SchemaName::new(&name).expect("schema name");
-        let pool = Self::connect(&url, 8).await;
-        ringwork::schema::migrate(&pool, &schema, ringwork::RingSizes::default())
+        let server = server_url().await;
+        let database = TestDatabase::create(&server)
             .await
-            .expect("migrate");
+            .expect("a test database cloned from the template");
         let bounced = if through_pgbouncer() {
             let bouncer = BOUNCER
-                .get_or_init(|| async { pgbouncer::PgBouncer::start(&url, 4) })
+                .get_or_init(|| async { pgbouncer::PgBouncer::start(&server, 4) })
                 .await;
-            Some(bouncer.pool(12).await)
+            Some(bouncer.pool_for(database.name(), 12).await)
         } else {
             None
         };
         Self {
-            url,
-            pool,
-            schema,
+            url: database.url().to_string(),
+            pool: database.pool().clone(),
+            schema: database.schema().clone(),
             bounced,
+            database,
         }
     }
 
@@ -141,18 +135,29 @@ impl TestDb {
     }
 
     pub async fn cleanup(self) {
-        let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
-            .execute(&self.pool)
-            .await;
-        // `close` waits for every checked-out connection to come back; a test that still holds
-        // one (or a task that leaked one) must not hang the whole suite on it.
-        if tokio::time::timeout(Duration::from_secs(10), self.pool.close())
-            .await
-            .is_err()
-        {
-            eprintln!("cleanup: a pool connection was still checked out after 10 s");
+        if let Some(bounced) = self.bounced {
+            bounced.close().await;
+        }
+        if let Err(e) = self.database.drop().await {
+            eprintln!("cleanup: the test database was not dropped: {e}");
         }
     }
+}
+
+/// Whether a program that some tests need beyond Rust and PostgreSQL (pgbouncer, chromedriver) is
+/// installed: `found` is its path when it is. When it is not, the test says plainly that it did
+/// not run and why, and returns; with `RINGWORK_TEST_REQUIRE_TOOLS` set (`.ci/run` sets it) the
+/// test fails instead, so CI never passes without it.
+pub fn tool_or_skip<T>(test: &str, program: &str, found: Option<T>) -> Option<T> {
+    if found.is_some() {
+        return found;
+    }
+    let install = "`apt-get install pgbouncer chromium chromium-driver` (see README, Tests)";
+    if std::env::var_os("RINGWORK_TEST_REQUIRE_TOOLS").is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("{test} needs {program}, which is not installed: {install}");
+    }
+    eprintln!("NOT RUN: {test} needs {program}, which is not installed: {install}");
+    None
 }
 
 pub fn fast_maintenance() -> MaintenanceConfig {

@@ -21,7 +21,9 @@ pub struct PgBouncer {
 impl PgBouncer {
     /// Start one with `server_connections` server connections for the test database.
     pub fn start(server_url: &str, server_connections: u32) -> Self {
-        let binary = pgbouncer_binary();
+        let binary = pgbouncer_binary().expect(
+            "these tests need pgbouncer: `apt-get install pgbouncer`, or set RINGWORK_PGBOUNCER",
+        );
         let server: PgConnectOptions = server_url.parse().expect("DATABASE_URL");
         let database = server.get_database().unwrap_or("postgres").to_string();
         let port = embedded::free_port().expect("a free port");
@@ -38,7 +40,7 @@ impl PgBouncer {
             &ini,
             format!(
                 "[databases]\n\
-                 {database} = host={host} port={server_port} dbname={database} user={user}\n\
+                 * = host={host} port={server_port} user={user}\n\
                  [pgbouncer]\n\
                  listen_addr = 127.0.0.1\n\
                  listen_port = {port}\n\
@@ -101,6 +103,16 @@ impl PgBouncer {
     /// cache off (its own statements then go unnamed when they ask for `persistent(false)`).
     pub async fn pool(&self, max: u32) -> PgPool {
         let options: PgConnectOptions = self.url.parse().expect("pgbouncer url");
+        Self::connect(options, max).await
+    }
+
+    /// `pool`, to another database of the server (pgbouncer forwards every database name).
+    pub async fn pool_for(&self, database: &str, max: u32) -> PgPool {
+        let options: PgConnectOptions = self.url.parse().expect("pgbouncer url");
+        Self::connect(options.database(database), max).await
+    }
+
+    async fn connect(options: PgConnectOptions, max: u32) -> PgPool {
         PgPoolOptions::new()
             .max_connections(max)
             .acquire_timeout(Duration::from_secs(30))
@@ -118,9 +130,15 @@ impl Drop for PgBouncer {
     }
 }
 
-fn pgbouncer_binary() -> PathBuf {
+/// Whether pgbouncer is installed; a test that needs one returns at once when it is not (see
+/// `tool_or_skip`).
+pub fn installed(test: &str) -> bool {
+    super::tool_or_skip(test, "pgbouncer", pgbouncer_binary()).is_some()
+}
+
+fn pgbouncer_binary() -> Option<PathBuf> {
     if let Ok(path) = std::env::var("RINGWORK_PGBOUNCER") {
-        return PathBuf::from(path);
+        return Some(PathBuf::from(path));
     }
     let on_path = std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
@@ -130,9 +148,6 @@ fn pgbouncer_binary() -> PathBuf {
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
         .map(|dir| dir.join("pgbouncer"))
         .find(|candidate| candidate.is_file())
-        .expect(
-            "these tests need pgbouncer: `apt-get install pgbouncer`, or set RINGWORK_PGBOUNCER",
-        )
 }
 
 fn set_mode(path: &std::path::Path, mode: u32) {

@@ -95,8 +95,10 @@ async fn main() -> Result<(), BoxError> {
         .await?
         .ok_or("the handler never asked")?;
     // the handler asked before it returned: the job waits once its return has been recorded
+    // (the completer writes returns in batches, so on a busy machine that can take a while)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut waiting = None;
-    for _ in 0..200 {
+    while tokio::time::Instant::now() < deadline {
         waiting = client.storage().job_state(id).await?.map(|s| s.state);
         if waiting == Some(JobStatus::Waiting) {
             break;
@@ -117,8 +119,9 @@ async fn main() -> Result<(), BoxError> {
     tokio::time::timeout(Duration::from_secs(20), done.recv())
         .await?
         .ok_or("the handler never ran again")?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut state = None;
-    for _ in 0..200 {
+    while tokio::time::Instant::now() < deadline {
         state = client.storage().job_state(id).await?.map(|s| s.state);
         if state == Some(JobStatus::Completed) {
             break;

@@ -83,7 +83,7 @@ async fn main() -> Result<(), BoxError> {
     let running_outcome = client.cancel(long).await?;
     println!("cancelling running job {long}: {running_outcome:?}");
     let cancelled = wait_for(&client, long, JobStatus::Cancelled).await?;
-    for _ in 0..100 {
+    for _ in 0..200 {
         if stopped.load(Ordering::SeqCst) {
             break;
         }

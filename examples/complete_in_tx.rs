@@ -63,7 +63,7 @@ async fn main() -> Result<(), BoxError> {
         .insert(NewJob::new(&IssueInvoice { order_id })?.queue("billing"))
         .await?;
     let mut state = None;
-    for _ in 0..100 {
+    for _ in 0..200 {
         state = client.storage().job_state(job_id).await?.map(|s| s.state);
         if state == Some(JobStatus::Completed) {
             break;

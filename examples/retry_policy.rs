@@ -58,7 +58,7 @@ async fn main() -> Result<(), BoxError> {
     let running = client.start().await?;
     let id = client.insert(NewJob::new(&CallFlakyApi {})?).await?;
     let mut state = None;
-    for _ in 0..100 {
+    for _ in 0..200 {
         state = client.storage().job_state(id).await?.map(|s| s.state);
         if state == Some(JobStatus::Completed) {
             break;

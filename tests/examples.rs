@@ -37,7 +37,7 @@ fn example_binary(name: &str) -> PathBuf {
     profile_dir.join("examples").join(name)
 }
 
-/// The examples run four at a time (each lives in a schema of its own): most of their time is
+/// The examples run three at a time (each lives in a schema of its own): most of their time is
 /// spent waiting on the server, so running them one after another only adds their waits up.
 #[tokio::test]
 async fn every_example_runs_and_checks_its_own_outcome() {
@@ -47,7 +47,7 @@ async fn every_example_runs_and_checks_its_own_outcome() {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failures = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|scope| {
-            for _ in 0..4 {
+            for _ in 0..3 {
                 scope.spawn(|| loop {
                     let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(name) = EXAMPLES.get(index) else {

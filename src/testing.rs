@@ -53,6 +53,124 @@ static SCHEMAS: AtomicU32 = AtomicU32::new(0);
 static DATABASES: AtomicU32 = AtomicU32::new(0);
 /// The template this process clones, made (or found) by the first `TestDatabase::create`.
 static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+/// The server this process's tests run on, chosen by the first `server_url`.
+static SERVER_URL: OnceCell<String> = OnceCell::const_new();
+
+/// The PostgreSQL server tests run on, chosen once per process: `DATABASE_URL` when it is set; else
+/// `postgres://postgres@127.0.0.1:5432/test` when it answers within 3 s; else a throwaway cluster
+/// from the installed server binaries ([`crate::embedded`]), stopped when the process exits.
+pub async fn server_url() -> Result<String> {
+    SERVER_URL
+        .get_or_try_init(|| async {
+            if let Ok(url) = std::env::var("DATABASE_URL") {
+                return Ok(url);
+            }
+            let default = "postgres://postgres@127.0.0.1:5432/test".to_string();
+            let reachable = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(3))
+                .connect(&default)
+                .await
+                .is_ok();
+            if reachable {
+                return Ok(default);
+            }
+            let unstartable = |e: crate::embedded::EmbeddedError| {
+                Error::Config(format!(
+                    "no PostgreSQL server reachable at {default}, and none could be started: {e}"
+                ))
+            };
+            crate::embedded::EmbeddedPostgres::start()
+                .map_err(unstartable)?
+                .stop_when_process_exits(std::process::id())
+                .map_err(unstartable)
+        })
+        .await
+        .cloned()
+}
+
+/// Maintenance for tests that watch it work: a tick every 50 ms and a rotation every 200 ms.
+pub fn fast_maintenance() -> crate::MaintenanceConfig {
+    crate::MaintenanceConfig {
+        tick: Duration::from_millis(50),
+        rotate_interval: Duration::from_millis(200),
+        ..crate::MaintenanceConfig::default()
+    }
+}
+
+/// Whether a program that a test needs beyond Rust and PostgreSQL (pgbouncer, a browser driver) is
+/// installed: `found` is its path when it is. When it is not, the test should say so and return:
+/// this prints `NOT RUN: <test> needs <program> ...` and returns `None`. With
+/// `RINGWORK_TEST_REQUIRE_TOOLS` set (ringwork's CI sets it) it panics instead, so a CI run cannot
+/// pass without the program.
+pub fn tool_or_skip<T>(test: &str, program: &str, found: Option<T>) -> Option<T> {
+    if found.is_some() {
+        return found;
+    }
+    let install = "`apt-get install pgbouncer chromium chromium-driver` (see README, Tests)";
+    if std::env::var_os("RINGWORK_TEST_REQUIRE_TOOLS").is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("{test} needs {program}, which is not installed: {install}");
+    }
+    eprintln!("NOT RUN: {test} needs {program}, which is not installed: {install}");
+    None
+}
+
+/// Insert one job (kind `approval`, arguments `{"order": 1}`) into `queue`, claim it and register
+/// and await a callback for it, as a handler returning `JobError::WaitForCallback` would: the job
+/// then waits for the callback id returned with its claim (for tests of a callback endpoint). The
+/// insert runs on `conn`, outside any transaction of the caller's.
+pub async fn waiting_for_callback(
+    storage: &Storage,
+    conn: &mut PgConnection,
+    queue: &str,
+    max_attempts: i32,
+    timeout: Duration,
+) -> Result<(crate::ClaimedJob, String)> {
+    storage
+        .insert_many(
+            conn,
+            &[
+                NewJob::from_parts("approval", serde_json::json!({ "order": 1 }))?
+                    .queue(queue)
+                    .max_attempts(max_attempts),
+            ],
+        )
+        .await?;
+    let claimed = storage
+        .claim(queue, 1, None)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Config(format!("the job inserted into {queue:?} was not claimed")))?;
+    let id = storage
+        .register_callback(&claimed.attempt_ref(), timeout)
+        .await?;
+    match storage.await_callback(&claimed.attempt_ref()).await? {
+        crate::AwaitOutcome::Waiting => Ok((claimed, id)),
+        other => Err(Error::Config(format!(
+            "the job did not wait for its callback: {other:?}"
+        ))),
+    }
+}
+
+/// Poll `check` every 20 ms until it is true (then `true`) or `within` has passed (then `false`):
+/// for a test that waits on work another task or process does, with a deadline instead of a guess.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 /// The schema ringwork is migrated into in every test database (not the default `ringwork`, so a
 /// name written into the code instead of the configured schema shows up in tests).
@@ -79,6 +197,11 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
+    /// `create` on the server of [`server_url`].
+    pub async fn new() -> Result<Self> {
+        Self::create(&server_url().await?).await
+    }
+
     /// Clone the template into a new database named `ringwork_test_<pid>_<n>_<random>` on the
     /// server of `server_url` (whose own database is only used to issue `CREATE DATABASE`).
     pub async fn create(server_url: &str) -> Result<Self> {
@@ -140,6 +263,21 @@ impl TestDatabase {
     /// A storage handle on the schema (direct, no transaction pooler).
     pub fn storage(&self) -> Storage {
         Storage::new(self.pool.clone(), self.schema.clone())
+    }
+
+    /// The one `bigint` that `sql` returns, with `{s}` in it replaced by the schema's name.
+    pub async fn scalar_i64(&self, sql: &str) -> Result<i64> {
+        let sql = sql.replace("{s}", self.schema.as_str());
+        Ok(sqlx::query_scalar::<_, i64>(&sql)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Run `sql` (one or more statements, `{s}` replaced by the schema's name).
+    pub async fn exec(&self, sql: &str) -> Result<()> {
+        let sql = sql.replace("{s}", self.schema.as_str());
+        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        Ok(())
     }
 
     /// Close the pool and drop the database; sessions still connected to it (a child process, a

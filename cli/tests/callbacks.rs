@@ -2,28 +2,34 @@
 //! `ringwork serve`, and `ringwork callback`, against jobs that wait in the lease ring.
 
 mod common;
-#[path = "../../tests/support/mod.rs"]
-mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ringwork::testing::TestDatabase;
 use ringwork::{JobStatus, Storage};
-use support::TestDb;
 
 async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
     common::post(addr, path, &[], "application/json", body).await
 }
 
-async fn waiting_job(db: &TestDb, storage: &Storage) -> (i64, String) {
-    let (claimed, id) =
-        support::waiting_job(db, storage, "default", 25, Duration::from_secs(600)).await;
+async fn waiting_job(db: &TestDatabase, storage: &Storage) -> (i64, String) {
+    let mut conn = db.pool().acquire().await.unwrap();
+    let (claimed, id) = ringwork::testing::waiting_for_callback(
+        storage,
+        &mut conn,
+        "default",
+        25,
+        Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
     (claimed.job_id, id)
 }
 
 #[tokio::test]
 async fn callbacks_over_http_and_the_command_line_end_waits_and_refuse_bad_ids() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let storage = db.storage();
     let (completed, completed_id) = waiting_job(&db, &storage).await;
     let (resumed, resumed_id) = waiting_job(&db, &storage).await;
@@ -31,9 +37,9 @@ async fn callbacks_over_http_and_the_command_line_end_waits_and_refuse_bad_ids()
     let (_serve, addr) = common::spawn_serve(&[
         "--no-maintenance",
         "--database-url",
-        &db.url,
+        db.url(),
         "--schema",
-        db.schema.as_str(),
+        db.schema().as_str(),
     ])
     .await;
 
@@ -95,8 +101,8 @@ async fn callbacks_over_http_and_the_command_line_end_waits_and_refuse_bad_ids()
 
     // the command line
     let run = |args: Vec<String>| {
-        let url = db.url.clone();
-        let schema = db.schema.as_str().to_string();
+        let url = db.url().to_string();
+        let schema = db.schema().as_str().to_string();
         async move {
             tokio::process::Command::new(env!("CARGO_BIN_EXE_ringwork"))
                 .arg("callback")
@@ -131,5 +137,5 @@ async fn callbacks_over_http_and_the_command_line_end_waits_and_refuse_bad_ids()
     .await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--payload is not JSON"));
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }

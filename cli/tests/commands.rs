@@ -3,19 +3,16 @@
 //! destructive commands ask unless `--yes`; time flags take durations and refuse negative ones;
 //! `--schema public` and a `--stale-after` that would rescue running jobs are refused.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
-
 use std::process::{Command, Output, Stdio};
 
+use ringwork::testing::TestDatabase;
 use ringwork::NewJob;
 use serde_json::json;
-use support::TestDb;
 
-fn ringwork(db: &TestDb, args: &[&str]) -> Output {
+fn ringwork(db: &TestDatabase, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ringwork"))
         .args(args)
-        .args(["--database-url", &db.url, "--schema", db.schema.as_str()])
+        .args(["--database-url", db.url(), "--schema", db.schema().as_str()])
         // no terminal: a question is answered "no"
         .stdin(Stdio::null())
         .output()
@@ -32,7 +29,7 @@ fn stdout(out: &Output) -> String {
 
 #[tokio::test]
 async fn a_name_that_does_not_exist_exits_3_and_creates_nothing() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     for args in [
         &["job", "987654321"][..],
         &["cancel", "987654321"],
@@ -65,13 +62,13 @@ async fn a_name_that_does_not_exist_exits_3_and_creates_nothing() {
     let out = ringwork(&db, &["resume", "mail"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!db.storage().queue_counts(Some("mail")).await.unwrap()[0].paused);
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn an_existing_job_is_shown_and_cancelled_in_words() {
-    let db = TestDb::new().await;
-    let mut conn = db.pool.acquire().await.unwrap();
+    let db = TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
     let inserted = db
         .storage()
         .insert_many(
@@ -101,12 +98,12 @@ async fn an_existing_job_is_shown_and_cancelled_in_words() {
         "{}",
         stdout(&out)
     );
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn time_flags_take_durations_and_refuse_negative_ones() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     db.storage().set_queue_paused("mail", false).await.unwrap();
     let out = ringwork(&db, &["limit", "mail", "--rate", "10", "--per", "-5"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
@@ -136,12 +133,12 @@ async fn time_flags_take_durations_and_refuse_negative_ones() {
     let out = ringwork(&db, &["maintain", "--stale-after", "1m"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("rescued 0"), "{}", stdout(&out));
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn destructive_commands_ask_and_public_is_refused() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let out = ringwork(&db, &["dlq", "purge", "--all"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
@@ -163,7 +160,7 @@ async fn destructive_commands_ask_and_public_is_refused() {
     assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
 
     let out = Command::new(env!("CARGO_BIN_EXE_ringwork"))
-        .args(["counts", "--database-url", &db.url, "--schema", "public"])
+        .args(["counts", "--database-url", db.url(), "--schema", "public"])
         .output()
         .expect("run ringwork");
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -172,5 +169,5 @@ async fn destructive_commands_ask_and_public_is_refused() {
         "{}",
         stderr(&out)
     );
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }

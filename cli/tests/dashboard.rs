@@ -7,8 +7,6 @@
 //! to docs/dashboard/.
 
 mod common;
-#[path = "../../tests/support/mod.rs"]
-mod support;
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -18,9 +16,10 @@ use std::time::Duration;
 
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
+use ringwork::embedded;
+use ringwork::testing::{eventually, TestDatabase};
 use ringwork::{JobArgs, JobContext, JobError, JobStatus, NewJob, QueueConfig};
 use serde::{Deserialize, Serialize};
-use support::{embedded, eventually, TestDb};
 
 const TOKEN: &str = "dashboard-test-token-0123456789";
 const SCRIPT_ARG: &str = "<script>document.title='pwned'</script>";
@@ -160,21 +159,21 @@ async fn text_of(browser: &Browser, css: &str) -> String {
 
 #[tokio::test]
 async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
-    let Some(chromedriver) = support::tool_or_skip(
+    let Some(chromedriver) = ringwork::testing::tool_or_skip(
         "the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser",
         "chromium and chromedriver",
         chromedriver(),
     ) else {
         return;
     };
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let healed = Arc::new(AtomicBool::new(false));
     let runs = Arc::new(AtomicU32::new(0));
     let client = {
         let healed = Arc::clone(&healed);
         let runs = Arc::clone(&runs);
         db.client()
-            .maintenance(support::fast_maintenance())
+            .maintenance(ringwork::testing::fast_maintenance())
             .queue(
                 "mail",
                 QueueConfig {
@@ -244,9 +243,9 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         "--dashboard-sample-secs",
         "1",
         "--database-url",
-        &db.url,
+        db.url(),
         "--schema",
-        db.schema.as_str(),
+        db.schema().as_str(),
     ])
     .await;
     let base = format!("http://{addr}/dashboard");
@@ -473,20 +472,20 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     drop(driver);
     serve.start_kill().unwrap();
     running.shutdown(Duration::from_secs(5)).await;
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_read_only_dashboard_refuses_every_action() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     db.storage().ensure_queue("ro_q").await.unwrap();
     let (mut serve, addr) = common::spawn_serve(&[
         "--no-maintenance",
         "--dashboard",
         "--database-url",
-        &db.url,
+        db.url(),
         "--schema",
-        db.schema.as_str(),
+        db.schema().as_str(),
     ])
     .await;
     for path in [
@@ -517,12 +516,12 @@ async fn a_read_only_dashboard_refuses_every_action() {
             "--dashboard-token",
             "short",
         ])
-        .args(["--database-url", &db.url, "--schema", db.schema.as_str()])
+        .args(["--database-url", db.url(), "--schema", db.schema().as_str()])
         .output()
         .await
         .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("at least 16 characters"));
     serve.start_kill().unwrap();
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }

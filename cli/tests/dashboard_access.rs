@@ -4,25 +4,23 @@
 //! exact sign-in exemptions, deep links kept through sign-in, unknown queues never created.
 
 mod common;
-#[path = "../../tests/support/mod.rs"]
-mod support;
 
 use std::net::SocketAddr;
 
 use common::{exchange, header};
-use support::TestDb;
+use ringwork::testing::TestDatabase;
 
 const TOKEN: &str = "dashboard-access-token-0123456789";
 
-async fn serve(db: &TestDb, mode: &[&str]) -> (tokio::process::Child, SocketAddr) {
+async fn serve(db: &TestDatabase, mode: &[&str]) -> (tokio::process::Child, SocketAddr) {
     let mut args = vec![
         "--no-maintenance",
         "--dashboard-host",
         "jobs.example.test",
         "--database-url",
-        &db.url,
+        db.url(),
         "--schema",
-        db.schema.as_str(),
+        db.schema().as_str(),
     ];
     args.extend_from_slice(mode);
     common::spawn_serve(&args).await
@@ -56,7 +54,7 @@ fn csrf_of(body: &str) -> String {
 
 #[tokio::test]
 async fn only_the_dashboards_hosts_are_answered() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let (mut serve, addr) = serve(&db, &["--dashboard"]).await;
     let local = addr.to_string();
     for (host, expected) in [
@@ -80,12 +78,12 @@ async fn only_the_dashboards_hosts_are_answered() {
     let (status, _, _) = exchange(addr, "GET", "/healthz", &[("Host", "evil.example")], "").await;
     assert_ne!(status, 421);
     serve.start_kill().unwrap();
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn behind_a_proxy_actions_need_the_dashboards_own_origin_and_a_known_queue() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     db.storage().ensure_queue("known_q").await.unwrap();
     let (mut serve, addr) = serve(&db, &["--dashboard-behind-proxy"]).await;
     let host = addr.to_string();
@@ -160,12 +158,12 @@ async fn behind_a_proxy_actions_need_the_dashboards_own_origin_and_a_known_queue
     .await;
     assert!(!bare.contains("<nav"), "{bare}");
     serve.start_kill().unwrap();
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn sign_in_keeps_server_side_sessions_that_end_at_sign_out() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let (mut serve, addr) = serve(&db, &["--dashboard-token", TOKEN]).await;
     let host = addr.to_string();
     let get = |path: &'static str, cookie: Option<String>| {
@@ -263,13 +261,13 @@ async fn sign_in_keeps_server_side_sessions_that_end_at_sign_out() {
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("try again in"), "{body}");
     serve.start_kill().unwrap();
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 /// Store jobs past the SQL API's checks, as rows written before them would be (see
 /// tests/hostile_input.rs): one lane, so they list together.
-async fn store_around_the_checks(db: &TestDb, queue: &str, args: &[String]) -> Vec<i64> {
-    let s = db.schema.as_str();
+async fn store_around_the_checks(db: &TestDatabase, queue: &str, args: &[String]) -> Vec<i64> {
+    let s = db.schema().as_str();
     sqlx::query_scalar(&format!(
         "SELECT * FROM {s}.enqueue_jobs($1, 2::smallint, array_fill('hostile'::text, ARRAY[$3]),
                                         $2::text[]::jsonb[], array_fill(25, ARRAY[$3]),
@@ -278,15 +276,15 @@ async fn store_around_the_checks(db: &TestDb, queue: &str, args: &[String]) -> V
     .bind(queue)
     .bind(args)
     .bind(args.len() as i32)
-    .fetch_all(&db.pool)
+    .fetch_all(db.pool())
     .await
     .expect("enqueue_jobs")
 }
 
 #[tokio::test]
 async fn every_page_renders_beside_rows_no_worker_can_decode() {
-    let db = TestDb::new().await;
-    let s = db.schema.as_str();
+    let db = TestDatabase::new().await.unwrap();
+    let s = db.schema().as_str();
     let nasty = vec![
         r#"{"n": 1e400}"#.to_string(),
         format!("{}1{}", "[".repeat(300), "]".repeat(300)),
@@ -316,7 +314,7 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
                                          ARRAY[25], ARRAY['infinity'::timestamptz], ARRAY[NULL::int],
                                          ARRAY[NULL::text])"
     ))
-    .fetch_one(&db.pool)
+    .fetch_one(db.pool())
     .await
     .unwrap();
     ids.push(forever);
@@ -359,17 +357,17 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
         "infinity lists at the bound"
     );
     serve.start_kill().unwrap();
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 /// `count` jobs of `queue` dead-lettered now (the queue's dead-letter queue on, claimed, failed).
-async fn dead_letter(db: &TestDb, queue: &str, count: usize) {
+async fn dead_letter(db: &TestDatabase, queue: &str, count: usize) {
     let storage = db.storage();
     storage.set_queue_dead_letter(queue, true).await.unwrap();
     for n in 0..count {
         storage
             .insert(
-                &mut db.pool.acquire().await.unwrap(),
+                &mut db.pool().acquire().await.unwrap(),
                 &ringwork::NewJob::from_parts("hostile", serde_json::json!({ "n": n }))
                     .unwrap()
                     .queue(queue),
@@ -395,7 +393,7 @@ async fn dead_letter(db: &TestDb, queue: &str, count: usize) {
 
 #[tokio::test]
 async fn purging_all_dead_letters_stops_at_what_the_page_showed() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     dead_letter(&db, "dlq_q", 3).await;
     let (mut serve, addr) = serve(&db, &["--dashboard-behind-proxy"]).await;
     let host = addr.to_string();
@@ -415,10 +413,10 @@ async fn purging_all_dead_letters_stops_at_what_the_page_showed() {
     sqlx::query(&format!(
         "UPDATE {}.dlq_entries SET failed_at = to_timestamp($1::float8 / 1000) + interval '1 second'
          WHERE job_id = (SELECT max(job_id) FROM {0}.dlq_entries)",
-        db.schema
+        db.schema()
     ))
     .bind(shown_at.parse::<i64>().expect("shown_at is milliseconds") as f64)
-    .execute(&db.pool)
+    .execute(db.pool())
     .await
     .unwrap();
     let (status, _, _) = exchange(
@@ -436,12 +434,12 @@ async fn purging_all_dead_letters_stops_at_what_the_page_showed() {
         "the job dead-lettered after the page was shown is kept"
     );
     serve.start_kill().unwrap();
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn queue_pages_count_one_page_of_queues_and_filter_by_name() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let storage = db.storage();
     for n in 0..120 {
         storage
@@ -492,5 +490,5 @@ async fn queue_pages_count_one_page_of_queues_and_filter_by_name() {
     .await;
     assert_eq!(status, 400);
     serve.start_kill().unwrap();
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }

@@ -2,15 +2,12 @@
 //! stopped with SIGSTOP is fenced and replaced within the takeover bound (2 × stale_after), rescue
 //! goes on, the old leader steps down when it wakes, and a killed leader is replaced.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ringwork::testing::{eventually, TestDatabase};
 use ringwork::NewJob;
 use serde_json::json;
-use support::{eventually, TestDb};
 
 /// A child process that is killed (SIGKILL works on a stopped process too) when the test ends,
 /// passed or failed, so a failed assertion never leaves a frozen leader behind.
@@ -24,16 +21,16 @@ impl Drop for Worker {
 }
 
 /// `ringwork work` with a 1-s staleness window (takeover bound 2 s), named in pg_stat_activity.
-fn work_process(db: &TestDb, name: &str) -> Worker {
-    let separator = if db.url.contains('?') { '&' } else { '?' };
+fn work_process(db: &TestDatabase, name: &str) -> Worker {
+    let separator = if db.url().contains('?') { '&' } else { '?' };
     Worker(
         Command::new(env!("CARGO_BIN_EXE_ringwork"))
             .args([
                 "work",
                 "--database-url",
-                &format!("{}{separator}application_name={name}", db.url),
+                &format!("{}{separator}application_name={name}", db.url()),
                 "--schema",
-                db.schema.as_str(),
+                db.schema().as_str(),
                 "--workers",
                 "4",
                 "--stale-after",
@@ -47,14 +44,14 @@ fn work_process(db: &TestDb, name: &str) -> Worker {
 }
 
 /// The application name of the session holding this schema's maintenance leader lock.
-async fn leader(db: &TestDb) -> Option<String> {
+async fn leader(db: &TestDatabase) -> Option<String> {
     sqlx::query_scalar(
         "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
            AND l.classid::bigint = ($1 >> 32) & 4294967295 AND l.objid::bigint = $1 & 4294967295",
     )
-    .bind(ringwork::maintenance::leader_lock_key(&db.schema))
-    .fetch_optional(&db.pool)
+    .bind(ringwork::maintenance::leader_lock_key(db.schema()))
+    .fetch_optional(db.pool())
     .await
     .unwrap()
 }
@@ -70,7 +67,7 @@ fn signal(child: &Worker, sig: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_leader_is_fenced_and_a_killed_one_replaced_within_the_bound() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let prefix = format!("rwl{}", std::process::id());
     let (name_a, name_b) = (format!("{prefix}_a"), format!("{prefix}_b"));
     let mut a = work_process(&db, &name_a);
@@ -85,6 +82,7 @@ async fn a_frozen_leader_is_fenced_and_a_killed_one_replaced_within_the_bound() 
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name_b}'"
         ))
         .await
+        .unwrap()
             > 0
     })
     .await;
@@ -102,7 +100,7 @@ async fn a_frozen_leader_is_fenced_and_a_killed_one_replaced_within_the_bound() 
         })
         .collect();
     let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
     storage.insert_many(&mut conn, &jobs).await.unwrap();
     drop(conn);
     assert_eq!(storage.claim("orphans", 20, None).await.unwrap().len(), 20);
@@ -147,7 +145,7 @@ async fn a_frozen_leader_is_fenced_and_a_killed_one_replaced_within_the_bound() 
     .await;
     drop(a);
     assert!(a_again, "no process took over from the killed leader");
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[test]

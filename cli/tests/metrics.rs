@@ -4,17 +4,15 @@
 //! endpoints and pushes OTLP to a test receiver.
 
 mod common;
-#[path = "../../tests/support/mod.rs"]
-mod support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ringwork::http::{router, Endpoints, PrometheusExporter};
+use ringwork::testing::{eventually, TestDatabase};
 use ringwork::{JobArgs, JobContext, JobError, MaintenanceConfig, NewJob, QueueConfig};
 use serde::{Deserialize, Serialize};
-use support::{eventually, TestDb};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 #[derive(Serialize, Deserialize)]
@@ -65,7 +63,7 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 
 #[tokio::test]
 async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_follows_the_client() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let exporter = Arc::new(PrometheusExporter::new(|provider| provider).unwrap());
     // maintenance leads (for /readyz) but does not rotate here, so the ring keeps the terminal
     // rows that `completed` counts; the next test counts rotations and prunes
@@ -73,7 +71,7 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         .client()
         .maintenance(MaintenanceConfig {
             rotate_interval: Duration::from_secs(3600),
-            ..support::fast_maintenance()
+            ..ringwork::testing::fast_maintenance()
         })
         .telemetry(exporter.telemetry())
         .queue(
@@ -100,7 +98,7 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
             .unwrap();
     }
     // a session pinning the horizon, for the canary's gauges
-    let mut holder = db.pool.acquire().await.unwrap();
+    let mut holder = db.pool().acquire().await.unwrap();
     sqlx::raw_sql("BEGIN; SELECT txid_current();")
         .execute(&mut *holder)
         .await
@@ -278,12 +276,12 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         .await
         .unwrap();
     drop(holder);
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
 async fn the_maintenance_leader_counts_its_rotations_and_prunes() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let exporter = PrometheusExporter::new(|provider| provider).unwrap();
     let client = db
         .client()
@@ -319,7 +317,7 @@ async fn the_maintenance_leader_counts_its_rotations_and_prunes() {
         exporter.render().unwrap()
     );
     running.shutdown(Duration::from_secs(5)).await;
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 /// A minimal OTLP/HTTP receiver: records (path, content type, body) of every POST and answers 200.
@@ -376,7 +374,7 @@ async fn otlp_receiver() -> (SocketAddr, Arc<Mutex<Vec<(String, String, Vec<u8>)
 
 #[tokio::test]
 async fn serve_answers_metrics_health_and_readiness_and_pushes_otlp() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     db.storage().ensure_queue("served_q").await.unwrap();
     let (otlp, received) = otlp_receiver().await;
     let otlp_endpoint = format!("http://{otlp}/v1/metrics");
@@ -386,9 +384,9 @@ async fn serve_answers_metrics_health_and_readiness_and_pushes_otlp() {
         "--otlp-endpoint",
         &otlp_endpoint,
         "--database-url",
-        &db.url,
+        db.url(),
         "--schema",
-        db.schema.as_str(),
+        db.schema().as_str(),
     ])
     .await;
 
@@ -453,7 +451,7 @@ async fn serve_answers_metrics_health_and_readiness_and_pushes_otlp() {
         .expect("serve stops on SIGTERM")
         .unwrap();
     assert!(exit.success(), "serve exited with {exit}");
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[tokio::test]
@@ -485,14 +483,14 @@ async fn a_scrape_with_the_database_unreachable_answers_in_time_and_marks_the_st
 
 #[tokio::test]
 async fn serve_refuses_a_schema_that_is_not_installed() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringwork"))
         .args([
             "serve",
             "--listen",
             "127.0.0.1:0",
             "--database-url",
-            &db.url,
+            db.url(),
         ])
         .args(["--schema", "rw_never_installed"])
         .output()
@@ -501,7 +499,7 @@ async fn serve_refuses_a_schema_that_is_not_installed() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("not installed"), "{stderr}");
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -2,20 +2,17 @@
 //! transaction is named with its pid, a paused queue's depth is exact, and the JSON is what the
 //! screen shows.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
-
 use std::process::Command;
 use std::time::Duration;
 
+use ringwork::testing::TestDatabase;
 use ringwork::NewJob;
 use serde_json::{json, Value};
-use support::TestDb;
 
-fn status_json(db: &TestDb, extra: &[&str]) -> Value {
+fn status_json(db: &TestDatabase, extra: &[&str]) -> Value {
     let output = Command::new(env!("CARGO_BIN_EXE_ringwork"))
-        .args(["status", "--json", "--database-url", &db.url])
-        .args(["--schema", db.schema.as_str()])
+        .args(["status", "--json", "--database-url", db.url()])
+        .args(["--schema", db.schema().as_str()])
         .args(extra)
         .output()
         .expect("run ringwork status");
@@ -29,9 +26,9 @@ fn status_json(db: &TestDb, extra: &[&str]) -> Value {
 
 #[tokio::test]
 async fn status_names_a_held_transaction_and_shows_exact_counts_of_a_paused_queue() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
     let jobs: Vec<NewJob> = (0..25)
         .map(|n| NewJob::from_parts("k", json!({ "n": n })).unwrap())
         .collect();
@@ -41,7 +38,7 @@ async fn status_names_a_held_transaction_and_shows_exact_counts_of_a_paused_queu
 
     // a session that pins the horizon: an open transaction with an xid, as a forgotten
     // `BEGIN` in psql or a stuck request handler leaves it
-    let mut holder = db.pool.acquire().await.unwrap();
+    let mut holder = db.pool().acquire().await.unwrap();
     sqlx::query("SET application_name = 'horizon-holder-test'")
         .execute(&mut *holder)
         .await
@@ -125,7 +122,7 @@ async fn status_names_a_held_transaction_and_shows_exact_counts_of_a_paused_queu
         "{status}"
     );
     drop(holder);
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }
 
 #[test]

@@ -1,28 +1,25 @@
 //! A worker process (`ringwork work`) killed with SIGKILL under load loses no job, and no attempt
 //! completes twice: its claims are rescued and run by a second process.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringwork::testing::{eventually, TestDatabase};
 use ringwork::NewJob;
 use serde_json::json;
-use support::{eventually, TestDb};
 
 /// `ringwork work` in a child process; returns the child and its latest "completed N" count.
-fn worker_process(db: &TestDb) -> (Child, Arc<AtomicU64>) {
+fn worker_process(db: &TestDatabase) -> (Child, Arc<AtomicU64>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ringwork"))
         .args([
             "work",
             "--database-url",
-            &db.url,
+            db.url(),
             "--schema",
-            db.schema.as_str(),
+            db.schema().as_str(),
             "--workers",
             "16",
             "--stale-after",
@@ -50,12 +47,12 @@ fn worker_process(db: &TestDb) -> (Child, Arc<AtomicU64>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_with_sigkill_loses_no_job_and_no_attempt_completes_twice() {
-    let db = TestDb::new().await;
+    let db = TestDatabase::new().await.unwrap();
     let total = 3000_i64;
     let jobs: Vec<_> = (0..total)
         .map(|_| NewJob::from_parts("sleep", json!({ "ms": 5 })).unwrap())
         .collect();
-    let mut conn = db.pool.acquire().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
     let ids = db.storage().insert_many(&mut conn, &jobs).await.unwrap();
     drop(conn);
 
@@ -73,10 +70,10 @@ async fn a_worker_killed_with_sigkill_loses_no_job_and_no_attempt_completes_twic
     let (mut second, _) = worker_process(&db);
     let query = format!(
         "SELECT count(DISTINCT j)::int8 FROM {}.receipt_completion_batches, unnest(job_ids) j",
-        db.schema
+        db.schema()
     );
     let all_done = eventually(Duration::from_secs(120), || {
-        let pool = db.pool.clone();
+        let pool = db.pool().clone();
         let query = query.clone();
         async move {
             sqlx::query_scalar::<_, i64>(&query)
@@ -99,6 +96,7 @@ async fn a_worker_killed_with_sigkill_loses_no_job_and_no_attempt_completes_twic
             "SELECT count(*) FROM {s}.lease_claim_closure_batches WHERE outcome = 'rescued'"
         )
         .await
+        .unwrap()
             > 0,
         "the dead worker's claims were rescued"
     );
@@ -107,25 +105,28 @@ async fn a_worker_killed_with_sigkill_loses_no_job_and_no_attempt_completes_twic
             "SELECT count(*) FROM (SELECT j, l FROM {s}.receipt_completion_batches,
                  unnest(job_ids, run_leases) AS u(j, l) GROUP BY j, l HAVING count(*) > 1) d",
         )
-        .await;
+        .await
+        .unwrap();
     assert_eq!(
         twice, 0,
         "an attempt completed twice under the same run_lease"
     );
     let completed: Vec<i64> = sqlx::query_scalar(&format!(
         "SELECT DISTINCT j FROM {}.receipt_completion_batches, unnest(job_ids) j ORDER BY j",
-        db.schema
+        db.schema()
     ))
-    .fetch_all(&db.pool)
+    .fetch_all(db.pool())
     .await
     .unwrap();
     let mut expected = ids.clone();
     expected.sort();
     assert_eq!(completed, expected, "every enqueued job completed");
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.done_entries").await,
+        db.scalar_i64("SELECT count(*) FROM {s}.done_entries")
+            .await
+            .unwrap(),
         0,
         "none failed"
     );
-    db.cleanup().await;
+    db.drop().await.unwrap();
 }

@@ -15,7 +15,6 @@ use tokio::sync::OnceCell;
 pub use ringwork::embedded;
 pub mod pgbouncer;
 
-static SERVER_URL: OnceCell<String> = OnceCell::const_new();
 /// With `RINGWORK_TEST_PGBOUNCER` set: one pgbouncer (transaction mode) per test binary, in front
 /// of the test server; it stops with the process.
 static BOUNCER: OnceCell<pgbouncer::PgBouncer> = OnceCell::const_new();
@@ -28,28 +27,9 @@ pub fn through_pgbouncer() -> bool {
 }
 
 async fn server_url() -> String {
-    SERVER_URL
-        .get_or_init(|| async {
-            if let Ok(url) = std::env::var("DATABASE_URL") {
-                return url;
-            }
-            let default = "postgres://postgres@127.0.0.1:5432/test".to_string();
-            let reachable = PgPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(Duration::from_secs(3))
-                .connect(&default)
-                .await
-                .is_ok();
-            if reachable {
-                return default;
-            }
-            let pg = embedded::EmbeddedPostgres::start()
-                .expect("no PostgreSQL reachable and none startable");
-            pg.stop_when_process_exits(std::process::id())
-                .expect("watchdog")
-        })
+    ringwork::testing::server_url()
         .await
-        .clone()
+        .expect("a PostgreSQL server for the tests")
 }
 
 /// One test's database: a clone of the kit's migrated template (`ringwork::testing::TestDatabase`),
@@ -144,29 +124,8 @@ impl TestDb {
     }
 }
 
-/// Whether a program that some tests need beyond Rust and PostgreSQL (pgbouncer, chromedriver) is
-/// installed: `found` is its path when it is. When it is not, the test says plainly that it did
-/// not run and why, and returns; with `RINGWORK_TEST_REQUIRE_TOOLS` set (`.ci/run` sets it) the
-/// test fails instead, so CI never passes without it.
-pub fn tool_or_skip<T>(test: &str, program: &str, found: Option<T>) -> Option<T> {
-    if found.is_some() {
-        return found;
-    }
-    let install = "`apt-get install pgbouncer chromium chromium-driver` (see README, Tests)";
-    if std::env::var_os("RINGWORK_TEST_REQUIRE_TOOLS").is_some_and(|v| !v.is_empty() && v != "0") {
-        panic!("{test} needs {program}, which is not installed: {install}");
-    }
-    eprintln!("NOT RUN: {test} needs {program}, which is not installed: {install}");
-    None
-}
-
-pub fn fast_maintenance() -> MaintenanceConfig {
-    MaintenanceConfig {
-        tick: Duration::from_millis(50),
-        rotate_interval: Duration::from_millis(200),
-        ..MaintenanceConfig::default()
-    }
-}
+#[allow(unused_imports)] // each test binary uses a part of it
+pub use ringwork::testing::{fast_maintenance, tool_or_skip};
 
 /// Maintenance that never runs (for tests that drive it by hand).
 pub fn no_maintenance() -> MaintenanceConfig {
@@ -176,23 +135,8 @@ pub fn no_maintenance() -> MaintenanceConfig {
     }
 }
 
-/// Poll `check` every 20 ms until it is true or `within` passes.
-pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[allow(unused_imports)] // each test binary uses a part of it
+pub use ringwork::testing::eventually;
 
 /// Seal both rings' current slots and prune every sealed slot of both (prune's lock timeout
 /// 25 ms; failed and cancelled history kept 7 days): the ring's history moves to the archive.
@@ -229,29 +173,7 @@ pub async fn waiting_job(
     timeout: Duration,
 ) -> (ringwork::ClaimedJob, String) {
     let mut conn = db.pool.acquire().await.unwrap();
-    storage
-        .insert_many(
-            &mut conn,
-            &[
-                ringwork::NewJob::from_parts("approval", serde_json::json!({ "order": 1 }))
-                    .unwrap()
-                    .queue(queue)
-                    .max_attempts(max_attempts),
-            ],
-        )
+    ringwork::testing::waiting_for_callback(storage, &mut conn, queue, max_attempts, timeout)
         .await
-        .unwrap();
-    let claimed = storage.claim(queue, 1, None).await.unwrap().remove(0);
-    let id = storage
-        .register_callback(&claimed.attempt_ref(), timeout)
-        .await
-        .unwrap();
-    assert_eq!(
-        storage
-            .await_callback(&claimed.attempt_ref())
-            .await
-            .unwrap(),
-        ringwork::AwaitOutcome::Waiting
-    );
-    (claimed, id)
+        .expect("a job waiting for its callback")
 }

@@ -91,6 +91,11 @@ pub fn grant_statements(schema: &SchemaName, role: &str, access: Access) -> Resu
         format!("ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT {sequences} ON SEQUENCES TO {r}"),
         format!("ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT EXECUTE ON FUNCTIONS TO {r}"),
     ];
+    // the engine clock's offset is read by every claim, and written only by a test clock: a role
+    // that moved it would make live claims look stale and scheduled jobs due
+    statements.push(format!(
+        "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {s}.clock_offset FROM {r}"
+    ));
     if access != Access::Worker {
         // the key callback ids are signed with: whoever reads it can mint them
         statements.push(format!("REVOKE ALL ON {s}.callback_keys FROM {r}"));

@@ -83,6 +83,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/0018_proven_segments.sql"),
     ),
     ("settings", include_str!("../migrations/0019_settings.sql")),
+    (
+        "clock_offset",
+        include_str!("../migrations/0020_clock_offset.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -90,6 +94,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
 /// by name what an earlier install had and this one no longer defines.
 const FUNCTION_FILES: &[(&str, &str)] = &[
     ("dropped", include_str!("../sql/functions/dropped.sql")),
+    ("clock", include_str!("../sql/functions/clock.sql")),
     ("locks", include_str!("../sql/functions/locks.sql")),
     (
         "queue_ring",
@@ -449,6 +454,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("periodic_triggers", ChurnClass::Backlog),
     // one row per limit an operator changed from its default (migration 0019)
     ("settings", ChurnClass::Warm),
+    // the engine's clock offset: no row in production, one row a test clock updates (0020)
+    ("clock_offset", ChurnClass::Warm),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

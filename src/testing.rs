@@ -153,6 +153,19 @@ pub async fn waiting_for_callback(
     }
 }
 
+/// Move the engine clock of `schema` forward by `by`, as if that much time had passed: the decisions
+/// that read the engine's clock (stale and deadline rescue, claim times and deadlines, heartbeats,
+/// rate windows, promotion of due jobs) then see a later time. The clock never moves back.
+pub async fn advance_clock(pool: &PgPool, schema: &SchemaName, by: Duration) -> Result<()> {
+    sqlx::query(&format!(
+        "SELECT {schema}.advance_clock(make_interval(secs => $1))"
+    ))
+    .bind(by.as_secs_f64())
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Poll `check` every 20 ms until it is true (then `true`) or `within` has passed (then `false`):
 /// for a test that waits on work another task or process does, with a deadline instead of a guess.
 pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
@@ -263,6 +276,11 @@ impl TestDatabase {
     /// A storage handle on the schema (direct, no transaction pooler).
     pub fn storage(&self) -> Storage {
         Storage::new(self.pool.clone(), self.schema.clone())
+    }
+
+    /// Move the schema's engine clock forward by `by` (see [`advance_clock`]).
+    pub async fn advance_clock(&self, by: Duration) -> Result<()> {
+        advance_clock(&self.pool, &self.schema, by).await
     }
 
     /// The one `bigint` that `sql` returns, with `{s}` in it replaced by the schema's name.

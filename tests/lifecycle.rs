@@ -286,7 +286,7 @@ async fn priority_aging_lets_an_old_low_priority_job_through_a_steady_high_prior
     // and without aging, priority is strict
     let low2 = enqueue(&db, vec![job(1).priority(4)]).await[0];
     enqueue(&db, vec![job(2).priority(1)]).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    db.advance_clock(Duration::from_millis(400)).await;
     let strict = storage.claim("default", 1, None).await.unwrap();
     assert_ne!(strict[0].job_id, low2);
     db.cleanup().await;
@@ -344,7 +344,7 @@ async fn exhausted_jobs_of_a_dead_letter_queue_can_be_listed_retried_once_and_pu
         .await
         .unwrap();
     // exhausted by rescue also lands in the DLQ
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    db.advance_clock(Duration::from_millis(150)).await;
     assert_eq!(
         storage
             .rescue(Duration::from_millis(100), 100)
@@ -399,7 +399,7 @@ async fn many_jobs_due_at_once_are_promoted_in_bounded_batches_in_run_at_order()
         .collect();
     let ids = enqueue(&db, jobs).await;
     assert_eq!(storage.promote_due(100).await.unwrap(), 0, "none due yet");
-    tokio::time::sleep(Duration::from_millis(1900)).await;
+    db.advance_clock(Duration::from_millis(1900)).await;
     let batches = [
         storage.promote_due(100).await.unwrap(),
         storage.promote_due(100).await.unwrap(),

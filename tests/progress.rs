@@ -258,7 +258,7 @@ async fn rescue_keeps_a_crashed_attempt_s_checkpoint_and_refuses_its_late_progre
             .unwrap(),
         [Outcome::Applied]
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    db.advance_clock(Duration::from_millis(50)).await;
     assert_eq!(
         storage
             .rescue(Duration::from_millis(10), 100)

@@ -15,7 +15,9 @@ fn job(n: i64) -> NewJob {
 }
 
 const NO_WAIT: Duration = Duration::from_millis(25);
-const STALE: Duration = Duration::from_millis(300);
+// Rescue reads the engine clock, which the tests advance (`TestDb::advance_clock`) rather than
+// sleep: a stale age of a minute is never reached by a slow machine, only by the clock.
+const STALE: Duration = Duration::from_secs(60);
 const NEVER: Duration = Duration::from_secs(3600);
 
 async fn enqueue(db: &TestDb, jobs: Vec<NewJob>) -> Vec<i64> {
@@ -34,7 +36,7 @@ async fn stale_rescue_requeues_an_abandoned_claim_and_the_late_completion_is_sta
         0,
         "too new to be a candidate"
     );
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
     assert_eq!(
         storage
@@ -78,7 +80,7 @@ async fn a_fresh_heartbeat_keeps_a_claim_alive_and_the_cursor_wraps_back_to_it()
         0,
         "short jobs make none"
     );
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     let beat = storage
         .heartbeat_batch(&[(claimed[0].attempt_ref(), Some(json!({"done": 50})))])
         .await
@@ -97,7 +99,7 @@ async fn a_fresh_heartbeat_keeps_a_claim_alive_and_the_cursor_wraps_back_to_it()
         vec![Outcome::Stale]
     );
     // the sweep stepped over the live claim and will revisit it: once its heartbeat ages, it goes
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(
         storage.rescue(STALE, 100).await.unwrap(),
         1,
@@ -141,7 +143,7 @@ async fn exhausted_attempts_are_failed_by_rescue_not_retried_forever() {
     let storage = db.storage();
     let id = enqueue(&db, vec![job(1).max_attempts(1)]).await[0];
     storage.claim("default", 1, None).await.unwrap();
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
     let state: String = sqlx::query_scalar(&format!(
         "SELECT state FROM {}.done_entries WHERE job_id = $1",
@@ -167,7 +169,7 @@ async fn the_stale_cursor_stops_before_a_claim_it_cannot_lock_and_skips_claims_t
     enqueue(&db, (0..3).map(job).collect()).await;
     let old = storage.claim("default", 1, None).await.unwrap().remove(0);
     let old2 = storage.claim("default", 1, None).await.unwrap().remove(0);
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     let new = storage.claim("default", 1, None).await.unwrap().remove(0);
 
     // a completion of `old` is in flight: it holds the per-attempt lock
@@ -213,7 +215,7 @@ async fn complete_and_rescue_of_the_same_attempt_have_exactly_one_winner() {
     let storage = db.storage();
     enqueue(&db, (0..40).map(job).collect()).await;
     let claimed = storage.claim("default", 40, None).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    db.advance_clock(Duration::from_millis(150)).await;
     // race each attempt's completion against a rescue sweep that sees it as stale
     let mut completed = 0;
     let mut rescued = 0;
@@ -278,7 +280,7 @@ async fn stale_rescue_closes_only_the_open_members_of_a_partly_closed_compact_ba
         .complete_batch(&[first[2].attempt_ref()])
         .await
         .unwrap();
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 3);
     let rescued: Vec<i64> = sqlx::query_scalar(&format!(
         "SELECT r FROM {}.lease_claim_closure_batches c, unnest(c.receipt_ranges) m, \
@@ -340,7 +342,7 @@ async fn deadline_rescue_closes_the_open_members_of_a_partly_closed_compact_batc
         0,
         "deadline not reached"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.advance_clock(Duration::from_millis(300)).await;
     assert_eq!(storage.rescue(NEVER, 100).await.unwrap(), 2);
     assert_eq!(
         db.scalar_i64("SELECT coalesce(sum(closed_count), 0)::int8 FROM {s}.lease_claim_closure_batches WHERE outcome = 'deadline_expired'").await,
@@ -387,7 +389,7 @@ async fn a_job_with_its_own_timeout_gets_a_row_local_claim_with_its_own_deadline
     );
     assert_eq!(storage.count_in_flight(None).await.unwrap(), 3);
 
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    db.advance_clock(Duration::from_millis(300)).await;
     assert_eq!(
         storage.rescue(NEVER, 100).await.unwrap(),
         1,
@@ -432,7 +434,7 @@ async fn prune_refuses_an_open_row_local_claim_and_resets_rescue_cursors_when_it
         .complete_batch(&[claimed[0].attempt_ref()])
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    db.advance_clock(Duration::from_millis(50)).await;
     storage.rescue(NEVER, 100).await.unwrap();
     // a moved cursor is a new row in the slot's claim_rescue_cursors child (migration 0005)
     db.exec("INSERT INTO {s}.claim_rescue_cursors (claim_slot, stale_cursor_claimed_at, stale_cursor_batch_id) VALUES (0, now(), 1)").await;
@@ -709,7 +711,7 @@ async fn rescue_sweeps_a_claim_that_committed_into_a_slot_already_freed() {
         .await,
         1
     );
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(
         storage.rescue(STALE, 100).await.unwrap(),
         1,
@@ -813,7 +815,7 @@ async fn a_rotation_killed_between_ledger_append_and_commit_loses_no_job() {
     assert!(!storage.rotate_claim_ring(NEVER).await.unwrap());
     assert_eq!(used().await, before);
     // the abandoned claim in the free claim slot is still found by rescue and runs again
-    tokio::time::sleep(STALE + Duration::from_millis(100)).await;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
     // its retry is due after the rescue backoff (2 s for a first attempt)
     let again = support::eventually(Duration::from_secs(8), || async {

@@ -173,6 +173,11 @@ async fn workers_producers_and_readers_run_without_create_on_the_schema() {
         .await
         .unwrap();
     let storage = working.storage().clone();
+    refused(
+        ringwork::testing::advance_clock(&as_worker, &schema, std::time::Duration::from_secs(60))
+            .await,
+        "the worker moves the engine clock",
+    );
     let running = working.start().await.unwrap();
     assert!(
         eventually(Duration::from_secs(20), || async {

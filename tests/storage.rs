@@ -698,6 +698,8 @@ async fn rotation_prune_and_rescue_cursors_rewrite_no_row_under_a_held_horizon()
                 .await
                 .unwrap();
         }
+        // a sleep, not the engine clock: this test counts every row update in the schema, and the
+        // test clock's own row would be one
         tokio::time::sleep(Duration::from_millis(5)).await;
         // every claim is closed and older than 1 ms: the stale cursor steps over them
         storage.rescue(Duration::from_millis(1), 100).await.unwrap();

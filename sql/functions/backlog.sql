@@ -88,15 +88,16 @@ DECLARE
     v_group record;
     v_ids bigint[];
     v_total int := 0;
+    v_now timestamptz := __S__.engine_now();
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs WHERE run_at <= now()) THEN
+    IF NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs WHERE run_at <= v_now) THEN
         RETURN 0;
     END IF;
-    FOR v_group IN SELECT DISTINCT d.queue, d.priority FROM __S__.deferred_jobs d WHERE d.run_at <= now() LOOP
+    FOR v_group IN SELECT DISTINCT d.queue, d.priority FROM __S__.deferred_jobs d WHERE d.run_at <= v_now LOOP
         EXIT WHEN v_total >= p_limit;
         SELECT array_agg(x.job_id ORDER BY x.run_at, x.job_id) INTO v_ids
         FROM (SELECT d.job_id, d.run_at FROM __S__.deferred_jobs d
-              WHERE d.queue = v_group.queue AND d.priority = v_group.priority AND d.run_at <= now()
+              WHERE d.queue = v_group.queue AND d.priority = v_group.priority AND d.run_at <= v_now
               ORDER BY d.run_at, d.job_id LIMIT p_limit - v_total FOR UPDATE SKIP LOCKED) x;
         CONTINUE WHEN v_ids IS NULL;
         PERFORM __S__.promote_jobs(v_group.queue, v_group.priority, v_ids);
@@ -111,8 +112,8 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.run_deferred_now(p_queue text) RETURNS int
 LANGUAGE sql AS $$
     WITH due AS (
-        UPDATE __S__.deferred_jobs d SET run_at = now()
-        WHERE d.queue = p_queue AND d.run_at > now() AND d.held_key IS NULL RETURNING 1
+        UPDATE __S__.deferred_jobs d SET run_at = __S__.engine_now()
+        WHERE d.queue = p_queue AND d.run_at > __S__.engine_now() AND d.held_key IS NULL RETURNING 1
     ) SELECT count(*)::int FROM due
 $$;
 

@@ -231,8 +231,10 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_claim_slot int;
     v_batch bigint;
-    v_now timestamptz := now();
-    v_batch_deadline timestamptz := now() + p_deadline;
+    -- the engine's clock (clock.sql): the claim's time and deadline, and its rate windows
+    v_clock_offset interval := __S__.clock_offset();
+    v_now timestamptz := now() + v_clock_offset;
+    v_batch_deadline timestamptz := v_now + p_deadline;
     v_own_deadline timestamptz;
     v_lane record;
     v_cursor bigint;
@@ -303,7 +305,7 @@ BEGIN
         PERFORM pg_advisory_xact_lock(__S__.lock_ns('queue_limit'), hashtext(p_queue));
         -- stamp the claim with when it was decided, not when its transaction began (before the
         -- lock wait): the rate window below counts claims by that time
-        v_now := clock_timestamp();
+        v_now := clock_timestamp() + v_clock_offset;
         -- the batch id is taken under the lock: a later limited claim of the queue, counting from
         -- the running mark, must see every claim with a lower id committed
         v_batch := nextval('__S__.claim_batch_ids');
@@ -711,7 +713,7 @@ BEGIN
          AND o.run_lease = i.run_lease
     ), upsert AS (
         INSERT INTO __S__.attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
-        SELECT o.job_id, o.run_lease, now(), o.progress FROM open o
+        SELECT o.job_id, o.run_lease, __S__.engine_now(), o.progress FROM open o
         ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE
             SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
         RETURNING 1

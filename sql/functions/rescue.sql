@@ -12,7 +12,7 @@
 CREATE OR REPLACE FUNCTION __S__.rescue_retry_at(p_attempt int, p_max_attempts int) RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_attempt >= p_max_attempts THEN NULL
-                ELSE now() + make_interval(secs => least(power(2, least(p_attempt, 30)), 3600)) END
+                ELSE __S__.engine_now() + make_interval(secs => least(power(2, least(p_attempt, 30)), 3600)) END
 $$;
 
 -- Try to close the given open attempts with p_outcome. Returns how many it closed, or -1 (closing
@@ -79,7 +79,7 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_slot __S__.claim_ring_slots;
     v_moved_from __S__.claim_ring_slots;
-    v_cutoff timestamptz := now() - p_stale_after;
+    v_cutoff timestamptz := __S__.engine_now() - p_stale_after;
     v_batch record;
     v_claim record;
     v_seen int := 0;
@@ -226,12 +226,13 @@ DECLARE
     v_closed int := 0;
     v_slots int[]; v_receipts bigint[]; v_jobs bigint[]; v_leases bigint[]; v_attempts int[]; v_max int[];
     v_result int;
+    v_now timestamptz := __S__.engine_now();
 BEGIN
     SELECT * INTO v_slot FROM __S__.claim_ring_slots WHERE slot = p_slot;
     v_moved_from := v_slot;
     FOR v_batch IN
         SELECT b.* FROM __S__.lease_claim_batches b
-        WHERE b.claim_slot = p_slot AND b.deadline_at IS NOT NULL AND b.deadline_at < now()
+        WHERE b.claim_slot = p_slot AND b.deadline_at IS NOT NULL AND b.deadline_at < v_now
           AND (v_slot.batch_deadline_cursor_at IS NULL
                OR (b.deadline_at, b.batch_id) > (v_slot.batch_deadline_cursor_at, v_slot.batch_deadline_cursor_batch_id))
         ORDER BY b.deadline_at, b.batch_id
@@ -257,7 +258,7 @@ BEGIN
     END LOOP;
     FOR v_claim IN
         SELECT l.* FROM __S__.lease_claims l
-        WHERE l.claim_slot = p_slot AND l.deadline_at IS NOT NULL AND l.deadline_at < now()
+        WHERE l.claim_slot = p_slot AND l.deadline_at IS NOT NULL AND l.deadline_at < v_now
           AND (v_slot.deadline_cursor_at IS NULL
                OR (l.deadline_at, l.job_id, l.run_lease)
                   > (v_slot.deadline_cursor_at, v_slot.deadline_cursor_job_id, v_slot.deadline_cursor_run_lease))

@@ -98,6 +98,13 @@ impl TestDb {
             .maintenance(fast_maintenance())
     }
 
+    /// Move the engine clock forward by `by` instead of sleeping (`ringwork::testing::advance_clock`).
+    pub async fn advance_clock(&self, by: Duration) {
+        ringwork::testing::advance_clock(&self.pool, &self.schema, by)
+            .await
+            .expect("advance the engine clock");
+    }
+
     pub async fn scalar_i64(&self, sql: &str) -> i64 {
         let sql = sql.replace("{s}", self.schema.as_str());
         sqlx::query_scalar::<_, i64>(&sql)

@@ -1,0 +1,80 @@
+//! The engine clock (`sql/functions/clock.sql`): the server's time plus an offset that only a test
+//! clock writes. Production has no offset; the offset only moves forward; the planes that read the
+//! clock see the moved time.
+
+mod support;
+
+use std::time::Duration;
+
+use ringwork::NewJob;
+use serde_json::json;
+use support::TestDb;
+
+#[tokio::test]
+async fn the_engine_clock_is_the_servers_until_a_test_moves_it_forward_and_never_back() {
+    let db = TestDb::new().await;
+    let offset_ms = "SELECT (extract(epoch FROM {s}.clock_offset()) * 1000)::int8";
+    assert_eq!(
+        db.scalar_i64(offset_ms).await,
+        0,
+        "no offset without a test clock"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.clock_offset").await,
+        0,
+        "and no row"
+    );
+    db.advance_clock(Duration::from_millis(1500)).await;
+    db.advance_clock(Duration::from_secs(60)).await;
+    assert_eq!(db.scalar_i64(offset_ms).await, 61_500, "advances add up");
+    let ahead = "SELECT (extract(epoch FROM {s}.engine_now() - now()) * 1000)::int8";
+    assert_eq!(db.scalar_i64(ahead).await, 61_500);
+    let back = sqlx::query(&format!(
+        "SELECT {}.advance_clock(interval '-1 second')",
+        db.schema
+    ))
+    .execute(&db.pool)
+    .await
+    .expect_err("the clock does not move back");
+    assert!(back.to_string().contains("only moves forward"), "{back}");
+    assert_eq!(db.scalar_i64(offset_ms).await, 61_500, "unchanged");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_claim_is_stale_and_a_scheduled_job_due_once_the_clock_passes_them() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    storage
+        .insert_many(
+            &mut conn,
+            &[
+                NewJob::from_parts("now", json!({})).unwrap(),
+                NewJob::from_parts("later", json!({}))
+                    .unwrap()
+                    .run_at(later),
+            ],
+        )
+        .await
+        .unwrap();
+    drop(conn);
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let stale_after = Duration::from_secs(600);
+    assert_eq!(storage.rescue(stale_after, 100).await.unwrap(), 0);
+    assert_eq!(storage.promote_due(100).await.unwrap(), 0);
+    db.advance_clock(Duration::from_secs(2 * 3600)).await;
+    assert_eq!(
+        storage.rescue(stale_after, 100).await.unwrap(),
+        1,
+        "ten minutes without a heartbeat, on the engine clock"
+    );
+    assert_eq!(
+        storage.promote_due(100).await.unwrap(),
+        1,
+        "the job scheduled an hour ahead is due two hours on"
+    );
+    db.cleanup().await;
+}

@@ -282,7 +282,7 @@ async fn forged_malformed_and_late_callbacks_are_refused_and_a_timeout_retries_t
     assert_eq!(state(&storage, claimed.job_id).await, JobStatus::Waiting);
 
     // the timeout passes: retried (one attempt left)
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    db.advance_clock(Duration::from_millis(1200)).await;
     assert_eq!(storage.rescue_callbacks(100).await.unwrap(), 1);
     let after = storage.job_state(claimed.job_id).await.unwrap().unwrap();
     assert!(
@@ -305,7 +305,7 @@ async fn forged_malformed_and_late_callbacks_are_refused_and_a_timeout_retries_t
         .await
         .unwrap();
     storage.await_callback(&second.attempt_ref()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    db.advance_clock(Duration::from_millis(1200)).await;
     assert_eq!(storage.rescue_callbacks(100).await.unwrap(), 1);
     let failed = storage.job_state(claimed.job_id).await.unwrap().unwrap();
     assert_eq!(failed.state, JobStatus::Failed);
@@ -325,7 +325,7 @@ async fn complete_timeout_and_heartbeat_race_and_exactly_one_ends_the_wait() {
         let queue = format!("race_{round}");
         let (claimed, id) =
             support::waiting_job(&db, &storage, &queue, 1, Duration::from_secs(1)).await;
-        tokio::time::sleep(Duration::from_millis(1050)).await;
+        db.advance_clock(Duration::from_millis(1050)).await;
         let (complete, heartbeat, rescued) = tokio::join!(
             storage.resolve_callback(&id, CallbackAction::Complete),
             storage.resolve_callback(

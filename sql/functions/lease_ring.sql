@@ -46,7 +46,7 @@ BEGIN
                               timeout_at)
     SELECT pg_sequence_last_value('__S__.lease_ring_current')::int, p_callback_id, 'registered', p_job_id,
            p_run_lease, p_claim_slot, p_receipt_id, e.queue, e.kind, e.args, e.priority, v_open.attempt,
-           e.max_attempts, e.created_at, e.timeout_ms, e.traceparent, now() + p_timeout
+           e.max_attempts, e.created_at, e.timeout_ms, e.traceparent, __S__.engine_now() + p_timeout
     FROM __S__.ready_entries e
     WHERE e.ready_slot = v_open.ready_slot AND e.job_id = p_job_id AND e.run_lease = p_run_lease - 1
     LIMIT 1;
@@ -203,7 +203,7 @@ BEGIN
         IF v_lease.state = 'resolved' THEN
             RETURN 'already_resolved';
         END IF;
-        UPDATE __S__.leases l SET timeout_at = now() + p_extend
+        UPDATE __S__.leases l SET timeout_at = __S__.engine_now() + p_extend
         WHERE l.lease_slot = v_lease.lease_slot AND l.callback_id = p_callback_id;
         RETURN 'extended';
     END IF;
@@ -227,19 +227,21 @@ DECLARE
     v_due record;
     v_lease __S__.leases;
     v_done int := 0;
+    -- the engine's clock (clock.sql), as the timeout was set by
+    v_now timestamptz := __S__.engine_now();
 BEGIN
     PERFORM __S__.lease_ring_shared();
     -- the longest overdue first; their attempt locks in job order, as completion takes them
     FOR v_due IN
         SELECT d.* FROM (
             SELECT l.callback_id, l.job_id FROM __S__.leases l
-            WHERE l.state = 'waiting' AND l.timeout_at < now()
+            WHERE l.state = 'waiting' AND l.timeout_at < v_now
             ORDER BY l.timeout_at LIMIT p_limit
         ) d ORDER BY d.job_id
     LOOP
         PERFORM __S__.lock_attempt(v_due.job_id);
         SELECT * INTO v_lease FROM __S__.leases l
-        WHERE l.callback_id = v_due.callback_id AND l.state = 'waiting' AND l.timeout_at < now();
+        WHERE l.callback_id = v_due.callback_id AND l.state = 'waiting' AND l.timeout_at < v_now;
         IF FOUND THEN
             PERFORM __S__.end_wait(v_lease, 'retry', NULL, 'callback timed out');
             v_done := v_done + 1;

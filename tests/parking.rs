@@ -191,7 +191,7 @@ async fn an_unworked_lane_is_parked_and_its_first_claim_takes_the_parked_jobs_be
         vec![PruneResult::Skipped("pending_ready".into())],
         "not yet: its jobs have just arrived"
     );
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    db.advance_clock(Duration::from_millis(1100)).await;
     assert_eq!(
         rotate_and_prune(&storage, idle).await,
         vec![PruneResult::Pruned]

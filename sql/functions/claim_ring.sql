@@ -535,8 +535,10 @@ BEGIN
             END IF;
 
             IF v_new_cursor > v_cursor THEN
-                INSERT INTO __S__.ready_claim_attempt_batches (ready_slot, lane_id, lane_range, claim_slot, claim_batch_id)
-                VALUES (v_last_slot, v_lane.lane_id, int8range(v_cursor + 1, v_new_cursor + 1), v_claim_slot, v_batch);
+                INSERT INTO __S__.ready_claim_attempt_batches (ready_slot, lane_id, lane_range, claim_slot, claim_batch_id,
+                                                               attempted_at)
+                VALUES (v_last_slot, v_lane.lane_id, int8range(v_cursor + 1, v_new_cursor + 1), v_claim_slot, v_batch,
+                        v_now);
             END IF;
         END LOOP;
         EXIT WHEN v_n >= p_max OR NOT v_cut OR v_pass >= 4;

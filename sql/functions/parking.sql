@@ -17,16 +17,17 @@
 -- highest range) is older than p_idle. A lane with no ledger row in the ring (never claimed, or its
 -- ledger went with a pruned slot, which a claim that ended at a slot's last row can cause while the
 -- lane is busy) is cold only once its oldest waiting job has waited p_idle: a worked lane's next
--- claim comes long before that.
+-- claim comes long before that. Idleness is on the engine's clock (clock.sql), as the claim's
+-- attempt time is.
 CREATE OR REPLACE FUNCTION __S__.lane_is_cold(p_lane_id int, p_idle interval) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM __S__.queue_lanes l JOIN __S__.queues q ON q.queue = l.queue
                    WHERE l.lane_id = p_lane_id AND q.paused)
         OR coalesce((SELECT a.attempted_at FROM __S__.ready_claim_attempt_batches a
-                     WHERE a.lane_id = p_lane_id ORDER BY upper(a.lane_range) DESC LIMIT 1) < now() - p_idle,
+                     WHERE a.lane_id = p_lane_id ORDER BY upper(a.lane_range) DESC LIMIT 1) < __S__.engine_now() - p_idle,
                     (SELECT e.run_at FROM __S__.ready_entries e
                      WHERE e.lane_id = p_lane_id AND e.lane_pos > __S__.lane_cursor(p_lane_id)
-                     ORDER BY e.lane_pos LIMIT 1) < now() - p_idle,
+                     ORDER BY e.lane_pos LIMIT 1) < __S__.engine_now() - p_idle,
                     false)
 $$;
 

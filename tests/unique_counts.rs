@@ -501,7 +501,7 @@ async fn oldest_available_wait_follows_the_queue_head_and_skips_open_transaction
         .await
         .unwrap();
     insert(&db, &[job(1).queue("wait_q"), job(2).queue("wait_q")]).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    db.advance_clock(Duration::from_millis(1200)).await;
     let waited = storage
         .oldest_available_wait("wait_q")
         .await

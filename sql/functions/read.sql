@@ -125,9 +125,10 @@ $$;
 -- index probe (the head of the lane past its cursor) per shard that may hold work, plus the oldest
 -- parked job; never a scan of job rows. A cancelled job at a lane's head counts until a claim steps
 -- past it; a job still in its producer's open transaction is not visible, so it does not count.
+-- The wait is on the engine's clock (clock.sql), as the promotion that made the job due is.
 CREATE OR REPLACE FUNCTION __S__.oldest_available_wait(p_queue text) RETURNS interval
 LANGUAGE sql STABLE SET jit = off AS $$
-    SELECT now() - min(h.run_at) FROM (
+    SELECT __S__.engine_now() - min(h.run_at) FROM (
         SELECT (SELECT e.run_at FROM __S__.ready_entries e
                 WHERE e.lane_id = l.lane_id AND e.lane_pos > __S__.lane_cursor(l.lane_id)
                 ORDER BY e.lane_pos LIMIT 1) AS run_at

@@ -155,7 +155,8 @@ pub async fn waiting_for_callback(
 
 /// Move the engine clock of `schema` forward by `by`, as if that much time had passed: the decisions
 /// that read the engine's clock (stale and deadline rescue, claim times and deadlines, heartbeats,
-/// rate windows, promotion of due jobs, callback timeouts, lane idleness) then see a later time. The clock never moves back.
+/// rate windows, promotion of due jobs, callback timeouts, lane idleness) then see a later time.
+/// The clock never moves back.
 pub async fn advance_clock(pool: &PgPool, schema: &SchemaName, by: Duration) -> Result<()> {
     sqlx::query(&format!(
         "SELECT {schema}.advance_clock(make_interval(secs => $1))"

@@ -1,7 +1,8 @@
-//! Shared test support: a fresh schema per test on a real PostgreSQL server.
+//! Shared support for the library's own tests: `TestDb` (a database per test from
+//! `ringwork::testing`, optionally behind pgbouncer) and the ring helpers the engine's tests share.
 //!
-//! The server is `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/test`, else a throwaway
-//! cluster started once per test binary (stopped by a watchdog when the binary exits).
+//! The server is `ringwork::testing::server_url`'s: `DATABASE_URL`, else
+//! `postgres://postgres@127.0.0.1:5432/test`, else a throwaway cluster started once per test binary.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -98,25 +99,24 @@ impl TestDb {
             .maintenance(fast_maintenance())
     }
 
-    /// Move the engine clock forward by `by` instead of sleeping (`ringwork::testing::advance_clock`).
+    /// Move the engine clock forward by `by` instead of sleeping.
     pub async fn advance_clock(&self, by: Duration) {
-        ringwork::testing::advance_clock(&self.pool, &self.schema, by)
+        self.database
+            .advance_clock(by)
             .await
             .expect("advance the engine clock");
     }
 
     pub async fn scalar_i64(&self, sql: &str) -> i64 {
-        let sql = sql.replace("{s}", self.schema.as_str());
-        sqlx::query_scalar::<_, i64>(&sql)
-            .fetch_one(&self.pool)
+        self.database
+            .scalar_i64(sql)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     pub async fn exec(&self, sql: &str) {
-        let sql = sql.replace("{s}", self.schema.as_str());
-        sqlx::raw_sql(&sql)
-            .execute(&self.pool)
+        self.database
+            .exec(sql)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }

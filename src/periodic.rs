@@ -379,12 +379,21 @@ pub(crate) async fn run(
     tick: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let started = Utc::now().trunc_subsecs(0);
-    let mut last_pass = started;
+    // Fire times are taken on the engine's clock, never the host's: every process of a fleet then
+    // agrees on what is due whatever its host's clock says, and a test clock moves schedules too.
+    let mut started: Option<DateTime<Utc>> = None;
+    let mut last_pass: Option<DateTime<Utc>> = None;
     loop {
-        let now = Utc::now();
-        fire_due(&storage, &schedules, started, last_pass, now).await;
-        last_pass = now;
+        match storage.engine_now().await {
+            Ok(now) => {
+                let first = *started.get_or_insert(now.trunc_subsecs(0));
+                fire_due(&storage, &schedules, first, last_pass.unwrap_or(first), now).await;
+                last_pass = Some(now);
+            }
+            Err(e) => {
+                warn!(error = %e, "periodic: cannot read the engine's clock; retried next tick")
+            }
+        }
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
             _ = stop.changed() => return,

@@ -108,66 +108,119 @@ fn cron_patterns_in_a_time_zone_and_intervals_give_the_expected_fire_times() {
     ));
 }
 
-/// Three processes evaluate one schedule at once; the maintenance leader's connection is killed
-/// mid-run, then the processes are shut down one after another. Every second in between fires
-/// exactly once: no fire twice (one job per fire), and none lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_schedule_fires_once_per_period_across_racing_and_failing_leaders() {
-    let db = TestDb::new().await;
-    let schedule = || {
-        Periodic::every("every_second", Duration::from_secs(1), tick_job())
-            .unwrap()
-            .missed(MissedFires::CatchUp { max: 60 })
-    };
-    let mut running = Vec::new();
-    for _ in 0..3 {
-        let client = client_with(&db, vec![schedule()]).await;
-        running.push(client.start().await.unwrap());
-    }
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    // a crash of the leader's session: its lock goes, another process takes over
-    let key = ringwork::maintenance::leader_lock_key(&db.schema);
-    let killed: i64 = sqlx::query_scalar(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks
-         WHERE locktype = 'advisory' AND granted AND objsubid = 1
-           AND classid::int8 = $1 AND objid::int8 = $2",
-    )
-    .bind((key >> 32) & 0xffff_ffff)
-    .bind(key & 0xffff_ffff)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(killed, 1, "one leader held the lock");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    // graceful exits, one after another: the last one standing keeps firing
-    running.remove(0).shutdown(Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(2000)).await;
-    running.remove(0).shutdown(Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    running.remove(0).shutdown(Duration::from_secs(5)).await;
+/// The `pg_locks` rows of this database's maintenance leader lock, whose key is `$1` (a bigint
+/// advisory key shows as classid = its high 32 bits, objid = its low 32 bits). Every test has a
+/// database of its own with the same schema name, so the same key: the database tells them apart.
+const LEADER_LOCK: &str = "locktype = 'advisory' AND granted AND objsubid = 1
+    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND classid::int8 = ($1 >> 32) & 4294967295 AND objid::int8 = $1 & 4294967295";
 
-    let times = fires(&db, "every_second").await;
-    assert!(times.len() >= 7, "fired {} times: {times:?}", times.len());
-    for pair in times.windows(2) {
-        assert_eq!(
-            pair[1] - pair[0],
-            chrono::Duration::seconds(1),
-            "a fire was lost or doubled: {times:?}"
-        );
-    }
-    // every job ever inserted, by exact counts (completed is a durable total): one per fire, so
-    // no job was left behind by a fire another leader had recorded
+/// Every job of kind `tick` ever inserted, in any state (completed is a durable total).
+async fn tick_jobs(db: &TestDb) -> i64 {
     let counts = db.storage().queue_counts(Some("default")).await.unwrap();
     let c = &counts[0];
-    let jobs = c.available
+    c.available
         + c.scheduled
         + c.retryable
         + c.running
         + c.completed
         + c.failed
         + c.cancelled
-        + c.dead_lettered;
-    assert_eq!(jobs, times.len() as i64, "one job per fire: {c:?}");
+        + c.dead_lettered
+}
+
+/// Record a fire of `schedule` at the start of the engine clock's current hour, with no job (as
+/// if its job were long gone): the schedule's next fire is then the next hour's, whenever a
+/// process first evaluates it.
+async fn fired_this_hour(db: &TestDb, schedule: &str) {
+    db.exec(&format!(
+        "INSERT INTO {{s}}.periodic_fires (schedule, fire_at, job_id)
+         SELECT '{schedule}', date_trunc('hour', {{s}}.engine_now()), 0"
+    ))
+    .await;
+}
+
+/// Move the engine clock one `period` on and wait until the schedule has fired at least `want`
+/// times.
+async fn advance_until_fired(db: &TestDb, schedule: &str, period: Duration, want: usize) {
+    db.advance_clock(period).await;
+    assert!(
+        support::eventually(Duration::from_secs(20), || async {
+            fires(db, schedule).await.len() >= want
+        })
+        .await,
+        "{schedule}: fire {want} never came: {:?}",
+        fires(db, schedule).await
+    );
+}
+
+/// Three processes evaluate one schedule at once; the maintenance leader's connection is killed
+/// mid-run, then the processes are shut down one after another. Every period in between fires
+/// exactly once: no fire twice (one job per fire), and none lost. The schedule is hourly and the
+/// engine clock moves an hour at a time, so each step makes one fire due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_fires_once_per_period_across_racing_and_failing_leaders() {
+    let db = TestDb::new().await;
+    let hour = Duration::from_secs(3600);
+    let schedule = || {
+        Periodic::every("hourly", hour, tick_job())
+            .unwrap()
+            .missed(MissedFires::CatchUp { max: 60 })
+    };
+    fired_this_hour(&db, "hourly").await;
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        let client = client_with(&db, vec![schedule()]).await;
+        running.push(client.start().await.unwrap());
+    }
+    let mut want = 1;
+    for _ in 0..2 {
+        want += 1;
+        advance_until_fired(&db, "hourly", hour, want).await;
+    }
+    // a crash of the leader's session: its lock goes, another process takes over
+    let key = ringwork::maintenance::leader_lock_key(&db.schema);
+    let killed: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE {LEADER_LOCK}"
+    ))
+    .bind(key)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1, "one leader held the lock");
+    for _ in 0..2 {
+        want += 1;
+        advance_until_fired(&db, "hourly", hour, want).await;
+    }
+    // graceful exits, one after another: the last one standing keeps firing
+    for _ in 0..2 {
+        running.remove(0).shutdown(Duration::from_secs(5)).await;
+        want += 1;
+        advance_until_fired(&db, "hourly", hour, want).await;
+    }
+    running.remove(0).shutdown(Duration::from_secs(5)).await;
+
+    let times = fires(&db, "hourly").await;
+    // the server's own clock may cross an hour boundary during the test: one fire more
+    assert!(
+        (want..=want + 1).contains(&times.len()),
+        "fired {} times for {want} hours: {times:?}",
+        times.len()
+    );
+    for pair in times.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            chrono::Duration::hours(1),
+            "a fire was lost or doubled: {times:?}"
+        );
+    }
+    // one job per fire (but the first, recorded by the test), so no job was left behind by a fire
+    // another leader had recorded
+    assert_eq!(
+        tick_jobs(&db).await,
+        times.len() as i64 - 1,
+        "one job per fire"
+    );
     db.cleanup().await;
 }
 
@@ -200,7 +253,17 @@ async fn missed_fires_follow_the_policy_and_a_paused_schedule_does_not_fire() {
         .unwrap());
     let started = Utc::now();
     let running = client.start().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // the first pass fires what was missed: one for skip, three for catch_up
+    let after_outage =
+        |times: Vec<DateTime<Utc>>| times.into_iter().filter(|t| *t > ten_ago).count();
+    assert!(
+        support::eventually(Duration::from_secs(20), || async {
+            after_outage(fires(&db, "skip").await) >= 1
+                && after_outage(fires(&db, "catch_up").await) >= 3
+        })
+        .await,
+        "the missed fires were never made up"
+    );
     running.shutdown(Duration::from_secs(5)).await;
 
     // the times due when the client started (one a minute since the last fire), and any that came
@@ -259,22 +322,41 @@ async fn missed_fires_follow_the_policy_and_a_paused_schedule_does_not_fire() {
 async fn schedules_fire_while_a_process_without_schedules_is_the_maintenance_leader() {
     let db = TestDb::new().await;
     let leader = client_with(&db, vec![]).await.start().await.unwrap();
-    // the first started wins the election within a tick
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let key = ringwork::maintenance::leader_lock_key(&db.schema);
+    let leaders = || async {
+        sqlx::query_scalar::<_, i64>(&format!(
+            "SELECT count(*) FROM pg_locks WHERE {LEADER_LOCK}"
+        ))
+        .bind(key)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    assert!(
+        support::eventually(Duration::from_secs(10), || async { leaders().await == 1 }).await,
+        "the process without schedules was elected"
+    );
+    let hour = Duration::from_secs(3600);
+    fired_this_hour(&db, "beat").await;
     let worker = client_with(
         &db,
-        vec![Periodic::every("beat", Duration::from_secs(1), tick_job()).unwrap()],
+        vec![Periodic::every("beat", hour, tick_job()).unwrap()],
     )
     .await
     .start()
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(3200)).await;
+    for want in 2..=3 {
+        advance_until_fired(&db, "beat", hour, want).await;
+    }
     worker.shutdown(Duration::from_secs(5)).await;
     leader.shutdown(Duration::from_secs(5)).await;
-    let times = fires(&db, "beat").await;
-    assert!(times.len() >= 2, "fired {times:?}");
     db.cleanup().await;
+}
+
+async fn pending_triggers(db: &TestDb) -> i64 {
+    db.scalar_i64("SELECT count(*) FROM {s}.periodic_triggers")
+        .await
 }
 
 /// `ringwork cron trigger`: one extra fire, inserted once however many processes declare the
@@ -301,8 +383,14 @@ async fn a_trigger_fires_the_schedule_once_across_the_fleet() {
         support::eventually(Duration::from_secs(10), || async { ticks().await >= 1 }).await,
         "the trigger fired"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(ticks().await, 1, "fired once, by one of three processes");
+    // the trigger is taken in the transaction that inserts its job, so once it is gone no other
+    // process can fire it again: one job in all, by one of three processes
+    assert_eq!(pending_triggers(&db).await, 0);
+    assert_eq!(
+        tick_jobs(&db).await,
+        1,
+        "fired once, by one of three processes"
+    );
     // paused, a trigger still fires: the operator asked for it by name
     storage.set_schedule_paused("yearly", true).await.unwrap();
     assert!(storage.trigger_schedule("yearly").await.unwrap());
@@ -310,8 +398,9 @@ async fn a_trigger_fires_the_schedule_once_across_the_fleet() {
         support::eventually(Duration::from_secs(10), || async { ticks().await >= 2 }).await,
         "the second trigger fired"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(ticks().await, 2);
+    assert_eq!(pending_triggers(&db).await, 0);
+    let counts = storage.queue_counts(Some("default")).await.unwrap();
+    assert_eq!(tick_jobs(&db).await, 2, "{counts:?}");
     for client in fleet {
         client.shutdown(Duration::from_secs(5)).await;
     }

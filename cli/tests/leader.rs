@@ -48,6 +48,7 @@ async fn leader(db: &TestDatabase) -> Option<String> {
     sqlx::query_scalar(
         "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
            AND l.classid::bigint = ($1 >> 32) & 4294967295 AND l.objid::bigint = $1 & 4294967295",
     )
     .bind(ringwork::maintenance::leader_lock_key(db.schema()))

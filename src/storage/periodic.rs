@@ -12,6 +12,7 @@ use crate::schema::SchemaName;
 /// This plane's statements, rendered once per schema.
 #[derive(Debug)]
 pub(super) struct Statements {
+    engine_now: String,
     state: String,
     begin_fire: String,
     record_fire: String,
@@ -25,6 +26,7 @@ pub(super) struct Statements {
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
+            engine_now: format!("SELECT {s}.engine_now()"),
             state: format!("SELECT last_fire_at, paused FROM {s}.periodic_state($1)"),
             begin_fire: format!("SELECT {s}.periodic_begin_fire($1, $2)"),
             record_fire: format!("SELECT {s}.periodic_record_fire($1, $2, $3)"),
@@ -56,6 +58,14 @@ pub struct ScheduleRecord {
 }
 
 impl Storage {
+    /// The time on the engine's clock (`sql/functions/clock.sql`): schedules come due by it, so
+    /// that a test clock moves them as it moves every other plane's time.
+    pub(crate) async fn engine_now(&self) -> Result<DateTime<Utc>> {
+        Ok(sqlx::query_scalar(&self.sql.periodic.engine_now)
+            .fetch_one(self.db())
+            .await?)
+    }
+
     /// The latest recorded fire of a schedule, and whether it is paused.
     pub(crate) async fn periodic_state(
         &self,

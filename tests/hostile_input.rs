@@ -6,11 +6,13 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use ringwork::{JobArgs, JobContext, JobError, JobStatus, NewJob, QueueConfig};
+use ringwork::{Error, JobArgs, JobContext, JobError, JobStatus, NewJob, QueueConfig};
 use serde::{Deserialize, Serialize};
-use support::{eventually, TestDb};
+use serde_json::json;
+use support::{eventually, queue, TestDb};
 
 #[derive(Serialize, Deserialize)]
 struct Valid {
@@ -404,5 +406,123 @@ async fn readers_show_rows_this_binary_cannot_decode() {
     for id in poison.iter().chain(&failed).chain([&forever]) {
         storage.load_job(*id).await.unwrap().expect("a record");
     }
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct Strict {
+    value: u32,
+}
+
+impl JobArgs for Strict {
+    const KIND: &'static str = "strict";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kind_and_undecodable_args_fail_that_job_only() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .queue("default", queue(8))
+        .register(|_ctx: JobContext, _args: Strict| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let unknown = client
+        .insert(NewJob::from_parts("nobody_handles_this", json!({})).unwrap())
+        .await
+        .unwrap();
+    let undecodable = client
+        .insert(NewJob::from_parts("strict", json!({ "value": "not a number" })).unwrap())
+        .await
+        .unwrap();
+    let good: Vec<i64> = client
+        .insert_many(
+            &(0..20)
+                .map(|v| NewJob::new(&Strict { value: v }).unwrap())
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let done = eventually(Duration::from_secs(30), || {
+        let metrics = Arc::clone(&metrics);
+        async move { metrics.completed() == 20 && metrics.failed() == 2 }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        done,
+        "completed {} failed {}",
+        metrics.completed(),
+        metrics.failed()
+    );
+    // from done_entries, or from the archive once fast maintenance has pruned the slot
+    let storage = db.storage();
+    let error_of = |id: i64| {
+        let storage = storage.clone();
+        async move {
+            let state = storage.job_state(id).await.unwrap().unwrap();
+            format!("{}: {}", state.state, state.detail.unwrap_or_default())
+        }
+    };
+    let e = error_of(unknown).await;
+    assert!(
+        e.starts_with("failed: unknown job kind \"nobody_handles_this\""),
+        "{e}"
+    );
+    let e = error_of(undecodable).await;
+    assert!(
+        e.starts_with("failed: undecodable arguments for kind \"strict\""),
+        "{e}"
+    );
+    assert_eq!(good.len(), 20);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_before_anything_is_written() {
+    let db = TestDb::new().await;
+    let client = db.client().build().await.unwrap();
+    let nul = NewJob::from_parts("k", json!({ "s": "a\u{0}b" })).unwrap();
+    assert!(matches!(
+        client.insert(nul.clone()).await,
+        Err(Error::InvalidArgs { .. })
+    ));
+    // a batch with one bad job writes nothing
+    let good = NewJob::from_parts("k", json!({})).unwrap();
+    assert!(client.insert_many(&[good.clone(), nul]).await.is_err());
+    assert!(client.insert(good.clone().priority(0)).await.is_err());
+    assert!(client
+        .insert(good.clone().queue("bad\0queue"))
+        .await
+        .is_err());
+    assert!(matches!(
+        NewJob::from_parts("k\0", json!({})),
+        Err(Error::InvalidName { .. })
+    ));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
+            .await,
+        0
+    );
+    // bad configuration
+    let bad = db
+        .client()
+        .queue(
+            "q",
+            QueueConfig {
+                max_workers: 0,
+                ..QueueConfig::default()
+            },
+        )
+        .build()
+        .await;
+    assert!(matches!(bad, Err(Error::Config(_))));
+    assert!(matches!(
+        db.client().schema("Robert'); DROP").build().await,
+        Err(Error::InvalidName { .. })
+    ));
     db.cleanup().await;
 }

@@ -12,7 +12,7 @@ use ringwork::{
     QueueConfig, QueueLimits, RunningClient,
 };
 use serde::{Deserialize, Serialize};
-use support::TestDb;
+use support::{complete_one, TestDb};
 
 #[derive(Serialize, Deserialize)]
 struct Work {
@@ -523,10 +523,7 @@ async fn held_jobs_count_as_available_cancel_and_come_back_with_room_or_without_
         .chain(&freed)
         .chain(claimed.iter().filter(|c| c.job_id == ids[3]))
     {
-        assert_eq!(
-            storage.complete_batch(&[c.attempt_ref()]).await.unwrap(),
-            vec![ringwork::Outcome::Applied]
-        );
+        assert_eq!(complete_one(&storage, c).await, ringwork::Outcome::Applied);
     }
     let counts = storage.queue_counts(Some("tenants")).await.unwrap()[0].clone();
     assert_eq!(

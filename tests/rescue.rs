@@ -8,7 +8,7 @@ use std::time::Duration;
 use ringwork::PruneResult;
 use ringwork::{NewJob, Outcome};
 use serde_json::json;
-use support::TestDb;
+use support::{complete_one, TestDb};
 
 fn job(n: i64) -> NewJob {
     NewJob::from_parts("noop", json!({ "n": n })).unwrap()
@@ -38,13 +38,7 @@ async fn stale_rescue_requeues_an_abandoned_claim_and_the_late_completion_is_sta
     );
     db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
-    assert_eq!(
-        storage
-            .complete_batch(&[first.attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
+    assert_eq!(complete_one(&storage, &first).await, Outcome::Stale);
     assert_eq!(
         db.scalar_i64(
             "SELECT count(*) FROM {s}.lease_claim_closure_batches WHERE outcome = 'rescued'"
@@ -91,13 +85,7 @@ async fn a_fresh_heartbeat_keeps_a_claim_alive_and_the_cursor_wraps_back_to_it()
         1,
         "only the silent claim is rescued"
     );
-    assert_eq!(
-        storage
-            .complete_batch(&[claimed[1].attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
+    assert_eq!(complete_one(&storage, &claimed[1]).await, Outcome::Stale);
     // the sweep stepped over the live claim and will revisit it: once its heartbeat ages, it goes
     db.advance_clock(STALE + Duration::from_secs(1)).await;
     assert_eq!(
@@ -105,13 +93,7 @@ async fn a_fresh_heartbeat_keeps_a_claim_alive_and_the_cursor_wraps_back_to_it()
         1,
         "revisited after the wrap"
     );
-    assert_eq!(
-        storage
-            .complete_batch(&[claimed[0].attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
+    assert_eq!(complete_one(&storage, &claimed[0]).await, Outcome::Stale);
     // the rescued attempt's row stays only because it holds progress: the checkpoint the job's
     // next attempt resumes from (tests/progress.rs); without progress it goes with the attempt
     let kept = "SELECT count(*) FROM {s}.attempt_state WHERE progress = '{\"done\": 50}'";
@@ -202,10 +184,7 @@ async fn the_stale_cursor_stops_before_a_claim_it_cannot_lock_and_skips_claims_t
         .scalar_i64("SELECT stale_cursor_batch_id FROM {s}.claim_ring_slots WHERE slot = 0")
         .await;
     assert_eq!(cursor_batch, batch_of(old2.receipt_id));
-    assert_eq!(
-        storage.complete_batch(&[new.attempt_ref()]).await.unwrap(),
-        vec![Outcome::Applied]
-    );
+    assert_eq!(complete_one(&storage, &new).await, Outcome::Applied);
     db.cleanup().await;
 }
 
@@ -303,13 +282,7 @@ async fn stale_rescue_closes_only_the_open_members_of_a_partly_closed_compact_ba
         "nothing left open"
     );
     // the completed ones stay completed: a late completion of a rescued one is stale
-    assert_eq!(
-        storage
-            .complete_batch(&[first[1].attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
+    assert_eq!(complete_one(&storage, &first[1]).await, Outcome::Stale);
     db.cleanup().await;
 }
 
@@ -402,13 +375,7 @@ async fn a_job_with_its_own_timeout_gets_a_row_local_claim_with_its_own_deadline
         .await,
         1
     );
-    assert_eq!(
-        storage
-            .complete_batch(&[claimed[1].attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
+    assert_eq!(complete_one(&storage, &claimed[1]).await, Outcome::Stale);
     // row-local completion closes into lease_claim_closures; compact into closure batches
     let done = storage
         .complete_batch(&[claimed[0].attempt_ref(), claimed[2].attempt_ref()])
@@ -523,13 +490,7 @@ async fn one_completion_over_several_claim_batches_judges_each_attempt_by_its_ow
         first[2].deadline_at.is_some(),
         "job 3 has a row-local claim"
     );
-    assert_eq!(
-        storage
-            .complete_batch(&[first[1].attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Applied]
-    );
+    assert_eq!(complete_one(&storage, &first[1]).await, Outcome::Applied);
     let wrong_lease = ringwork::AttemptRef {
         run_lease: second[0].run_lease + 1,
         ..second[0].attempt_ref()
@@ -640,13 +601,7 @@ async fn a_pinned_slot_does_not_stall_rotation_or_pruning_of_the_others() {
         15,
         "every other queue slot was reclaimed: {pruned_queue:?}"
     );
-    assert_eq!(
-        storage
-            .complete_batch(&[pinned.attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Applied]
-    );
+    assert_eq!(complete_one(&storage, &pinned).await, Outcome::Applied);
     db.cleanup().await;
 }
 
@@ -717,13 +672,7 @@ async fn rescue_sweeps_a_claim_that_committed_into_a_slot_already_freed() {
         1,
         "the stranded claim was rescued"
     );
-    assert_eq!(
-        storage
-            .complete_batch(&[claimed.attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
+    assert_eq!(complete_one(&storage, &claimed).await, Outcome::Stale);
     db.cleanup().await;
 }
 
@@ -825,13 +774,7 @@ async fn a_rotation_killed_between_ledger_append_and_commit_loses_no_job() {
     assert!(again, "the rescued job was promoted");
     let retried = storage.claim("default", 1, None).await.unwrap().remove(0);
     assert_eq!((retried.job_id, retried.run_lease), (id, 2));
-    assert_eq!(
-        storage
-            .complete_batch(&[retried.attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Applied]
-    );
+    assert_eq!(complete_one(&storage, &retried).await, Outcome::Applied);
     assert_eq!(
         storage.job_state(id).await.unwrap().map(|s| s.state),
         Some(ringwork::JobStatus::Completed)

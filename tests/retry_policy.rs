@@ -4,12 +4,13 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ringwork::testing;
 use ringwork::{Client, Error, JobArgs, JobContext, JobError, NewJob, QueueConfig, RetryPolicy};
 use serde::{Deserialize, Serialize};
-use support::TestDb;
+use support::{eventually, queue, TestDb};
 
 /// Always fails: with `after_ms`, asking for that delay itself (`RetryAfter`).
 #[derive(Serialize, Deserialize)]
@@ -255,5 +256,76 @@ async fn a_policy_that_makes_no_curve_is_refused_at_build() {
             ),
         }
     }
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct FailsFirst {
+    fail_times: i32,
+}
+
+impl JobArgs for FailsFirst {
+    const KIND: &'static str = "fails_first";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_retry_through_deferred_and_then_complete_or_fail_for_good() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .queue("default", queue(4))
+        .register(|ctx: JobContext, args: FailsFirst| async move {
+            if ctx.attempt <= args.fail_times {
+                Err(JobError::RetryAfter(
+                    Duration::ZERO,
+                    format!("attempt {} fails", ctx.attempt),
+                ))
+            } else {
+                Ok(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let recovers = client
+        .insert(NewJob::new(&FailsFirst { fail_times: 2 }).unwrap())
+        .await
+        .unwrap();
+    let exhausts = client
+        .insert(
+            NewJob::new(&FailsFirst { fail_times: 10 })
+                .unwrap()
+                .max_attempts(3),
+        )
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let done = eventually(Duration::from_secs(30), || {
+        let metrics = Arc::clone(&metrics);
+        async move { metrics.completed() == 1 && metrics.failed() == 1 }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(done);
+    assert_eq!(metrics.retried(), 4);
+    // in done_entries, or in the archive once fast maintenance has pruned its slot
+    let state: String = sqlx::query_scalar(&format!(
+        "SELECT state || ' after attempt ' || attempt || ', lease ' || run_lease FROM {s}.done_entries WHERE job_id = $1
+         UNION ALL
+         SELECT state || ' after attempt ' || attempt || ', lease ' || run_lease FROM {s}.archived_jobs WHERE job_id = $1",
+        s = db.schema
+    ))
+    .bind(exhausts)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(state, "failed after attempt 3, lease 3");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
+            .await,
+        0
+    );
+    let _ = recovers;
     db.cleanup().await;
 }

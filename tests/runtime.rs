@@ -1,39 +1,19 @@
-//! Runtime promises: many workers in separate runtimes drain a queue with every job run exactly
-//! once, the dead-tuple contract, bad input, retries, the schema version guard.
+//! Runtime: many workers in separate runtimes drain a queue with every job run exactly once,
+//! heartbeats go on while shutdown drains a long handler, the client's futures are Send, and its
+//! configuration is checked.
 
 mod support;
 
+use ringwork::{Client, Error, JobArgs, JobContext, JobError, NewJob, QueueConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use ringwork::schema::{churn_class, ChurnClass, SCHEMA_VERSION};
-use ringwork::{
-    Client, CompletionConfig, Error, JobArgs, JobContext, JobError, JobStatus, NewJob, QueueConfig,
-};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
-use support::{eventually, fast_maintenance, no_maintenance, TestDb};
-
-#[derive(Serialize, Deserialize)]
-struct Count {
-    n: u64,
-}
-impl JobArgs for Count {
-    const KIND: &'static str = "count";
-}
+use support::{eventually, fast_maintenance, no_maintenance, queue, Count, TestDb};
 
 type Runs = Arc<Mutex<HashMap<i64, u32>>>;
-
-fn queue(workers: usize) -> QueueConfig {
-    QueueConfig {
-        max_workers: workers,
-        claim_batch: 64,
-        poll_interval: Duration::from_millis(50),
-        ..QueueConfig::default()
-    }
-}
 
 /// A client in its own OS thread and tokio runtime, with its own pool, until `stop` fires.
 fn spawn_worker_process(
@@ -72,6 +52,15 @@ fn spawn_worker_process(
             (metrics.completed(), metrics.stale())
         })
     })
+}
+
+#[derive(Serialize, Deserialize)]
+struct Slow {
+    ms: u64,
+}
+
+impl JobArgs for Slow {
+    const KIND: &'static str = "slow";
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,345 +140,6 @@ async fn two_clients_in_separate_runtimes_run_every_job_exactly_once() {
     db.cleanup().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ring_tables_gain_no_dead_tuples_from_enqueue_claim_complete() {
-    let db = TestDb::new().await;
-    // Maintenance off: no TRUNCATE may reset the counters and hide an UPDATE or DELETE.
-    let client = db
-        .client()
-        .maintenance(no_maintenance())
-        .queue("default", queue(32))
-        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
-        .build()
-        .await
-        .unwrap();
-    let metrics = client.metrics();
-    let running = client.start().await.unwrap();
-    for chunk in 0..40 {
-        let jobs: Vec<_> = (0..500)
-            .map(|i| NewJob::new(&Count { n: chunk * 500 + i }).unwrap())
-            .collect();
-        client.insert_many(&jobs).await.unwrap();
-    }
-    for i in 0..100 {
-        client
-            .insert(NewJob::new(&Count { n: i }).unwrap())
-            .await
-            .unwrap();
-    }
-    let all_done = eventually(Duration::from_secs(120), || {
-        let metrics = Arc::clone(&metrics);
-        async move { metrics.completed() == 20_100 }
-    })
-    .await;
-    running.shutdown(Duration::from_secs(10)).await;
-    assert!(all_done, "completed {}", metrics.completed());
-
-    // Closing every connection makes each backend flush its statistics on exit; then wait until
-    // the inserts are visible in the statistics before reading the dead-tuple counts.
-    let url = db.url.clone();
-    let schema = db.schema.clone();
-    db.pool.close().await;
-    let pool = TestDb::connect(&url, 2).await;
-    let flushed = eventually(Duration::from_secs(30), || {
-        let pool = pool.clone();
-        let schema = schema.clone();
-        async move {
-            let inserted: i64 = sqlx::query_scalar(
-                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
-                 WHERE schemaname = $1 AND relname LIKE 'ready_entries%'",
-            )
-            .bind(schema.as_str())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            inserted >= 20_100
-        }
-    })
-    .await;
-    assert!(flushed, "statistics never caught up");
-    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT relname::text, n_dead_tup, n_tup_upd, n_tup_del, n_tup_ins FROM pg_stat_user_tables
-         WHERE schemaname = $1",
-    )
-    .bind(schema.as_str())
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let mut ring_inserts = 0;
-    for (table, dead, updated, deleted, inserted) in &rows {
-        let class = churn_class(table)
-            .unwrap_or_else(|| panic!("table {table} has no declared churn class"));
-        if class == ChurnClass::Ring {
-            assert_eq!(
-                (*dead, *updated, *deleted),
-                (0, 0, 0),
-                "ring table {table}: dead/upd/del"
-            );
-            ring_inserts += inserted;
-        }
-    }
-    assert!(
-        ring_inserts > 20_100,
-        "ring tables saw the traffic ({ring_inserts} inserts)"
-    );
-    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn every_table_declares_its_churn_class() {
-    let db = TestDb::new().await;
-    let tables: Vec<String> =
-        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = $1")
-            .bind(db.schema.as_str())
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
-    assert!(tables.len() > 100, "ring children exist");
-    for table in tables {
-        assert!(
-            churn_class(&table).is_some(),
-            "{table} has no churn class in schema::TABLE_CLASSES"
-        );
-    }
-    db.cleanup().await;
-}
-
-#[derive(Serialize, Deserialize)]
-struct Strict {
-    value: u32,
-}
-impl JobArgs for Strict {
-    const KIND: &'static str = "strict";
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_kind_and_undecodable_args_fail_that_job_only() {
-    let db = TestDb::new().await;
-    let client = db
-        .client()
-        .queue("default", queue(8))
-        .register(|_ctx: JobContext, _args: Strict| async { Ok::<(), JobError>(()) })
-        .build()
-        .await
-        .unwrap();
-    let metrics = client.metrics();
-    let unknown = client
-        .insert(NewJob::from_parts("nobody_handles_this", json!({})).unwrap())
-        .await
-        .unwrap();
-    let undecodable = client
-        .insert(NewJob::from_parts("strict", json!({ "value": "not a number" })).unwrap())
-        .await
-        .unwrap();
-    let good: Vec<i64> = client
-        .insert_many(
-            &(0..20)
-                .map(|v| NewJob::new(&Strict { value: v }).unwrap())
-                .collect::<Vec<_>>(),
-        )
-        .await
-        .unwrap();
-    let running = client.start().await.unwrap();
-    let done = eventually(Duration::from_secs(30), || {
-        let metrics = Arc::clone(&metrics);
-        async move { metrics.completed() == 20 && metrics.failed() == 2 }
-    })
-    .await;
-    running.shutdown(Duration::from_secs(5)).await;
-    assert!(
-        done,
-        "completed {} failed {}",
-        metrics.completed(),
-        metrics.failed()
-    );
-    // from done_entries, or from the archive once fast maintenance has pruned the slot
-    let storage = db.storage();
-    let error_of = |id: i64| {
-        let storage = storage.clone();
-        async move {
-            let state = storage.job_state(id).await.unwrap().unwrap();
-            format!("{}: {}", state.state, state.detail.unwrap_or_default())
-        }
-    };
-    let e = error_of(unknown).await;
-    assert!(
-        e.starts_with("failed: unknown job kind \"nobody_handles_this\""),
-        "{e}"
-    );
-    let e = error_of(undecodable).await;
-    assert!(
-        e.starts_with("failed: undecodable arguments for kind \"strict\""),
-        "{e}"
-    );
-    assert_eq!(good.len(), 20);
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn bad_input_is_refused_before_anything_is_written() {
-    let db = TestDb::new().await;
-    let client = db.client().build().await.unwrap();
-    let nul = NewJob::from_parts("k", json!({ "s": "a\u{0}b" })).unwrap();
-    assert!(matches!(
-        client.insert(nul.clone()).await,
-        Err(Error::InvalidArgs { .. })
-    ));
-    // a batch with one bad job writes nothing
-    let good = NewJob::from_parts("k", json!({})).unwrap();
-    assert!(client.insert_many(&[good.clone(), nul]).await.is_err());
-    assert!(client.insert(good.clone().priority(0)).await.is_err());
-    assert!(client
-        .insert(good.clone().queue("bad\0queue"))
-        .await
-        .is_err());
-    assert!(matches!(
-        NewJob::from_parts("k\0", json!({})),
-        Err(Error::InvalidName { .. })
-    ));
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
-            .await,
-        0
-    );
-    // bad configuration
-    let bad = db
-        .client()
-        .queue(
-            "q",
-            QueueConfig {
-                max_workers: 0,
-                ..QueueConfig::default()
-            },
-        )
-        .build()
-        .await;
-    assert!(matches!(bad, Err(Error::Config(_))));
-    assert!(matches!(
-        db.client().schema("Robert'); DROP").build().await,
-        Err(Error::InvalidName { .. })
-    ));
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn a_newer_schema_version_is_refused() {
-    let db = TestDb::new().await;
-    db.exec(&format!(
-        "INSERT INTO {{s}}.schema_migrations (version, name, checksum) VALUES ({}, 'from the future', 'x')",
-        SCHEMA_VERSION + 1
-    ))
-    .await;
-    for migrate in [true, false] {
-        match db.client().migrate(migrate).build().await {
-            Err(Error::SchemaTooNew {
-                database, binary, ..
-            }) => {
-                assert_eq!((database, binary), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
-            }
-            other => panic!("expected SchemaTooNew, got {:?}", other.err()),
-        }
-    }
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn concurrent_migrations_apply_each_version_once() {
-    let db = TestDb::new().await;
-    let fresh = ringwork::SchemaName::new(&format!("{}_m", db.schema)).unwrap();
-    let runs = (0..4).map(|_| {
-        let pool = db.pool.clone();
-        let fresh = fresh.clone();
-        tokio::spawn(
-            async move { ringwork::schema::migrate(&pool, &fresh, Default::default()).await },
-        )
-    });
-    let mut applied = Vec::new();
-    for run in runs {
-        applied.extend(run.await.unwrap().unwrap().applied);
-    }
-    applied.sort();
-    assert_eq!(applied, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
-    sqlx::query(&format!("DROP SCHEMA {fresh} CASCADE"))
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    db.cleanup().await;
-}
-
-#[derive(Serialize, Deserialize)]
-struct Flaky {
-    fail_times: i32,
-}
-impl JobArgs for Flaky {
-    const KIND: &'static str = "flaky";
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_attempts_retry_through_deferred_and_then_complete_or_fail_for_good() {
-    let db = TestDb::new().await;
-    let client = db
-        .client()
-        .queue("default", queue(4))
-        .register(|ctx: JobContext, args: Flaky| async move {
-            if ctx.attempt <= args.fail_times {
-                Err(JobError::RetryAfter(
-                    Duration::ZERO,
-                    format!("attempt {} fails", ctx.attempt),
-                ))
-            } else {
-                Ok(())
-            }
-        })
-        .build()
-        .await
-        .unwrap();
-    let metrics = client.metrics();
-    let recovers = client
-        .insert(NewJob::new(&Flaky { fail_times: 2 }).unwrap())
-        .await
-        .unwrap();
-    let exhausts = client
-        .insert(
-            NewJob::new(&Flaky { fail_times: 10 })
-                .unwrap()
-                .max_attempts(3),
-        )
-        .await
-        .unwrap();
-    let running = client.start().await.unwrap();
-    let done = eventually(Duration::from_secs(30), || {
-        let metrics = Arc::clone(&metrics);
-        async move { metrics.completed() == 1 && metrics.failed() == 1 }
-    })
-    .await;
-    running.shutdown(Duration::from_secs(5)).await;
-    assert!(done);
-    assert_eq!(metrics.retried(), 4);
-    // in done_entries, or in the archive once fast maintenance has pruned its slot
-    let state: String = sqlx::query_scalar(&format!(
-        "SELECT state || ' after attempt ' || attempt || ', lease ' || run_lease FROM {s}.done_entries WHERE job_id = $1
-         UNION ALL
-         SELECT state || ' after attempt ' || attempt || ', lease ' || run_lease FROM {s}.archived_jobs WHERE job_id = $1",
-        s = db.schema
-    ))
-    .bind(exhausts)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(state, "failed after attempt 3, lease 3");
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
-            .await,
-        0
-    );
-    let _ = recovers;
-    db.cleanup().await;
-}
-
 #[tokio::test]
 async fn public_futures_are_send() {
     fn assert_send<T: Send>(_: T) {}
@@ -515,14 +165,6 @@ async fn public_futures_are_send() {
             .await;
     };
     assert_send(client_insert);
-}
-
-#[derive(Serialize, Deserialize)]
-struct Slow {
-    ms: u64,
-}
-impl JobArgs for Slow {
-    const KIND: &'static str = "slow";
 }
 
 /// Shutdown drains running handlers with their heartbeats still beating: a handler that outlives
@@ -604,106 +246,5 @@ async fn a_claim_linger_over_a_second_is_refused() {
         Err(other) => panic!("expected a config error, got {other}"),
         Ok(_) => panic!("a 2-s claim_linger was accepted"),
     }
-    db.cleanup().await;
-}
-
-/// Whether every job of `ids` is completed (its completion committed) within `within`.
-async fn completed_within(storage: &ringwork::Storage, ids: &[i64], within: Duration) -> bool {
-    eventually(within, || {
-        let storage = storage.clone();
-        let ids = ids.to_vec();
-        async move {
-            for id in ids {
-                let state = storage.job_state(id).await.unwrap().map(|s| s.state);
-                if state != Some(JobStatus::Completed) {
-                    return false;
-                }
-            }
-            true
-        }
-    })
-    .await
-}
-
-/// Completion pacing (completer.rs): flushes start at most once per `max_delay` under load, but a
-/// completion after a quiet spell is written at once, and so is one finishing while claims come
-/// back short. With a 30-s pace, three jobs run one after another each become durable within
-/// seconds (a fixed gather, or pacing without the short-claim flush, holds the second for 30 s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paced_completions_are_written_at_once_when_the_queue_runs_dry() {
-    let db = TestDb::new().await;
-    let client = db
-        .client()
-        .maintenance(no_maintenance())
-        .completion(CompletionConfig {
-            max_delay: Duration::from_secs(30),
-            ..CompletionConfig::default()
-        })
-        .queue("default", queue(4))
-        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
-        .build()
-        .await
-        .unwrap();
-    let running = client.start().await.unwrap();
-    let storage = db.storage();
-    for n in 0..3 {
-        let id = client
-            .insert(NewJob::new(&Count { n }).unwrap())
-            .await
-            .unwrap();
-        let started = std::time::Instant::now();
-        let durable = completed_within(&storage, &[id], Duration::from_secs(10)).await;
-        assert!(
-            durable,
-            "job {n}'s completion was not written within 10 s (pace 30 s)"
-        );
-        eprintln!("job {n}: durable after {:?}", started.elapsed());
-    }
-    running.shutdown(Duration::from_secs(5)).await;
-    db.cleanup().await;
-}
-
-/// The last jobs of a queue running dry finish one after another, long after the claim that left
-/// workers idle: each must be flushed when it finishes, not at the pace (30 s here) nor at the
-/// next poll (30 s too). Three jobs of 0, 300 and 600 ms claimed together.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_last_jobs_of_a_draining_queue_are_written_as_they_finish() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let jobs: Vec<_> = (0..3).map(|n| NewJob::new(&Count { n }).unwrap()).collect();
-    let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
-    drop(conn);
-    let client = db
-        .client()
-        .maintenance(no_maintenance())
-        .completion(CompletionConfig {
-            max_delay: Duration::from_secs(30),
-            ..CompletionConfig::default()
-        })
-        .queue(
-            "default",
-            QueueConfig {
-                max_workers: 4,
-                poll_interval: Duration::from_secs(30),
-                ..QueueConfig::default()
-            },
-        )
-        .register(|_ctx: JobContext, args: Count| async move {
-            tokio::time::sleep(Duration::from_millis(args.n * 300)).await;
-            Ok::<(), JobError>(())
-        })
-        .build()
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let running = client.start().await.unwrap();
-    let durable = completed_within(&storage, &ids, Duration::from_secs(10)).await;
-    assert!(
-        durable,
-        "the three completions were not all written within 10 s (pace and poll 30 s)"
-    );
-    eprintln!("three staggered jobs durable after {:?}", started.elapsed());
-    running.shutdown(Duration::from_secs(5)).await;
     db.cleanup().await;
 }

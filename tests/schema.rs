@@ -1,6 +1,7 @@
-//! The schema's promises: frozen, checksummed migrations; functions installed from their plane
-//! files, idempotently; no installed function mutates a ring table; a cancelled migrate holds no
-//! lock.
+//! The schema's promises: frozen, checksummed migrations, each version applied once however many
+//! processes migrate at once; a build older than the schema refused; functions installed from their
+//! plane files, idempotently; no installed function mutates a ring table; a cancelled migrate holds
+//! no lock.
 
 mod support;
 
@@ -210,6 +211,51 @@ async fn a_cancelled_migrate_leaves_no_lock_behind() {
     .unwrap();
     assert_eq!(report.applied, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
     other.close().await;
+    sqlx::query(&format!("DROP SCHEMA {fresh} CASCADE"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_newer_schema_version_is_refused() {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "INSERT INTO {{s}}.schema_migrations (version, name, checksum) VALUES ({}, 'from the future', 'x')",
+        SCHEMA_VERSION + 1
+    ))
+    .await;
+    for migrate in [true, false] {
+        match db.client().migrate(migrate).build().await {
+            Err(Error::SchemaTooNew {
+                database, binary, ..
+            }) => {
+                assert_eq!((database, binary), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+            }
+            other => panic!("expected SchemaTooNew, got {:?}", other.err()),
+        }
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn concurrent_migrations_apply_each_version_once() {
+    let db = TestDb::new().await;
+    let fresh = ringwork::SchemaName::new(&format!("{}_m", db.schema)).unwrap();
+    let runs = (0..4).map(|_| {
+        let pool = db.pool.clone();
+        let fresh = fresh.clone();
+        tokio::spawn(
+            async move { ringwork::schema::migrate(&pool, &fresh, Default::default()).await },
+        )
+    });
+    let mut applied = Vec::new();
+    for run in runs {
+        applied.extend(run.await.unwrap().unwrap().applied);
+    }
+    applied.sort();
+    assert_eq!(applied, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
     sqlx::query(&format!("DROP SCHEMA {fresh} CASCADE"))
         .execute(&db.pool)
         .await

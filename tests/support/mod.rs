@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ringwork::testing::TestDatabase;
-use ringwork::{Client, ClientBuilder, MaintenanceConfig, SchemaName, Storage};
+use ringwork::{Client, ClientBuilder, MaintenanceConfig, NewJob, SchemaName, Storage};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::sync::OnceCell;
@@ -144,6 +144,67 @@ pub fn no_maintenance() -> MaintenanceConfig {
 
 #[allow(unused_imports)] // each test binary uses a part of it
 pub use ringwork::testing::eventually;
+
+/// A job of kind `count` that the runtime tests register a handler for.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct Count {
+    pub n: u64,
+}
+
+impl ringwork::JobArgs for Count {
+    const KIND: &'static str = "count";
+}
+
+/// A queue of `workers` handlers that claims up to 64 jobs at a time and polls every 50 ms.
+pub fn queue(workers: usize) -> ringwork::QueueConfig {
+    ringwork::QueueConfig {
+        max_workers: workers,
+        claim_batch: 64,
+        poll_interval: Duration::from_millis(50),
+        ..ringwork::QueueConfig::default()
+    }
+}
+
+/// Insert `jobs` in one call on a connection of their own, reporting for each whether it was
+/// inserted or found its unique key held.
+pub async fn insert_reporting(db: &TestDb, jobs: &[NewJob]) -> Vec<ringwork::Inserted> {
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.storage()
+        .insert_many_reporting(&mut conn, jobs)
+        .await
+        .unwrap()
+}
+
+/// Complete one claimed attempt in a batch of its own: its outcome.
+pub async fn complete_one(storage: &Storage, claimed: &ringwork::ClaimedJob) -> ringwork::Outcome {
+    let mut outcomes = storage
+        .complete_batch(&[claimed.attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(outcomes.len(), 1, "one outcome per attempt");
+    outcomes.remove(0)
+}
+
+/// A job of kind `noop` with arguments `{"n": n}`: what the storage tests claim and complete.
+pub fn job(n: i64) -> NewJob {
+    NewJob::from_parts("noop", serde_json::json!({ "n": n })).unwrap()
+}
+
+/// Insert `jobs` in one call on a connection of their own (committed at once); their ids, in order.
+pub async fn enqueue(db: &TestDb, jobs: Vec<NewJob>) -> Vec<i64> {
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.storage().insert_many(&mut conn, &jobs).await.unwrap()
+}
+
+/// The job's state as its name (`available`, `running`, ...), or empty when no job has the id.
+pub async fn state(db: &TestDb, id: i64) -> String {
+    db.storage()
+        .job_state(id)
+        .await
+        .unwrap()
+        .map(|s| s.state.to_string())
+        .unwrap_or_default()
+}
 
 /// Seal both rings' current slots and prune every sealed slot of both (prune's lock timeout
 /// 25 ms; failed and cancelled history kept 7 days): the ring's history moves to the archive.

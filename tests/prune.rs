@@ -1,218 +1,50 @@
-//! Storage-level promises: transactional enqueue, lane order, the stale-writer guard, cursor
-//! recovery and prune's proofs (lane shards: tests/shards.rs). Each test drives the storage layer directly.
+//! Rotate and prune: a sealed slot is truncated only once its proof holds (no open claim, no
+//! unclaimed ready row, no producer committing into it), its failed history goes to the archive,
+//! and a long reader or transaction makes prune skip the slot instead of stalling claims.
 
 mod support;
 
+use ringwork::{CloseOutcome, PruneResult};
 use std::time::Duration;
-
-use ringwork::PruneResult;
-use ringwork::{CloseOutcome, NewJob, Outcome};
-use serde_json::json;
-use support::TestDb;
-
-fn job(n: i64) -> NewJob {
-    NewJob::from_parts("noop", json!({ "n": n })).unwrap()
-}
+use support::{job, TestDb};
 
 const NO_WAIT: Duration = Duration::from_millis(25);
+
 const KEEP: Duration = Duration::ZERO;
-
-#[tokio::test]
-async fn transactional_enqueue_commit_makes_visible_rollback_leaves_nothing() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-
-    let mut tx = db.pool.begin().await.unwrap();
-    storage.insert(&mut tx, &job(1)).await.unwrap();
-    storage
-        .insert_many(&mut tx, &(0..100).map(job).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
-            .await,
-        0
-    );
-    assert!(storage.claim("default", 10, None).await.unwrap().is_empty());
-
-    let mut tx = db.pool.begin().await.unwrap();
-    let id = storage.insert(&mut tx, &job(2)).await.unwrap();
-    tx.commit().await.unwrap();
-    let claimed = storage.claim("default", 10, None).await.unwrap();
-    assert_eq!(claimed.len(), 1);
-    assert_eq!(claimed[0].job_id, id);
-    assert_eq!(claimed[0].run_lease, 1);
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn claims_follow_enqueue_order_within_a_lane() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let mut expected = Vec::new();
-    // singles, a small batch and a COPY batch, interleaved
-    for round in 0..3 {
-        expected.push(storage.insert(&mut conn, &job(round)).await.unwrap());
-        expected.extend(
-            storage
-                .insert_many(&mut conn, &(0..10).map(job).collect::<Vec<_>>())
-                .await
-                .unwrap(),
-        );
-        expected.extend(
-            storage
-                .insert_many(&mut conn, &(0..200).map(job).collect::<Vec<_>>())
-                .await
-                .unwrap(),
-        );
-    }
-    let mut seen = Vec::new();
-    loop {
-        let batch = storage.claim("default", 37, None).await.unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        seen.extend(batch.iter().map(|j| j.job_id));
-    }
-    assert_eq!(seen, expected);
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn priorities_run_lower_number_first() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let low = storage
-        .insert(&mut conn, &job(1).priority(4))
-        .await
-        .unwrap();
-    let high = storage
-        .insert(&mut conn, &job(2).priority(1))
-        .await
-        .unwrap();
-    let claimed = storage.claim("default", 1, None).await.unwrap();
-    assert_eq!(claimed[0].job_id, high);
-    let claimed = storage.claim("default", 1, None).await.unwrap();
-    assert_eq!(claimed[0].job_id, low);
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn stale_completion_is_rejected_and_changes_nothing() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
-    storage.insert(&mut conn, &job(1)).await.unwrap();
-    let first = storage.claim("default", 1, None).await.unwrap().remove(0);
-
-    // attempt 1 fails and is retried; attempt 2 is claimed with a higher run_lease
-    let retry = CloseOutcome::Retry {
-        at: chrono::Utc::now(),
-        error: "boom".into(),
-    };
-    assert_eq!(
-        storage
-            .close_batch(&[(first.attempt_ref(), retry)])
-            .await
-            .unwrap(),
-        vec![Outcome::Applied]
-    );
-    assert_eq!(storage.promote_due(10).await.unwrap(), 1);
-    let second = storage.claim("default", 1, None).await.unwrap().remove(0);
-    assert_eq!(second.job_id, first.job_id);
-    assert_eq!(second.run_lease, first.run_lease + 1);
-
-    let evidence = "SELECT (SELECT count(*) FROM {s}.lease_claim_closure_batches)
-                         + (SELECT count(*) FROM {s}.receipt_completion_batches)
-                         + (SELECT count(*) FROM {s}.done_entries)
-                         + (SELECT count(*) FROM {s}.deferred_jobs)";
-    let before = db.scalar_i64(evidence).await;
-    // the old attempt's completion is stale: nothing changes
-    assert_eq!(
-        storage
-            .complete_batch(&[first.attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
-    let failed = CloseOutcome::Failed {
-        error: "late".into(),
-    };
-    assert_eq!(
-        storage
-            .close_batch(&[(first.attempt_ref(), failed)])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
-    assert_eq!(db.scalar_i64(evidence).await, before);
-
-    // the live attempt completes once; a second completion of it is stale too
-    assert_eq!(
-        storage
-            .complete_batch(&[second.attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Applied]
-    );
-    assert_eq!(
-        storage
-            .complete_batch(&[second.attempt_ref()])
-            .await
-            .unwrap(),
-        vec![Outcome::Stale]
-    );
-    // a mixed batch reports per attempt
-    let mixed = storage
-        .complete_batch(&[first.attempt_ref(), second.attempt_ref()])
-        .await
-        .unwrap();
-    assert_eq!(mixed, vec![Outcome::Stale, Outcome::Stale]);
-    // a forged receipt is stale, not an error
-    let mut forged = second.attempt_ref();
-    forged.receipt_id += 1;
-    assert_eq!(
-        storage.complete_batch(&[forged]).await.unwrap(),
-        vec![Outcome::Stale]
-    );
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn lost_cursor_advance_is_recovered_without_duplicate_claim() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
-    storage
-        .insert_many(&mut conn, &(0..10).map(job).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    let first = storage.claim("default", 4, None).await.unwrap();
-    assert_eq!(first.len(), 4);
-    // the post-commit advance never happened (it is lazy) — and now we also roll the persisted
-    // cursor back to zero, as if every advance had been lost
-    db.exec("SELECT setval(cursor_seq, 0, true) FROM {s}.queue_lanes")
-        .await;
-    let second = storage.claim("default", 100, None).await.unwrap();
-    assert_eq!(second.len(), 6, "recovered from the attempt ledger");
-    let mut all: Vec<i64> = first.iter().chain(&second).map(|j| j.job_id).collect();
-    all.sort();
-    all.dedup();
-    assert_eq!(all.len(), 10, "no job claimed twice");
-    assert!(storage
-        .claim("default", 100, None)
-        .await
-        .unwrap()
-        .is_empty());
-    db.cleanup().await;
-}
 
 async fn rotate_both(storage: &ringwork::Storage) {
     assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
     assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+}
+
+/// The reasons a tick gave for the queue-ring slots it left sealed, in order.
+fn queue_skips(report: &ringwork::maintenance::TickReport) -> Vec<String> {
+    report
+        .prune_skips
+        .iter()
+        .filter(|(ring, _)| *ring == "queue")
+        .map(|(_, reason)| reason.clone())
+        .collect()
+}
+
+/// Three jobs claimed and completed in slot 0 of both rings, both rings rotated, and three more
+/// enqueued into the new current queue slot: slot 0 is sealed and provable.
+async fn seal_a_slot_of_completed_jobs(db: &TestDb, storage: &ringwork::Storage) {
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    storage
+        .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    rotate_both(storage).await;
+    storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -460,36 +292,6 @@ async fn failed_history_is_archived_when_its_slot_is_pruned() {
     db.cleanup().await;
 }
 
-/// The reasons a tick gave for the queue-ring slots it left sealed, in order.
-fn queue_skips(report: &ringwork::maintenance::TickReport) -> Vec<String> {
-    report
-        .prune_skips
-        .iter()
-        .filter(|(ring, _)| *ring == "queue")
-        .map(|(_, reason)| reason.clone())
-        .collect()
-}
-
-/// Three jobs claimed and completed in slot 0 of both rings, both rings rotated, and three more
-/// enqueued into the new current queue slot: slot 0 is sealed and provable.
-async fn seal_a_slot_of_completed_jobs(db: &TestDb, storage: &ringwork::Storage) {
-    let mut conn = db.pool.acquire().await.unwrap();
-    storage
-        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    let claimed = storage.claim("default", 3, None).await.unwrap();
-    storage
-        .complete_batch(&claimed.iter().map(|j| j.attempt_ref()).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    rotate_both(storage).await;
-    storage
-        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prune_blocked_by_a_long_reader_gives_up_instead_of_stalling_claims() {
     let db = TestDb::new().await;
@@ -665,176 +467,5 @@ async fn a_tick_tries_one_busy_slot_a_ring_and_prunes_the_rest_once_released() {
         .unwrap();
     assert_eq!(report.pruned_queue_slots, vec![0, 1], "{report:?}");
     assert!(queue_skips(&report).is_empty(), "{report:?}");
-    db.cleanup().await;
-}
-
-/// Zero growth under a held horizon: rotation, prune and rescue-cursor moves append to
-/// ledgers inside the slots they describe (migration 0005) and rewrite nothing. With a transaction
-/// pinning the MVCC horizon for the whole run (so no page pruning or vacuum could reclaim a dead
-/// version), 30 turns of both rings, each with a prune and a cursor move, leave no updated or
-/// deleted row anywhere in the schema.
-#[tokio::test]
-async fn rotation_prune_and_rescue_cursors_rewrite_no_row_under_a_held_horizon() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    storage.ensure_queue("default").await.unwrap();
-    // REPEATABLE READ: its snapshot is the one a long report or pg_dump would hold
-    let mut horizon = db.pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *horizon)
-        .await
-        .unwrap();
-    sqlx::query("SELECT txid_current()")
-        .execute(&mut *horizon)
-        .await
-        .unwrap();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let (mut rotations, mut queue_prunes, mut claim_prunes) = (0, 0, 0);
-    for n in 0..30 {
-        storage.insert(&mut conn, &job(n)).await.unwrap();
-        for claimed in storage.claim("default", 1, None).await.unwrap() {
-            storage
-                .complete_batch(&[claimed.attempt_ref()])
-                .await
-                .unwrap();
-        }
-        // a sleep, not the engine clock: this test counts every row update in the schema, and the
-        // test clock's own row would be one
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        // every claim is closed and older than 1 ms: the stale cursor steps over them
-        storage.rescue(Duration::from_millis(1), 100).await.unwrap();
-        rotations += i32::from(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
-        rotations += i32::from(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
-        for slot in storage.sealed_queue_slots().await.unwrap() {
-            queue_prunes += i32::from(
-                storage.prune_queue_slot(slot, NO_WAIT, KEEP).await.unwrap() == PruneResult::Pruned,
-            );
-        }
-        for slot in storage.sealed_claim_slots().await.unwrap() {
-            claim_prunes += i32::from(
-                storage.prune_claim_slot(slot, NO_WAIT).await.unwrap() == PruneResult::Pruned,
-            );
-        }
-    }
-    drop(conn);
-    assert_eq!(rotations, 60, "both rings turned every time");
-    assert!(
-        queue_prunes >= 25 && claim_prunes >= 25,
-        "{queue_prunes} / {claim_prunes} prunes"
-    );
-    // the ledger is what the slots say, and every slot is accounted for
-    let slots = storage.ring_slots().await.unwrap();
-    for ring in ["queue", "claim"] {
-        let current: Vec<_> = slots
-            .iter()
-            .filter(|s| s.ring == ring && s.state == "current")
-            .collect();
-        assert_eq!(current.len(), 1, "{ring}: one current slot in {slots:?}");
-        assert_eq!(
-            current[0].generation, 31,
-            "{ring}: 30 rotations after generation 1"
-        );
-    }
-    // backends flush their table statistics within a second of a transaction, or after 10 s idle
-    let flushed = support::eventually(Duration::from_secs(20), || async {
-        let cursor_moves: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
-             WHERE schemaname = $1 AND relname LIKE 'claim_rescue_cursors%'",
-        )
-        .bind(db.schema.as_str())
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        let ledger_rows: i64 = sqlx::query_scalar(
-            "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
-             WHERE schemaname = $1 AND relname ~ '^(queue|claim)_ring_ledger_'",
-        )
-        .bind(db.schema.as_str())
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        // 2 per rotation and 1 per prune
-        cursor_moves >= 25 && ledger_rows >= i64::from(2 * rotations + queue_prunes + claim_prunes)
-    })
-    .await;
-    assert!(
-        flushed,
-        "the rotations, prunes and cursor moves reached the statistics"
-    );
-    let rewritten: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT relname::text, n_tup_upd, n_tup_del, n_dead_tup FROM pg_stat_user_tables
-         WHERE schemaname = $1 AND n_tup_upd + n_tup_del + n_dead_tup > 0 ORDER BY relname",
-    )
-    .bind(db.schema.as_str())
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert!(
-        rewritten.is_empty(),
-        "rows updated or deleted: {rewritten:?}"
-    );
-    // TRUNCATE is not MVCC-safe: the old snapshot sees a pruned slot's ledger child empty, and not
-    // the 'freed' row appended after it. The views still list every slot (as free), so a report or
-    // a dump taken from such a snapshot never loses a slot of the ring.
-    let listed: (i64, i64) = sqlx::query_as(&format!(
-        "SELECT (SELECT count(*) FROM {s}.queue_ring_slots), (SELECT count(*) FROM {s}.claim_ring_slots)",
-        s = db.schema.as_str()
-    ))
-    .fetch_one(&mut *horizon)
-    .await
-    .unwrap();
-    let slot_counts: (i64, i64) = sqlx::query_as(&format!(
-        "SELECT (SELECT slot_count FROM {s}.queue_ring_state)::int8,
-                (SELECT slot_count FROM {s}.claim_ring_state)::int8",
-        s = db.schema.as_str()
-    ))
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        listed, slot_counts,
-        "every slot is listed in the old snapshot"
-    );
-    horizon.rollback().await.unwrap();
-    db.cleanup().await;
-}
-
-#[tokio::test]
-async fn an_insert_inside_a_raw_begin_transaction_does_not_commit_it() {
-    let db = TestDb::new().await;
-    let storage = db.storage();
-    storage.ensure_queue("default").await.unwrap();
-    let mut conn = db.pool.acquire().await.unwrap();
-    // a transaction sqlx does not know about
-    sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
-    storage.insert(&mut conn, &job(1)).await.unwrap();
-    // several statements: a COPY group, a small group of another priority, a scheduled job
-    let mut jobs: Vec<NewJob> = (0..100).map(job).collect();
-    jobs.push(job(200).priority(1));
-    jobs.push(job(201).run_at(chrono::Utc::now() + chrono::Duration::hours(1)));
-    storage.insert_many(&mut conn, &jobs).await.unwrap();
-    let inside = db
-        .scalar_i64("SELECT count(*) FROM {s}.ready_entries")
-        .await;
-    assert_eq!(inside, 0, "nothing is visible outside the open transaction");
-    sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
-            .await,
-        0,
-        "the caller's rollback undid every insert"
-    );
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.deferred_jobs")
-            .await,
-        0
-    );
-    // the same on a plain connection commits
-    storage.insert_many(&mut conn, &jobs).await.unwrap();
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
-            .await,
-        101
-    );
     db.cleanup().await;
 }

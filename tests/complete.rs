@@ -1,0 +1,174 @@
+//! Complete: the stale-writer guard on completion, and the completion batcher's pace (written at
+//! once when a queue runs dry or drains).
+
+mod support;
+
+use ringwork::{
+    CloseOutcome, CompletionConfig, JobContext, JobError, JobStatus, NewJob, Outcome, QueueConfig,
+};
+use std::time::Duration;
+use support::{complete_one, eventually, job, no_maintenance, queue, Count, TestDb};
+
+#[tokio::test]
+async fn stale_completion_is_rejected_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage.insert(&mut conn, &job(1)).await.unwrap();
+    let first = storage.claim("default", 1, None).await.unwrap().remove(0);
+
+    // attempt 1 fails and is retried; attempt 2 is claimed with a higher run_lease
+    let retry = CloseOutcome::Retry {
+        at: chrono::Utc::now(),
+        error: "boom".into(),
+    };
+    assert_eq!(
+        storage
+            .close_batch(&[(first.attempt_ref(), retry)])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied]
+    );
+    assert_eq!(storage.promote_due(10).await.unwrap(), 1);
+    let second = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!(second.job_id, first.job_id);
+    assert_eq!(second.run_lease, first.run_lease + 1);
+
+    let evidence = "SELECT (SELECT count(*) FROM {s}.lease_claim_closure_batches)
+                         + (SELECT count(*) FROM {s}.receipt_completion_batches)
+                         + (SELECT count(*) FROM {s}.done_entries)
+                         + (SELECT count(*) FROM {s}.deferred_jobs)";
+    let before = db.scalar_i64(evidence).await;
+    // the old attempt's completion is stale: nothing changes
+    assert_eq!(complete_one(&storage, &first).await, Outcome::Stale);
+    let failed = CloseOutcome::Failed {
+        error: "late".into(),
+    };
+    assert_eq!(
+        storage
+            .close_batch(&[(first.attempt_ref(), failed)])
+            .await
+            .unwrap(),
+        vec![Outcome::Stale]
+    );
+    assert_eq!(db.scalar_i64(evidence).await, before);
+
+    // the live attempt completes once; a second completion of it is stale too
+    assert_eq!(complete_one(&storage, &second).await, Outcome::Applied);
+    assert_eq!(complete_one(&storage, &second).await, Outcome::Stale);
+    // a mixed batch reports per attempt
+    let mixed = storage
+        .complete_batch(&[first.attempt_ref(), second.attempt_ref()])
+        .await
+        .unwrap();
+    assert_eq!(mixed, vec![Outcome::Stale, Outcome::Stale]);
+    // a forged receipt is stale, not an error
+    let mut forged = second.attempt_ref();
+    forged.receipt_id += 1;
+    assert_eq!(
+        storage.complete_batch(&[forged]).await.unwrap(),
+        vec![Outcome::Stale]
+    );
+    db.cleanup().await;
+}
+
+/// Whether every job of `ids` is completed (its completion committed) within `within`.
+async fn completed_within(storage: &ringwork::Storage, ids: &[i64], within: Duration) -> bool {
+    eventually(within, || {
+        let storage = storage.clone();
+        let ids = ids.to_vec();
+        async move {
+            for id in ids {
+                let state = storage.job_state(id).await.unwrap().map(|s| s.state);
+                if state != Some(JobStatus::Completed) {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await
+}
+
+/// Completion pacing (completer.rs): flushes start at most once per `max_delay` under load, but a
+/// completion after a quiet spell is written at once, and so is one finishing while claims come
+/// back short. With a 30-s pace, three jobs run one after another each become durable within
+/// seconds (a fixed gather, or pacing without the short-claim flush, holds the second for 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_completions_are_written_at_once_when_the_queue_runs_dry() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .completion(CompletionConfig {
+            max_delay: Duration::from_secs(30),
+            ..CompletionConfig::default()
+        })
+        .queue("default", queue(4))
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let storage = db.storage();
+    for n in 0..3 {
+        let id = client
+            .insert(NewJob::new(&Count { n }).unwrap())
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let durable = completed_within(&storage, &[id], Duration::from_secs(10)).await;
+        assert!(
+            durable,
+            "job {n}'s completion was not written within 10 s (pace 30 s)"
+        );
+        eprintln!("job {n}: durable after {:?}", started.elapsed());
+    }
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}
+
+/// The last jobs of a queue running dry finish one after another, long after the claim that left
+/// workers idle: each must be flushed when it finishes, not at the pace (30 s here) nor at the
+/// next poll (30 s too). Three jobs of 0, 300 and 600 ms claimed together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_jobs_of_a_draining_queue_are_written_as_they_finish() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let jobs: Vec<_> = (0..3).map(|n| NewJob::new(&Count { n }).unwrap()).collect();
+    let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .completion(CompletionConfig {
+            max_delay: Duration::from_secs(30),
+            ..CompletionConfig::default()
+        })
+        .queue(
+            "default",
+            QueueConfig {
+                max_workers: 4,
+                poll_interval: Duration::from_secs(30),
+                ..QueueConfig::default()
+            },
+        )
+        .register(|_ctx: JobContext, args: Count| async move {
+            tokio::time::sleep(Duration::from_millis(args.n * 300)).await;
+            Ok::<(), JobError>(())
+        })
+        .build()
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let running = client.start().await.unwrap();
+    let durable = completed_within(&storage, &ids, Duration::from_secs(10)).await;
+    assert!(
+        durable,
+        "the three completions were not all written within 10 s (pace and poll 30 s)"
+    );
+    eprintln!("three staggered jobs durable after {:?}", started.elapsed());
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ringwork::NewJob;
 use serde_json::json;
-use support::TestDb;
+use support::{enqueue, job, state, TestDb};
 
 #[tokio::test]
 async fn the_engine_clock_is_the_servers_until_a_test_moves_it_forward_and_never_back() {
@@ -75,6 +75,58 @@ async fn a_claim_is_stale_and_a_scheduled_job_due_once_the_clock_passes_them() {
         storage.promote_due(100).await.unwrap(),
         1,
         "the job scheduled an hour ahead is due two hours on"
+    );
+    db.cleanup().await;
+}
+
+/// A ring slot's age is on the engine clock, and so is the time a rotation records: a slot
+/// opened an hour ago on the clock rotates, one opened after the clock moved does not. A job whose
+/// `run_at` the clock has passed is enqueued ready, not scheduled.
+#[tokio::test]
+async fn rotation_ages_and_an_enqueues_run_at_follow_the_clock() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let hour = Duration::from_secs(3600);
+    // both current slots hold a claim, so both may rotate once old enough
+    enqueue(&db, vec![job(1), job(2)]).await;
+    let first = storage.claim("default", 1, None).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert!(!storage.rotate_queue_ring(hour).await.unwrap(), "young");
+    assert!(!storage.rotate_claim_ring(hour).await.unwrap(), "young");
+    db.advance_clock(hour + Duration::from_secs(1)).await;
+    assert!(
+        storage.rotate_queue_ring(hour).await.unwrap(),
+        "an hour old on the clock"
+    );
+    assert!(
+        storage.rotate_claim_ring(hour).await.unwrap(),
+        "an hour old on the clock"
+    );
+    // the new slots were opened at the moved time, so they are young again
+    let second = storage.claim("default", 1, None).await.unwrap();
+    assert_eq!(second.len(), 1);
+    assert!(
+        !storage.rotate_queue_ring(hour).await.unwrap(),
+        "opened on the clock"
+    );
+    assert!(
+        !storage.rotate_claim_ring(hour).await.unwrap(),
+        "opened on the clock"
+    );
+    // half an hour ahead of the server's time is already past on the clock
+    let run_at = chrono::Utc::now() + chrono::Duration::minutes(30);
+    let id: i64 = sqlx::query_scalar(&format!(
+        "SELECT {}.enqueue('default', 'later', '{{}}', p_run_at => $1)",
+        db.schema
+    ))
+    .bind(run_at)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        state(&db, id).await,
+        "available",
+        "ready at once, not scheduled"
     );
     db.cleanup().await;
 }

@@ -251,6 +251,7 @@ async fn a_stale_completion_fails_the_transaction_and_a_racing_cancel_waits_for_
             (client.cancel(second).await.unwrap(), started.elapsed())
         })
     };
+    // a wait for something not to happen: the cancel stays blocked on the attempt's lock
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !cancel.is_finished(),

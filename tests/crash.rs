@@ -77,6 +77,9 @@ async fn rescue_and_prune_race_for_hundreds_of_cycles_without_losing_a_claim() {
                             }
                         }
                     }
+                    // real time on purpose: a stress test whose interleavings come from a 50 ms
+                    // stale cutoff and completions sent 60 ms late (tests/rescue.rs drives each
+                    // race of complete against rescue explicitly)
                     tokio::time::sleep(Duration::from_millis(60)).await;
                 }
             }

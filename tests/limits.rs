@@ -438,7 +438,8 @@ async fn a_hot_key_is_held_to_its_limit_and_does_not_starve_the_other_keys() {
         .await;
     assert_eq!(held, 0, "nothing left held");
     // how often jobs moved out of the ring and back: once each, plus those a released job found
-    // at its limit again (another claim took the room first); statistics lag up to a second
+    // at its limit again (another claim took the room first); statistics lag up to a second of
+    // real time (each backend flushes its counters on its own timer), hence the wait
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let moves = db
         .scalar_i64(&format!(

@@ -313,7 +313,8 @@ async fn without_a_session_pool_jobs_run_by_polling_and_maintenance_waits_for_a_
     for id in &ids {
         assert_eq!(runs.lock().unwrap()[id], vec![1], "job {id} ran once");
     }
-    // past its time, the scheduled job waits: nobody leads maintenance
+    // past its time, the scheduled job waits: nobody leads maintenance (a wait for something not
+    // to happen; every process would have promoted it many times over in 1.5 s)
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!runs.lock().unwrap().contains_key(&scheduled));
     assert_eq!(storage.readiness().await.leader_pid, None);

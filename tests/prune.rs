@@ -390,7 +390,8 @@ async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_relea
         vec![0],
         "the claim slot, which the reader never read, is pruned in the same tick"
     );
-    // idle in it for over a second: held, not tried
+    // idle in it for over a second: held, not tried (real time: a backend's age is
+    // pg_stat_activity's, which the engine clock does not move)
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let report = ringwork::maintenance::tick(&storage, &config)
         .await

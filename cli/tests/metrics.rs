@@ -103,7 +103,8 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         .execute(&mut *holder)
         .await
         .unwrap();
-    // older than the endpoint's horizon_min_age (100 ms) by the time of the scrape
+    // older than the endpoint's horizon_min_age (100 ms) by the time of the scrape (real time:
+    // pg_stat_activity's age, which the engine clock does not move)
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let running = client.start().await.unwrap();

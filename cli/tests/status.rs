@@ -51,6 +51,7 @@ async fn status_names_a_held_transaction_and_shows_exact_counts_of_a_paused_queu
         .execute(&mut *holder)
         .await
         .unwrap();
+    // real time: the holder's age is pg_stat_activity's, which the engine clock does not move
     tokio::time::sleep(Duration::from_millis(1200)).await;
 
     // the library call

@@ -140,7 +140,7 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF p_run_at IS NOT NULL AND p_run_at > now() THEN
+    IF p_run_at IS NOT NULL AND p_run_at > __S__.engine_now() THEN
         SELECT j INTO o_job_id
         FROM __S__.schedule_jobs(p_queue, p_priority, ARRAY[p_kind], ARRAY[p_args], ARRAY[p_max_attempts],
                                  ARRAY[p_run_at], ARRAY[p_timeout_ms], ARRAY[p_traceparent]) j;

@@ -356,7 +356,8 @@ BEGIN
                 retried := retried + 1;
             END IF;
         ELSE
-            UPDATE __S__.deferred_jobs d SET run_at = now() WHERE d.job_id = v_job AND d.run_at > now();
+            UPDATE __S__.deferred_jobs d SET run_at = __S__.engine_now()
+            WHERE d.job_id = v_job AND d.run_at > __S__.engine_now();
             IF FOUND THEN
                 retried := retried + 1;
             END IF;
@@ -399,7 +400,7 @@ BEGIN
         RETURN CASE WHEN __S__.dlq_retry(p_job_id) THEN 'retried' ELSE 'not_retryable' END;
     END IF;
     -- already due (not yet promoted) counts as retried: it runs at the next promotion
-    UPDATE __S__.deferred_jobs d SET run_at = least(d.run_at, now())
+    UPDATE __S__.deferred_jobs d SET run_at = least(d.run_at, __S__.engine_now())
     WHERE d.job_id = p_job_id AND d.held_key IS NULL;
     RETURN CASE WHEN FOUND THEN 'retried' ELSE 'not_retryable' END;
 END

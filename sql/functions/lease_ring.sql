@@ -102,14 +102,14 @@ BEGIN
                                          run_at, created_at, last_error, timeout_ms, traceparent)
         VALUES (l.job_id, l.queue, l.kind, l.args, l.priority,
                 CASE WHEN v_action = 'resume' THEN l.attempt - 1 ELSE l.attempt END, l.run_lease, l.max_attempts,
-                now(), l.created_at, v_error, l.timeout_ms, l.traceparent);
+                __S__.engine_now(), l.created_at, v_error, l.timeout_ms, l.traceparent);
     ELSE
         RAISE EXCEPTION 'unknown callback action %', v_action USING ERRCODE = '22023';
     END IF;
     IF v_action = 'resume' THEN
         -- the next attempt is run_lease + 1 (promotion keeps the run_lease, the claim adds one)
         INSERT INTO __S__.attempt_state AS a (job_id, run_lease, heartbeat_at, callback)
-        VALUES (l.job_id, l.run_lease + 1, now(), coalesce(p_payload, 'null'::jsonb))
+        VALUES (l.job_id, l.run_lease + 1, __S__.engine_now(), coalesce(p_payload, 'null'::jsonb))
         ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE SET callback = excluded.callback;
     ELSIF v_action IN ('complete', 'fail', 'cancel') THEN
         DELETE FROM __S__.attempt_state a WHERE a.job_id = l.job_id;
@@ -266,13 +266,15 @@ DECLARE
     v_generation bigint;
     v_opened timestamptz;
     v_live __S__.leases[];
+    -- a slot's age is on the engine's clock (clock.sql), like the callback timeouts it carries
+    v_now timestamptz := __S__.engine_now();
 BEGIN
     IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('lease_ring'), 0) THEN
         RETURN 'busy';
     END IF;
     v_cur := pg_sequence_last_value('__S__.lease_ring_current')::int;
     SELECT max(g.opened_at) INTO v_opened FROM __S__.lease_ring_ledger g WHERE g.lease_slot = v_cur;
-    IF v_opened > now() - p_min_age THEN
+    IF v_opened > v_now - p_min_age THEN
         RETURN 'young';
     END IF;
     -- turn while the current slot was written (its dead versions must reach a truncate, even when
@@ -299,7 +301,7 @@ BEGIN
         INSERT INTO __S__.leases SELECT (x).* FROM (SELECT unnest(v_live) AS x) u;
     END IF;
     EXECUTE format('TRUNCATE %I.%I', '__S__', 'lease_ring_ledger_' || v_next);
-    INSERT INTO __S__.lease_ring_ledger (lease_slot, generation) VALUES (v_next, v_generation);
+    INSERT INTO __S__.lease_ring_ledger (lease_slot, generation, opened_at) VALUES (v_next, v_generation, v_now);
     PERFORM setval('__S__.lease_ring_current', v_next, true);
     RETURN 'rotated';
 END

@@ -395,7 +395,7 @@ DECLARE
 BEGIN
     PERFORM __S__.validate_enqueue(p_queue, p_kind, p_args, p_priority, p_max_attempts, p_traceparent);
     PERFORM __S__.validate_run_at(p_run_at);
-    IF p_run_at IS NOT NULL AND p_run_at > now() THEN
+    IF p_run_at IS NOT NULL AND p_run_at > __S__.engine_now() THEN
         SELECT j INTO v_id FROM __S__.schedule_jobs(p_queue, p_priority::smallint, ARRAY[p_kind], ARRAY[p_args],
                                                     ARRAY[p_max_attempts], ARRAY[p_run_at], ARRAY[NULL::int],
                                                     ARRAY[p_traceparent]) j;

@@ -25,13 +25,15 @@ LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_cur record;
     v_next int;
+    -- a slot's age, like every time the engine decides by, is on the engine's clock (clock.sql)
+    v_now timestamptz := __S__.engine_now();
 BEGIN
     PERFORM 1 FROM __S__.queue_ring_state FOR UPDATE;
     SELECT * INTO v_cur FROM __S__.queue_ring_slots WHERE state = 'current';
     IF pg_sequence_last_value('__S__.queue_ring_current') IS DISTINCT FROM v_cur.slot THEN
         PERFORM setval('__S__.queue_ring_current', v_cur.slot, true);
     END IF;
-    IF v_cur.state_since > now() - p_min_age THEN
+    IF v_cur.state_since > v_now - p_min_age THEN
         RETURN false;
     END IF;
     -- an unused current slot gains nothing from rotation
@@ -46,9 +48,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    INSERT INTO __S__.queue_ring_ledger (ready_slot, generation, event) VALUES
-        (v_cur.slot, v_cur.generation, 'sealed'),
-        (v_next, (SELECT max(generation) + 1 FROM __S__.queue_ring_ledger), 'opened');
+    INSERT INTO __S__.queue_ring_ledger (ready_slot, generation, event, at) VALUES
+        (v_cur.slot, v_cur.generation, 'sealed', v_now),
+        (v_next, (SELECT max(generation) + 1 FROM __S__.queue_ring_ledger), 'opened', v_now);
     PERFORM setval('__S__.queue_ring_current', v_next, true);
     RETURN true;
 END
@@ -59,13 +61,15 @@ LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_cur record;
     v_next int;
+    -- a slot's age, like every time the engine decides by, is on the engine's clock (clock.sql)
+    v_now timestamptz := __S__.engine_now();
 BEGIN
     PERFORM 1 FROM __S__.claim_ring_state FOR UPDATE;
     SELECT * INTO v_cur FROM __S__.claim_ring_slots WHERE state = 'current';
     IF pg_sequence_last_value('__S__.claim_ring_current') IS DISTINCT FROM v_cur.slot THEN
         PERFORM setval('__S__.claim_ring_current', v_cur.slot, true);
     END IF;
-    IF v_cur.state_since > now() - p_min_age THEN
+    IF v_cur.state_since > v_now - p_min_age THEN
         RETURN false;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM __S__.lease_claim_batches WHERE claim_slot = v_cur.slot)
@@ -77,9 +81,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    INSERT INTO __S__.claim_ring_ledger (claim_slot, generation, event) VALUES
-        (v_cur.slot, v_cur.generation, 'sealed'),
-        (v_next, (SELECT max(generation) + 1 FROM __S__.claim_ring_ledger), 'opened');
+    INSERT INTO __S__.claim_ring_ledger (claim_slot, generation, event, at) VALUES
+        (v_cur.slot, v_cur.generation, 'sealed', v_now),
+        (v_next, (SELECT max(generation) + 1 FROM __S__.claim_ring_ledger), 'opened', v_now);
     PERFORM setval('__S__.claim_ring_current', v_next, true);
     RETURN true;
 END

@@ -13,10 +13,43 @@ pub const DEFAULT_PRIORITY: i16 = 2;
 pub const DEFAULT_QUEUE: &str = "default";
 
 /// A job's arguments. `KIND` is the stable name stored with the job and used to find its handler.
+/// The other constants are the kind's insert defaults, declared where the type is, so that
+/// [`NewJob::new`] puts a job where its handler works without every producer repeating it; a
+/// producer still overrides each one on the [`NewJob`].
+///
+/// ```
+/// use ringwork::JobArgs;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct SendEmail { to: String }
+///
+/// impl JobArgs for SendEmail {
+///     const KIND: &'static str = "send_email";
+///     const QUEUE: &'static str = "mail"; // the queue the mail workers work
+///     const MAX_ATTEMPTS: i32 = 5;
+///     const TIMEOUT: Option<std::time::Duration> = Some(std::time::Duration::from_secs(30));
+/// }
+///
+/// let job = ringwork::NewJob::new(&SendEmail { to: "a@example.com".into() })?; // into "mail"
+/// # Ok::<(), ringwork::Error>(())
+/// ```
 pub trait JobArgs: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The job kind: stored with every job of this type and used to find its handler, so it must
     /// stay the same across renames of the type.
     const KIND: &'static str;
+    /// The queue a job of this kind is inserted into unless the producer names another
+    /// ([`NewJob::queue`]). Default: [`DEFAULT_QUEUE`].
+    const QUEUE: &'static str = DEFAULT_QUEUE;
+    /// Its priority, 1 (first) ..= 4 (last), unless the producer sets one ([`NewJob::priority`]).
+    /// Default: [`DEFAULT_PRIORITY`].
+    const PRIORITY: i16 = DEFAULT_PRIORITY;
+    /// Attempts before it fails for good, unless the producer sets them
+    /// ([`NewJob::max_attempts`]). Default: [`DEFAULT_MAX_ATTEMPTS`].
+    const MAX_ATTEMPTS: i32 = DEFAULT_MAX_ATTEMPTS;
+    /// Each attempt's time limit, unless the producer sets one ([`NewJob::timeout`]). Default:
+    /// none (the queue's deadline, if it has one).
+    const TIMEOUT: Option<std::time::Duration> = None;
 }
 
 /// A job ready to be inserted.
@@ -188,13 +221,20 @@ impl Unique {
 }
 
 impl NewJob {
-    /// A job of kind `A::KIND` in the default queue at the default priority.
+    /// A job of kind `A::KIND` with the kind's defaults: its queue, priority, attempts and timeout
+    /// as [`JobArgs`] declares them (the library's defaults where it declares none). The values are
+    /// checked on insert, like those set on the `NewJob`.
     pub fn new<A: JobArgs>(args: &A) -> Result<Self> {
         let value = serde_json::to_value(args).map_err(|e| Error::InvalidArgs {
             kind: A::KIND.to_string(),
             reason: e.to_string(),
         })?;
-        Self::from_parts(A::KIND, value)
+        let mut job = Self::from_parts(A::KIND, value)?
+            .queue(A::QUEUE)
+            .priority(A::PRIORITY)
+            .max_attempts(A::MAX_ATTEMPTS);
+        job.timeout = A::TIMEOUT;
+        Ok(job)
     }
 
     /// A job from an explicit kind and JSON arguments (for producers that do not link the handler type).

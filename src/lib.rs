@@ -51,7 +51,10 @@ pub mod testing;
 mod trace_context;
 
 pub use error::{Error, Result};
-pub use job::{JobArgs, JobStatus, NewJob, Unique, UniqueState};
+pub use job::{
+    JobArgs, JobStatus, NewJob, Unique, UniqueState, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY,
+    DEFAULT_QUEUE,
+};
 pub use maintenance::MaintenanceConfig;
 pub use periodic::{MissedFires, Periodic};
 pub use runtime::handler::{BoxError, JobContext, JobError, RetryPolicy};

@@ -1,10 +1,14 @@
 //! Enqueue: a job exists only if the producer's transaction commits, including an insert
-//! inside a transaction the producer opened with a raw `BEGIN`.
+//! inside a transaction the producer opened with a raw `BEGIN`; a job kind's declared defaults
+//! (queue, priority, attempts, timeout) put its jobs where its handler works.
 
 mod support;
 
-use ringwork::NewJob;
-use support::{job, TestDb};
+use std::time::Duration;
+
+use ringwork::{Error, JobArgs, JobContext, JobError, NewJob, QueueConfig};
+use serde::{Deserialize, Serialize};
+use support::{eventually, job, state, TestDb};
 
 #[tokio::test]
 async fn transactional_enqueue_commit_makes_visible_rollback_leaves_nothing() {
@@ -72,5 +76,117 @@ async fn an_insert_inside_a_raw_begin_transaction_does_not_commit_it() {
             .await,
         101
     );
+    db.cleanup().await;
+}
+
+/// A kind that declares where its jobs go and how they run.
+#[derive(Serialize, Deserialize)]
+struct SendEmail {
+    to: String,
+}
+
+impl JobArgs for SendEmail {
+    const KIND: &'static str = "send_email";
+    const QUEUE: &'static str = "mail";
+    const PRIORITY: i16 = 1;
+    const MAX_ATTEMPTS: i32 = 3;
+    const TIMEOUT: Option<Duration> = Some(Duration::from_secs(30));
+}
+
+/// A kind whose declared queue no insert accepts.
+#[derive(Serialize, Deserialize)]
+struct Misdeclared {}
+
+impl JobArgs for Misdeclared {
+    const KIND: &'static str = "misdeclared";
+    const QUEUE: &'static str = "mail\u{200B}";
+}
+
+fn email() -> SendEmail {
+    SendEmail {
+        to: "a@example.com".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_kinds_declared_defaults_place_its_jobs_and_the_producer_still_overrides_them() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let declared = storage
+        .insert(&mut conn, &NewJob::new(&email()).unwrap())
+        .await
+        .unwrap();
+    let overridden = storage
+        .insert(
+            &mut conn,
+            &NewJob::new(&email())
+                .unwrap()
+                .queue("default")
+                .priority(3)
+                .max_attempts(7),
+        )
+        .await
+        .unwrap();
+    // nothing of the kind in the default queue but the overridden one
+    let in_default = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(
+        in_default.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+        [overridden]
+    );
+    assert_eq!(
+        (in_default[0].priority, in_default[0].max_attempts),
+        (3, 7),
+        "the producer's values win"
+    );
+    let in_mail = storage.claim("mail", 10, None).await.unwrap();
+    assert_eq!(in_mail.len(), 1);
+    let mail = &in_mail[0];
+    assert_eq!(mail.job_id, declared);
+    assert_eq!(
+        (mail.priority, mail.max_attempts),
+        (1, 3),
+        "the kind's values"
+    );
+    let deadline = mail
+        .deadline_at
+        .expect("the kind's timeout gives a deadline");
+    let limit = deadline - chrono::Utc::now();
+    assert!(
+        limit > chrono::Duration::seconds(20) && limit <= chrono::Duration::seconds(30),
+        "deadline {limit} from now, for a 30 s timeout"
+    );
+    // a default no insert accepts is refused like a value the producer set
+    let refused = storage
+        .insert(&mut conn, &NewJob::new(&Misdeclared {}).unwrap())
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidName { .. })),
+        "{refused:?}"
+    );
+    db.cleanup().await;
+}
+
+/// The trap the defaults close: a handler registered on its kind's queue runs a job whose producer
+/// named no queue.
+#[tokio::test]
+async fn a_job_inserted_without_a_queue_runs_on_the_queue_its_kind_declares() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .maintenance(support::no_maintenance())
+        .queue("mail", QueueConfig::default())
+        .register(|_ctx: JobContext, _job: SendEmail| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let id = client.insert(NewJob::new(&email()).unwrap()).await.unwrap();
+    let running = client.start().await.unwrap();
+    let done = eventually(Duration::from_secs(20), || async {
+        state(&db, id).await == "completed"
+    })
+    .await;
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(done, "the job ran: {}", state(&db, id).await);
     db.cleanup().await;
 }

@@ -34,6 +34,8 @@ pub struct ClientBuilder {
     rings: RingSizes,
     queues: Vec<(String, QueueConfig)>,
     registry: Registry,
+    /// Each registered kind with the queue it declares ([`JobArgs::QUEUE`]).
+    kind_queues: Vec<(&'static str, &'static str)>,
     completion: CompletionConfig,
     maintenance: MaintenanceConfig,
     migrate: bool,
@@ -89,6 +91,7 @@ impl ClientBuilder {
         E: Into<super::handler::BoxError> + 'static,
     {
         self.registry.register::<A, F, Fut, E>(handler);
+        self.kind_queues.push((A::KIND, A::QUEUE));
         self
     }
 
@@ -166,6 +169,21 @@ impl ClientBuilder {
         }
         self.maintenance.validate()?;
         self.registry.validate()?;
+        // A handler on a kind whose jobs go to a queue this process does not work runs only if
+        // another process works that queue, or its producers name one this process works: say so
+        // once at start, since such jobs otherwise wait without a sign.
+        if !self.queues.is_empty() {
+            for (kind, queue) in &self.kind_queues {
+                if !self.queues.iter().any(|(name, _)| name == queue) {
+                    tracing::warn!(
+                        kind,
+                        queue,
+                        "kind {kind:?} declares queue {queue:?}, which this client does not work: \
+                         its jobs run here only when their producer names a queue it works"
+                    );
+                }
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for schedule in &self.periodic {
             if !names.insert(schedule.name()) {
@@ -258,6 +276,7 @@ impl Client {
             rings: RingSizes::default(),
             queues: Vec::new(),
             registry: Registry::default(),
+            kind_queues: Vec::new(),
             completion: CompletionConfig::default(),
             maintenance: MaintenanceConfig::default(),
             migrate: true,

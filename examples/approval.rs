@@ -99,7 +99,7 @@ async fn main() -> Result<(), BoxError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut waiting = None;
     while tokio::time::Instant::now() < deadline {
-        waiting = client.storage().job_state(id).await?.map(|s| s.state);
+        waiting = client.admin().job_state(id).await?.map(|s| s.state);
         if waiting == Some(JobStatus::Waiting) {
             break;
         }
@@ -108,7 +108,7 @@ async fn main() -> Result<(), BoxError> {
     println!("refund {refund} waits for approval (job {id}: {waiting:?}); callback {callback}");
     // the human clicks "approve"
     client
-        .storage()
+        .admin()
         .resolve_callback(
             &callback,
             CallbackAction::Resume {
@@ -122,7 +122,7 @@ async fn main() -> Result<(), BoxError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut state = None;
     while tokio::time::Instant::now() < deadline {
-        state = client.storage().job_state(id).await?.map(|s| s.state);
+        state = client.admin().job_state(id).await?.map(|s| s.state);
         if state == Some(JobStatus::Completed) {
             break;
         }
@@ -134,7 +134,7 @@ async fn main() -> Result<(), BoxError> {
     }
     // the same id again: the wait is over, so it is refused and changes nothing
     let late = client
-        .storage()
+        .admin()
         .resolve_callback(&callback, CallbackAction::Complete)
         .await;
     println!(

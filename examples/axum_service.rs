@@ -186,7 +186,7 @@ async fn drive(
 
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let state = jobs.storage().job_state(job_id).await?.map(|s| s.state);
+        let state = jobs.admin().job_state(job_id).await?.map(|s| s.state);
         if state == Some(JobStatus::Completed) {
             break;
         }
@@ -195,7 +195,7 @@ async fn drive(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    if jobs.storage().job_state(rolled_back).await?.is_some() {
+    if jobs.admin().job_state(rolled_back).await?.is_some() {
         return Err(format!("the rolled-back job {rolled_back} exists").into());
     }
     let (status, body) = request(addr, "GET", "/healthz", "").await?;

@@ -58,10 +58,10 @@ async fn main() -> Result<(), BoxError> {
         older_than: None,
     };
     let done = client
-        .storage()
+        .admin()
         .bulk_cancel(&withdrawn, "newsletter withdrawn")
         .await?;
-    let counts = client.storage().queue_counts(Some("emails")).await?;
+    let counts = client.admin().queue_counts(Some("emails")).await?;
     println!(
         "cancelled {} of {} matching jobs in {} steps; still waiting: {} (the receipts)",
         done.changed, done.matched, done.steps, counts[0].available

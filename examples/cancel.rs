@@ -23,7 +23,7 @@ impl JobArgs for Export {
 
 async fn wait_for(client: &Client, id: i64, want: JobStatus) -> ringwork::Result<bool> {
     for _ in 0..200 {
-        if client.storage().job_state(id).await?.map(|s| s.state) == Some(want) {
+        if client.admin().job_state(id).await?.map(|s| s.state) == Some(want) {
             return Ok(true);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -22,7 +22,7 @@ impl JobArgs for Webhook {
 
 async fn wait_for(client: &Client, id: i64, want: JobStatus) -> ringwork::Result<bool> {
     for _ in 0..200 {
-        if client.storage().job_state(id).await?.map(|s| s.state) == Some(want) {
+        if client.admin().job_state(id).await?.map(|s| s.state) == Some(want) {
             return Ok(true);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -74,7 +74,7 @@ async fn main() -> Result<(), BoxError> {
     if !wait_for(&client, id, JobStatus::DeadLettered).await? {
         return Err("the job never reached the dead-letter queue".into());
     }
-    let held = client.storage().dlq_list(Some("webhooks"), 10).await?;
+    let held = client.admin().dead_letters(Some("webhooks"), 10).await?;
     for dead in &held {
         println!("dead-lettered job {}: {:?}", dead.job_id, dead.error);
     }
@@ -84,7 +84,7 @@ async fn main() -> Result<(), BoxError> {
 
     // the operator fixes the endpoint and retries the job
     fixed.store(true, Ordering::SeqCst);
-    client.storage().dlq_retry(id).await?;
+    client.admin().retry_dead_letter(id).await?;
     let completed = wait_for(&client, id, JobStatus::Completed).await?;
     running.shutdown(Duration::from_secs(5)).await;
     println!("job {id} after the retry: completed = {completed}");

@@ -55,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let running = client.start().await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     for id in ids {
-        println!("{:?}", client.storage().job_state(id).await?);
+        println!("{:?}", client.admin().job_state(id).await?);
     }
     running.shutdown(Duration::from_secs(5)).await;
     Ok(())

@@ -73,7 +73,7 @@ async fn main() -> Result<(), BoxError> {
         .await?;
     let running = client.start().await?;
     // the annual report fires on 1 January; an operator wants it now
-    client.storage().trigger_schedule("annual_report").await?;
+    client.admin().trigger_schedule("annual_report").await?;
     tokio::time::sleep(Duration::from_millis(3500)).await;
     running.shutdown(Duration::from_secs(5)).await;
     let (refreshed, reported) = (
@@ -81,7 +81,7 @@ async fn main() -> Result<(), BoxError> {
         reported.load(Ordering::SeqCst),
     );
     println!("refresh_rates ran {refreshed} times in 3.5 s; annual_report ran {reported} time(s)");
-    for schedule in client.storage().schedules().await? {
+    for schedule in client.admin().schedules().await? {
         println!(
             "  {}: last fire {:?}, {} fires kept",
             schedule.schedule, schedule.last_fire_at, schedule.fires

@@ -78,7 +78,7 @@ async fn main() -> Result<(), BoxError> {
         .await?;
     let mut state = None;
     for _ in 0..200 {
-        state = client.storage().job_state(id).await?.map(|s| s.state);
+        state = client.admin().job_state(id).await?.map(|s| s.state);
         if state == Some(JobStatus::Completed) {
             break;
         }

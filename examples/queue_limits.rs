@@ -71,7 +71,7 @@ async fn main() -> Result<(), BoxError> {
         .build()
         .await?;
     client
-        .storage()
+        .admin()
         .set_queue_limits(
             "sync",
             QueueLimits {
@@ -95,14 +95,14 @@ async fn main() -> Result<(), BoxError> {
     client.insert_many(&jobs).await?;
     let started = client.start().await?;
     for _ in 0..200 {
-        let counts = client.storage().queue_counts(Some("sync")).await?;
+        let counts = client.admin().queue_counts(Some("sync")).await?;
         if counts.first().is_some_and(|c| c.completed == 8) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     started.shutdown(Duration::from_secs(5)).await;
-    let counts = client.storage().queue_counts(Some("sync")).await?;
+    let counts = client.admin().queue_counts(Some("sync")).await?;
     let r = running.lock().map_err(|_| "poisoned")?;
     let per_tenant: Vec<_> = r
         .by_tenant

@@ -30,6 +30,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod admin;
 mod bytes;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
@@ -50,6 +51,7 @@ pub mod telemetry;
 pub mod testing;
 mod trace_context;
 
+pub use admin::Admin;
 pub use error::{Error, Result};
 pub use job::{
     JobArgs, JobStatus, NewJob, Unique, UniqueState, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY,

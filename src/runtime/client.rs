@@ -287,7 +287,14 @@ impl Client {
         }
     }
 
-    /// The storage handle on this client's pool and schema.
+    /// The operator API on this client's pool and schema: counts, pause, limits, cancel, retry,
+    /// bulk, dead letters, schedules, callbacks, health.
+    pub fn admin(&self) -> crate::Admin {
+        crate::Admin::from_storage(self.inner.storage.clone())
+    }
+
+    /// The storage handle on this client's pool and schema: the engine's statements, for the
+    /// dashboard and HTTP endpoints. For operator actions use [`Client::admin`].
     pub fn storage(&self) -> &Storage {
         &self.inner.storage
     }

@@ -56,7 +56,10 @@ struct Statements {
     periodic: periodic::Statements,
 }
 
-/// Storage handle for one schema. Cheap to clone.
+/// Storage handle for one schema: every statement of the engine, the hot paths (claim, complete,
+/// rotate, prune) included. Operators, scripts and services use [`crate::Admin`], the operator API
+/// over it; this type is what the runtime, the dashboard and the engine's own tests drive. Cheap to
+/// clone.
 #[derive(Clone, Debug)]
 pub struct Storage {
     pool: PgPool,

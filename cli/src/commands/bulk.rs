@@ -74,16 +74,16 @@ pub enum Action {
 }
 
 pub async fn run(args: super::Group<Action>) -> Result<()> {
-    let storage = args.db.open().await?;
+    let admin = args.db.open().await?;
     let (verb, outcome) = match args.action {
         Action::Cancel { filter, reason } => (
             "cancelled",
-            storage.bulk_cancel(&filter.into_filter(), &reason).await?,
+            admin.bulk_cancel(&filter.into_filter(), &reason).await?,
         ),
-        Action::Retry { filter } => ("retried", storage.bulk_retry(&filter.into_filter()).await?),
+        Action::Retry { filter } => ("retried", admin.bulk_retry(&filter.into_filter()).await?),
         Action::Delete { filter, yes } => {
             confirm(yes, "delete the matching dead-lettered jobs")?;
-            ("deleted", storage.bulk_delete(&filter.into_filter()).await?)
+            ("deleted", admin.bulk_delete(&filter.into_filter()).await?)
         }
     };
     println!(

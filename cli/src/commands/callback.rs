@@ -64,8 +64,8 @@ pub async fn run(args: Args) -> Result<()> {
         args.error,
         args.extend_secs.map(|d| d.as_secs_f64()),
     )?;
-    let storage = args.db.open().await?;
-    let outcome = storage.resolve_callback(&args.id, action).await?;
+    let admin = args.db.open().await?;
+    let outcome = admin.resolve_callback(&args.id, action).await?;
     println!("{}", outcome.as_str());
     Ok(())
 }

@@ -15,8 +15,8 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Result<()> {
-    let storage = args.db.open().await?;
-    let counts = storage.queue_counts(args.queue.as_deref()).await?;
+    let admin = args.db.open().await?;
+    let counts = admin.queue_counts(args.queue.as_deref()).await?;
     if let (Some(queue), true) = (&args.queue, counts.is_empty()) {
         return Err(CliError::NotFound(format!(
             "queue {queue:?} does not exist"

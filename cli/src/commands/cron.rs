@@ -29,14 +29,14 @@ pub enum Action {
 }
 
 pub async fn run(args: super::Group<Action>) -> Result<()> {
-    let storage = args.db.open().await?;
+    let admin = args.db.open().await?;
     let known = |schedules: &[ringwork::ScheduleRecord], name: &str| {
         schedules.iter().any(|s| s.schedule == name)
     };
     match args.action {
         Action::List => {
             println!("schedule\tpaused\tlast fire\tlast job\tfires kept");
-            for s in storage.schedules().await? {
+            for s in admin.schedules().await? {
                 println!(
                     "{}\t{}\t{}\t{}\t{}",
                     s.schedule,
@@ -52,13 +52,13 @@ pub async fn run(args: super::Group<Action>) -> Result<()> {
             }
         }
         Action::Pause { schedule, create } => {
-            if !create && !known(&storage.schedules().await?, &schedule) {
+            if !create && !known(&admin.schedules().await?, &schedule) {
                 return Err(CliError::NotFound(format!(
                     "schedule {schedule:?} has not fired in the last week and is not paused; \
                      pass --create to pause it before its first fire"
                 )));
             }
-            let changed = storage.set_schedule_paused(&schedule, true).await?;
+            let changed = admin.set_schedule_paused(&schedule, true).await?;
             println!(
                 "schedule {schedule:?} {}",
                 if changed {
@@ -69,12 +69,12 @@ pub async fn run(args: super::Group<Action>) -> Result<()> {
             );
         }
         Action::Resume { schedule } => {
-            if !known(&storage.schedules().await?, &schedule) {
+            if !known(&admin.schedules().await?, &schedule) {
                 return Err(CliError::NotFound(format!(
                     "schedule {schedule:?} has not fired in the last week and is not paused"
                 )));
             }
-            let changed = storage.set_schedule_paused(&schedule, false).await?;
+            let changed = admin.set_schedule_paused(&schedule, false).await?;
             println!(
                 "schedule {schedule:?} {}",
                 if changed {
@@ -85,8 +85,8 @@ pub async fn run(args: super::Group<Action>) -> Result<()> {
             );
         }
         Action::Trigger { schedule } => {
-            let requested = storage.trigger_schedule(&schedule).await?;
-            let known = known(&storage.schedules().await?, &schedule);
+            let requested = admin.trigger_schedule(&schedule).await?;
+            let known = known(&admin.schedules().await?, &schedule);
             println!(
                 "schedule {schedule:?}: {}",
                 if requested {

@@ -37,10 +37,10 @@ pub enum Action {
 }
 
 pub async fn run(args: super::Group<Action>) -> Result<()> {
-    let storage = args.db.open().await?;
+    let admin = args.db.open().await?;
     match args.action {
         Action::List { queue, limit } => {
-            for dead in storage.dlq_list(queue.as_deref(), limit).await? {
+            for dead in admin.dead_letters(queue.as_deref(), limit).await? {
                 println!(
                     "{}\t{}\t{}\tattempt {}\t{}\t{}",
                     dead.job_id,
@@ -53,7 +53,7 @@ pub async fn run(args: super::Group<Action>) -> Result<()> {
             }
         }
         Action::Retry { job_id } => {
-            if !storage.dlq_retry(job_id).await? {
+            if !admin.retry_dead_letter(job_id).await? {
                 return Err(CliError::NotFound(format!(
                     "job {job_id} is not in the dead-letter queue"
                 )));
@@ -79,7 +79,7 @@ pub async fn run(args: super::Group<Action>) -> Result<()> {
                 )?,
                 (None, None, true) => confirm(yes, "purge every dead-lettered job")?,
             }
-            let n = storage.dlq_purge(queue.as_deref(), job_id).await?;
+            let n = admin.purge_dead_letters(queue.as_deref(), job_id).await?;
             if let (Some(id), 0) = (job_id, n) {
                 return Err(CliError::NotFound(format!(
                     "job {id} is not in the dead-letter queue"

@@ -26,8 +26,8 @@ pub async fn run(args: Args) -> Result<()> {
         }
         return Ok(());
     }
-    let storage = args.db.open().await?;
-    let mut tx = storage.pool().begin().await?;
+    let admin = args.db.open().await?;
+    let mut tx = admin.pool().begin().await?;
     for statement in &statements {
         sqlx::query(statement).execute(&mut *tx).await?;
     }

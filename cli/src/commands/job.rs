@@ -64,8 +64,8 @@ fn outcome_text(job: &str, outcome: &CancelOutcome) -> Result<String> {
 }
 
 pub async fn cancel(args: CancelArgs) -> Result<()> {
-    let storage = args.db.open().await?;
-    let outcome = storage.cancel_job(args.job_id, &args.reason).await?;
+    let admin = args.db.open().await?;
+    let outcome = admin.cancel_job(args.job_id, &args.reason).await?;
     println!(
         "{}",
         outcome_text(&format!("job {}", args.job_id), &outcome)?
@@ -86,8 +86,8 @@ pub async fn cancel_unique(args: CancelUniqueArgs) -> Result<()> {
     let job = NewJob::from_parts(&args.kind, job_args)?
         .queue(&args.queue)
         .unique(unique);
-    let storage = args.db.open().await?;
-    let outcome = storage.cancel_unique(&job, "cancelled by operator").await?;
+    let admin = args.db.open().await?;
+    let outcome = admin.cancel_unique(&job, "cancelled by operator").await?;
     println!(
         "{}",
         outcome_text(&format!("the {} job holding that key", args.kind), &outcome)?
@@ -96,8 +96,8 @@ pub async fn cancel_unique(args: CancelUniqueArgs) -> Result<()> {
 }
 
 pub async fn show(args: ShowArgs) -> Result<()> {
-    let storage = args.db.open().await?;
-    let Some(record) = storage.load_job(args.job_id).await? else {
+    let admin = args.db.open().await?;
+    let Some(record) = admin.load_job(args.job_id).await? else {
         return Err(CliError::NotFound(format!(
             "job {}: not found (never existed, or its history aged out)",
             args.job_id

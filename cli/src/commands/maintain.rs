@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ringwork::{schema, MaintenanceConfig, Storage};
+use ringwork::{schema, Admin, MaintenanceConfig};
 
 use super::{connect, duration, schema_name, Result};
 
@@ -32,13 +32,13 @@ pub async fn run(args: Args) -> Result<()> {
     let version = schema::installed_version(&mut conn, &schema).await?;
     schema::check_not_newer(&schema, version)?;
     drop(conn);
-    let storage = Storage::new(pool, schema);
+    let admin = Admin::new(pool, schema.as_str())?;
     let config = MaintenanceConfig {
         rotate_interval: Duration::ZERO,
         stale_after: args.stale_after,
         ..MaintenanceConfig::default()
     };
-    let r = ringwork::maintenance::tick(&storage, &config).await?;
+    let r = admin.run_maintenance(&config).await?;
     let slots = |s: &[i32]| {
         if s.is_empty() {
             "none".to_string()

@@ -19,7 +19,7 @@ pub mod work;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use ringwork::{schema, SchemaName, Storage};
+use ringwork::{schema, Admin, SchemaName, Storage};
 use sqlx::postgres::PgPoolOptions;
 
 /// Why a command failed; each maps to an exit code (see `exit_code`).
@@ -123,9 +123,9 @@ pub struct Db {
 }
 
 impl Db {
-    /// The installed schema, on a pool of two connections.
-    pub async fn open(&self) -> Result<Storage> {
-        open_storage(&self.database_url, &self.schema).await
+    /// The operator API on the installed schema, on a pool of two connections.
+    pub async fn open(&self) -> Result<Admin> {
+        admin(open_storage(&self.database_url, &self.schema).await?)
     }
 }
 
@@ -141,10 +141,17 @@ pub struct GroupDb {
 }
 
 impl GroupDb {
-    /// The installed schema, on a pool of two connections.
-    pub async fn open(&self) -> Result<Storage> {
-        open_storage_from(self.database_url.clone(), &self.schema).await
+    /// The operator API on the installed schema, on a pool of two connections.
+    pub async fn open(&self) -> Result<Admin> {
+        admin(open_storage_from(self.database_url.clone(), &self.schema).await?)
     }
+}
+
+fn admin(storage: Storage) -> Result<Admin> {
+    Ok(Admin::new(
+        storage.pool().clone(),
+        storage.schema().as_str(),
+    )?)
 }
 
 /// A command group: its subcommand, and where ringwork lives.

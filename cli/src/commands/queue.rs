@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ringwork::{KeyLimit, QueueLimits, Storage};
+use ringwork::{Admin, KeyLimit, QueueLimits};
 
 use super::{duration, CliError, Result};
 
@@ -52,8 +52,8 @@ pub struct LimitArgs {
 }
 
 /// A queue named on the command line must exist unless the operator asked to create it.
-async fn require_queue(storage: &Storage, queue: &str, create: bool) -> Result<()> {
-    if create || storage.queue_names().await?.iter().any(|q| q == queue) {
+async fn require_queue(admin: &Admin, queue: &str, create: bool) -> Result<()> {
+    if create || admin.queue_names().await?.iter().any(|q| q == queue) {
         return Ok(());
     }
     Err(CliError::NotFound(format!(
@@ -70,9 +70,9 @@ pub async fn resume(args: PauseArgs) -> Result<()> {
 }
 
 async fn set_paused(args: PauseArgs, paused: bool) -> Result<()> {
-    let storage = args.db.open().await?;
-    require_queue(&storage, &args.queue, args.create).await?;
-    let changed = storage.set_queue_paused(&args.queue, paused).await?;
+    let admin = args.db.open().await?;
+    require_queue(&admin, &args.queue, args.create).await?;
+    let changed = admin.set_queue_paused(&args.queue, paused).await?;
     let outcome = match (paused, changed) {
         (true, true) => "paused",
         (true, false) => "paused (already)",
@@ -136,11 +136,9 @@ pub async fn limit(args: LimitArgs) -> Result<()> {
             rate: args.key_rate.map(|n| (n, key_per)),
         }),
     };
-    let storage = args.db.open().await?;
-    require_queue(&storage, &args.queue, args.create).await?;
-    let changed = storage
-        .set_queue_limits(&args.queue, limits.clone())
-        .await?;
+    let admin = args.db.open().await?;
+    require_queue(&admin, &args.queue, args.create).await?;
+    let changed = admin.set_queue_limits(&args.queue, limits.clone()).await?;
     println!(
         "queue {:?}: {}{}",
         args.queue,

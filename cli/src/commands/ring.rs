@@ -9,12 +9,12 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Result<()> {
-    let storage = args.db.open().await?;
+    let admin = args.db.open().await?;
     println!(
         "{:<6} {:>4} {:>10} {:<8} {:<25} blocker",
         "ring", "slot", "generation", "state", "since"
     );
-    for s in storage.ring_slots().await? {
+    for s in admin.ring_slots().await? {
         println!(
             "{:<6} {:>4} {:>10} {:<8} {:<25} {}",
             s.ring,
@@ -27,7 +27,7 @@ pub async fn run(args: Args) -> Result<()> {
             s.blocker.unwrap_or_default()
         );
     }
-    let blockers = storage.prune_blockers().await?;
+    let blockers = admin.prune_blockers().await?;
     if blockers.is_empty() {
         println!("\nno backend holds a lock on a sealed slot or an archive bucket");
     } else {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use ringwork::{HorizonHolder, PruneBlocker, QueueCounts, RingSlot, Storage};
+use ringwork::{Admin, HorizonHolder, PruneBlocker, QueueCounts, RingSlot};
 
 use super::duration;
 
@@ -32,8 +32,8 @@ pub async fn run(args: Args) -> super::Result<()> {
     {
         return Err(ringwork::Error::Config("--watch must be at least 1 second".into()).into());
     }
-    let storage = args.db.open().await?;
-    print_status(&storage, args.json, args.watch, args.horizon_min_secs).await?;
+    let admin = args.db.open().await?;
+    print_status(&admin, args.json, args.watch, args.horizon_min_secs).await?;
     Ok(())
 }
 
@@ -47,26 +47,26 @@ struct Status {
     horizon_holders: Vec<HorizonHolder>,
 }
 
-async fn collect(storage: &Storage, horizon_min_age: Duration) -> ringwork::Result<Status> {
+async fn collect(admin: &Admin, horizon_min_age: Duration) -> ringwork::Result<Status> {
     Ok(Status {
-        schema: storage.schema().to_string(),
+        schema: admin.schema().to_string(),
         at: Utc::now(),
-        queues: storage.queue_counts(None).await?,
-        rings: storage.ring_slots().await?,
-        prune_blockers: storage.prune_blockers().await?,
-        horizon_holders: storage.horizon_holders(horizon_min_age).await?,
+        queues: admin.queue_counts(None).await?,
+        rings: admin.ring_slots().await?,
+        prune_blockers: admin.prune_blockers().await?,
+        horizon_holders: admin.horizon_holders(horizon_min_age).await?,
     })
 }
 
 /// Print the status once, or every `watch` until interrupted.
 async fn print_status(
-    storage: &Storage,
+    admin: &Admin,
     json: bool,
     watch: Option<Duration>,
     horizon_min_age: Duration,
 ) -> ringwork::Result<()> {
     loop {
-        let status = collect(storage, horizon_min_age).await?;
+        let status = collect(admin, horizon_min_age).await?;
         if json {
             println!(
                 "{}",

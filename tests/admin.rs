@@ -1,0 +1,111 @@
+//! The operator API (`ringwork::Admin`): what the command line, the dashboard and an operator's
+//! script do to a schema, through one handle that never reaches into the engine's paths.
+
+mod support;
+
+use std::time::Duration;
+
+use ringwork::{Admin, CancelOutcome, Error, JobFilter, JobStatus, MaintenanceConfig, NewJob};
+use serde_json::json;
+use support::{enqueue, job, TestDb};
+
+#[tokio::test]
+async fn an_operator_pauses_cancels_retries_and_reads_health_through_one_handle() {
+    let db = TestDb::new().await;
+    assert!(
+        matches!(
+            Admin::new(db.pool.clone(), "bad name"),
+            Err(Error::InvalidName { .. })
+        ),
+        "a schema name is checked before anything runs"
+    );
+    let admin = Admin::new(db.pool.clone(), db.schema.as_str()).unwrap();
+    let ids = enqueue(&db, vec![job(1), job(2), job(3)]).await;
+
+    // a queue paused through the handle is not claimed from, and counts say so
+    assert!(admin.set_queue_paused("default", true).await.unwrap());
+    assert!(db
+        .storage()
+        .claim("default", 10, None)
+        .await
+        .unwrap()
+        .is_empty());
+    let counts = admin.queue_counts(Some("default")).await.unwrap();
+    assert_eq!((counts[0].paused, counts[0].available), (true, 3));
+    assert_eq!(admin.queue_names().await.unwrap(), ["default"]);
+
+    // one job cancelled by id, the rest by filter
+    assert_eq!(
+        admin.cancel_job(ids[0], "operator").await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        admin.job_state(ids[0]).await.unwrap().unwrap().state,
+        JobStatus::Cancelled
+    );
+    let filter = JobFilter {
+        queue: Some("default".into()),
+        kind: None,
+        states: vec![JobStatus::Available],
+        older_than: None,
+    };
+    let bulk = admin.bulk_cancel(&filter, "operator").await.unwrap();
+    assert_eq!(bulk.changed, 2, "{bulk:?}");
+    let counts = admin.queue_counts(Some("default")).await.unwrap();
+    assert_eq!((counts[0].available, counts[0].cancelled), (0, 3));
+
+    // a scheduled job is made due now; retry of a finished job changes nothing
+    let later = db
+        .client()
+        .build()
+        .await
+        .unwrap()
+        .insert(
+            NewJob::from_parts("noop", json!({}))
+                .unwrap()
+                .run_at(chrono::Utc::now() + chrono::Duration::hours(1)),
+        )
+        .await
+        .unwrap();
+    assert!(admin.retry_job(later).await.unwrap(), "scheduled: due now");
+    assert!(
+        !admin.retry_job(ids[0]).await.unwrap(),
+        "cancelled: history stays"
+    );
+    assert!(admin.set_queue_paused("default", false).await.unwrap());
+    let report = admin
+        .run_maintenance(&MaintenanceConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        report.promoted, 1,
+        "the retried job was promoted: {report:?}"
+    );
+
+    // schedules and health
+    assert!(admin.trigger_schedule("nightly").await.unwrap());
+    assert!(
+        !admin.trigger_schedule("nightly").await.unwrap(),
+        "one pending trigger at a time"
+    );
+    assert!(admin.dead_letters(None, 10).await.unwrap().is_empty());
+    assert!(!admin.retry_dead_letter(ids[1]).await.unwrap());
+    let readiness = admin.readiness().await;
+    assert!(
+        readiness.migrated && readiness.functions_current,
+        "{readiness:?}"
+    );
+    assert!(!admin.ring_slots().await.unwrap().is_empty());
+    assert!(admin
+        .table_health()
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.table_name == "ready_entries"));
+    assert!(admin
+        .horizon_holders(Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .is_empty());
+    db.cleanup().await;
+}

@@ -760,6 +760,19 @@ async fn migrate_locked(
     })
 }
 
+/// The session advisory lock key the maintenance leader of `schema` holds. In `pg_locks` it shows
+/// as `locktype = 'advisory'`, `classid` = its high 32 bits, `objid` = its low 32 bits,
+/// `objsubid = 1`: the session holding it is the leader.
+pub fn leader_lock_key(schema: &SchemaName) -> i64 {
+    // FNV-1a: stable across processes and releases (std's hasher is not).
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in format!("ringwork-leader:{schema}").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash as i64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

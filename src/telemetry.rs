@@ -255,43 +255,47 @@ impl Telemetry {
         }
     }
 
-    /// What one maintenance tick did.
-    pub(crate) fn tick(&self, report: &crate::maintenance::TickReport) {
-        let i = &self.i;
-        for (ring, rotated) in [
-            ("queue", report.rotated_queue),
-            ("claim", report.rotated_claim),
-        ] {
-            if rotated {
-                i.rotations.add(1, &[KeyValue::new("ring", ring)]);
-            }
+    /// A ring's write slot moved (`ring`: `queue` or `claim`).
+    pub(crate) fn rotated(&self, ring: &'static str) {
+        self.i.rotations.add(1, &[KeyValue::new("ring", ring)]);
+    }
+
+    /// `slots` sealed slots of `ring` were truncated.
+    pub(crate) fn pruned(&self, ring: &'static str, slots: u64) {
+        if slots > 0 {
+            self.i.prunes.add(slots, &[KeyValue::new("ring", ring)]);
         }
-        for (ring, pruned) in [
-            ("queue", report.pruned_queue_slots.len()),
-            ("claim", report.pruned_claim_slots.len()),
-        ] {
-            if pruned > 0 {
-                i.prunes.add(pruned as u64, &[KeyValue::new("ring", ring)]);
-            }
+    }
+
+    /// Prune passed over a sealed slot of `ring`, for `reason`.
+    pub(crate) fn prune_skipped(&self, ring: &'static str, reason: &str) {
+        self.i.prune_skips.add(
+            1,
+            &[
+                KeyValue::new("ring", ring),
+                KeyValue::new("reason", reason.to_string()),
+            ],
+        );
+    }
+
+    /// Attempts closed by rescue.
+    pub(crate) fn rescued(&self, n: u64) {
+        if n > 0 {
+            self.i.rescued.add(n, &[]);
         }
-        for (ring, reason) in &report.prune_skips {
-            i.prune_skips.add(
-                1,
-                &[
-                    KeyValue::new("ring", *ring),
-                    KeyValue::new("reason", reason.clone()),
-                ],
-            );
+    }
+
+    /// Due jobs moved to the queue ring.
+    pub(crate) fn promoted(&self, n: u64) {
+        if n > 0 {
+            self.i.promoted.add(n, &[]);
         }
-        if report.rescued > 0 {
-            i.rescued.add(report.rescued as u64, &[]);
-        }
-        if report.promoted > 0 {
-            i.promoted.add(report.promoted as u64, &[]);
-        }
-        if report.archive_buckets_truncated > 0 {
-            i.archive_truncations
-                .add(report.archive_buckets_truncated as u64, &[]);
+    }
+
+    /// Archive time buckets truncated by retention.
+    pub(crate) fn archive_truncated(&self, buckets: u64) {
+        if buckets > 0 {
+            self.i.archive_truncations.add(buckets, &[]);
         }
     }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 
-pub use runner::leader_lock_key;
+pub use crate::schema::leader_lock_key;
 pub(crate) use runner::run;
 
 /// How this process runs maintenance (rotation, rescue, prune, retention, promotion) while it
@@ -181,6 +181,25 @@ pub struct TickReport {
     pub totals_buckets_folded: i32,
     /// Sealed slots left for a later tick: (ring, reason), the reason as `PruneResult::Skipped`.
     pub prune_skips: Vec<(&'static str, String)>,
+}
+
+impl TickReport {
+    /// Count what this tick did in the telemetry's instruments.
+    pub(crate) fn record(&self, telemetry: &crate::telemetry::Telemetry) {
+        for (ring, rotated) in [("queue", self.rotated_queue), ("claim", self.rotated_claim)] {
+            if rotated {
+                telemetry.rotated(ring);
+            }
+        }
+        telemetry.pruned("queue", self.pruned_queue_slots.len() as u64);
+        telemetry.pruned("claim", self.pruned_claim_slots.len() as u64);
+        for (ring, reason) in &self.prune_skips {
+            telemetry.prune_skipped(ring, reason);
+        }
+        telemetry.rescued(self.rescued.max(0) as u64);
+        telemetry.promoted(self.promoted.max(0) as u64);
+        telemetry.archive_truncated(self.archive_buckets_truncated.max(0) as u64);
+    }
 }
 
 /// One maintenance pass: every service once, in the order that lets each help the next. Public so

@@ -28,28 +28,14 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::{tick, MaintenanceConfig};
-use crate::schema::SchemaName;
 use crate::storage::Storage;
 use crate::telemetry::Telemetry;
 
 /// How often the leader looks for horizon holders to warn about.
 const HORIZON_CHECK_EVERY: Duration = Duration::from_secs(30);
 
-/// The session advisory lock key the maintenance leader of `schema` holds. In `pg_locks` it shows
-/// as `locktype = 'advisory'`, `classid` = its high 32 bits, `objid` = its low 32 bits,
-/// `objsubid = 1`: the session holding it is the leader.
-pub fn leader_lock_key(schema: &SchemaName) -> i64 {
-    // FNV-1a: stable across processes and releases (std's hasher is not).
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in format!("ringwork-leader:{schema}").bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash as i64
-}
-
 fn leader_key(storage: &Storage) -> i64 {
-    leader_lock_key(storage.schema())
+    crate::schema::leader_lock_key(storage.schema())
 }
 
 /// How long a leader's connection may sit idle (no tick) before another process fences it.
@@ -115,7 +101,7 @@ pub(crate) async fn run(
                 }
             };
             match outcome {
-                Some(Ok(report)) => telemetry.tick(&report),
+                Some(Ok(report)) => report.record(&telemetry),
                 Some(Err(e)) => warn!(error = %e, "maintenance tick failed"),
                 None => {
                     warn!("maintenance leader fenced during a tick; stepping down");

@@ -161,7 +161,7 @@ impl Storage {
             }
         }
         match sqlx::query_scalar::<_, Option<i32>>(&self.sql.health.maintenance_leader)
-            .bind(crate::maintenance::leader_lock_key(&self.schema))
+            .bind(crate::schema::leader_lock_key(&self.schema))
             .fetch_one(self.on(&mut conn))
             .await
         {

@@ -100,6 +100,37 @@ impl Admin {
         self.storage.oldest_available_wait(queue).await
     }
 
+    /// The queues that hold available jobs nobody is taking: not paused, their oldest available
+    /// job has waited at least `idle`, and no process has claimed from them for `idle` either.
+    /// Typically a queue no running process works (a kind whose producer names a queue its workers
+    /// do not declare, or workers that are all down); a queue held back by its own rate limit for
+    /// that long shows too. A queue that is worked but behind is not listed: its claims are
+    /// recent. Reads counts once, then two index probes per lane of each queue with available jobs.
+    pub async fn unworked_queues(&self, idle: Duration) -> Result<Vec<UnworkedQueue>> {
+        let mut unworked = Vec::new();
+        for counts in self.storage.queue_counts(None).await? {
+            if counts.paused || counts.available == 0 {
+                continue;
+            }
+            let Some(oldest_wait) = self.storage.oldest_available_wait(&counts.queue).await? else {
+                continue;
+            };
+            if oldest_wait < idle {
+                continue;
+            }
+            let last_claim_age = self.storage.last_claim_age(&counts.queue).await?;
+            if last_claim_age.is_none_or(|age| age >= idle) {
+                unworked.push(UnworkedQueue {
+                    queue: counts.queue,
+                    available: counts.available,
+                    oldest_wait,
+                    last_claim_age,
+                });
+            }
+        }
+        Ok(unworked)
+    }
+
     // ---- jobs -----------------------------------------------------------------------------
 
     /// Where a job is now; `None` when unknown (or its history has aged out).
@@ -261,4 +292,17 @@ impl Admin {
     pub async fn run_maintenance(&self, config: &MaintenanceConfig) -> Result<TickReport> {
         crate::maintenance::tick(&self.storage, config).await
     }
+}
+
+/// A queue that holds available jobs nobody is taking (see [`Admin::unworked_queues`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct UnworkedQueue {
+    /// The queue's name.
+    pub queue: String,
+    /// Its available jobs.
+    pub available: i64,
+    /// How long its oldest available job has waited.
+    pub oldest_wait: Duration,
+    /// How long ago a process last claimed from it; `None` when the ring holds no claim of it.
+    pub last_claim_age: Option<Duration>,
 }

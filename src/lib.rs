@@ -51,7 +51,7 @@ pub mod telemetry;
 pub mod testing;
 mod trace_context;
 
-pub use admin::Admin;
+pub use admin::{Admin, UnworkedQueue};
 pub use error::{Error, Result};
 pub use job::{
     JobArgs, JobStatus, NewJob, Unique, UniqueState, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY,

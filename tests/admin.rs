@@ -109,3 +109,52 @@ async fn an_operator_pauses_cancels_retries_and_reads_health_through_one_handle(
         .is_empty());
     db.cleanup().await;
 }
+
+fn names(unworked: &[ringwork::UnworkedQueue]) -> Vec<&str> {
+    unworked.iter().map(|u| u.queue.as_str()).collect()
+}
+
+/// A queue whose jobs wait while nobody claims from it is named; one that is claimed from but
+/// behind, a paused one, and one whose jobs just arrived are not.
+#[tokio::test]
+async fn queues_with_waiting_jobs_that_nobody_claims_are_named() {
+    let db = TestDb::new().await;
+    let admin = Admin::new(db.pool.clone(), db.schema.as_str()).unwrap();
+    let storage = db.storage();
+    enqueue(
+        &db,
+        vec![
+            job(1).queue("mail"),
+            job(2).queue("mail"),
+            job(3).queue("busy"),
+            job(4).queue("busy"),
+            job(5).queue("held"),
+        ],
+    )
+    .await;
+    assert!(admin.set_queue_paused("held", true).await.unwrap());
+    let idle = Duration::from_secs(300);
+    assert!(
+        admin.unworked_queues(idle).await.unwrap().is_empty(),
+        "jobs that just arrived are not a sign of anything"
+    );
+    db.advance_clock(Duration::from_secs(600)).await;
+    // "busy" is claimed from now, so its remaining job is merely behind
+    assert_eq!(storage.claim("busy", 1, None).await.unwrap().len(), 1);
+    let unworked = admin.unworked_queues(idle).await.unwrap();
+    assert_eq!(names(&unworked), ["mail"], "{unworked:?}");
+    assert_eq!(unworked[0].available, 2);
+    assert!(unworked[0].oldest_wait >= Duration::from_secs(600));
+    assert_eq!(unworked[0].last_claim_age, None, "never claimed");
+    // a process starts working it
+    assert_eq!(storage.claim("mail", 1, None).await.unwrap().len(), 1);
+    assert!(admin.unworked_queues(idle).await.unwrap().is_empty());
+    // then every worker stops: both queues' last claims age past the bound
+    db.advance_clock(Duration::from_secs(600)).await;
+    let unworked = admin.unworked_queues(idle).await.unwrap();
+    assert_eq!(names(&unworked), ["busy", "mail"], "{unworked:?}");
+    assert!(unworked.iter().all(|u| u
+        .last_claim_age
+        .is_some_and(|age| age >= Duration::from_secs(600))));
+    db.cleanup().await;
+}

@@ -145,3 +145,43 @@ fn status_refuses_a_zero_watch_interval() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// A queue whose jobs wait while no process claims from it is named, on the screen and in the
+/// JSON; the default queue, claimed from, is not.
+#[tokio::test]
+async fn status_names_a_queue_whose_jobs_nobody_takes() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let jobs = [
+        NewJob::from_parts("k", json!({})).unwrap().queue("mail"),
+        NewJob::from_parts("k", json!({})).unwrap(),
+        NewJob::from_parts("k", json!({})).unwrap(),
+    ];
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    db.advance_clock(Duration::from_secs(120)).await.unwrap();
+    assert_eq!(storage.claim("default", 1, None).await.unwrap().len(), 1);
+    let status = status_json(&db, &["--unworked-after", "60s"]);
+    let unworked = status["unworked"].as_array().expect("an unworked list");
+    assert_eq!(unworked.len(), 1, "{unworked:?}");
+    assert_eq!(unworked[0]["queue"], "mail");
+    assert_eq!(unworked[0]["available"], 1);
+    let screen = Command::new(env!("CARGO_BIN_EXE_ringwork"))
+        .args([
+            "status",
+            "--unworked-after",
+            "1m",
+            "--database-url",
+            db.url(),
+        ])
+        .args(["--schema", db.schema().as_str()])
+        .output()
+        .expect("run ringwork status");
+    let screen = String::from_utf8_lossy(&screen.stdout);
+    assert!(
+        screen.contains("mail: 1 available, the oldest waiting 2 min, no claim in the ring"),
+        "{screen}"
+    );
+    db.drop().await.unwrap();
+}

@@ -13,6 +13,7 @@ pub(super) struct Statements {
     available_count: String,
     queue_counts: String,
     oldest_available_wait: String,
+    last_claim_age: String,
     job_state: String,
     job_history: String,
     pending_jobs: String,
@@ -36,6 +37,9 @@ impl Statements {
             ),
             oldest_available_wait: format!(
                 "SELECT extract(epoch FROM {s}.oldest_available_wait($1))::float8"
+            ),
+            last_claim_age: format!(
+                "SELECT extract(epoch FROM {s}.engine_now() - {s}.queue_last_claim($1))::float8"
             ),
 
             job_state: format!(
@@ -438,7 +442,20 @@ impl Storage {
     /// How long the queue's oldest available job has waited (since it became runnable), or
     /// `None` when nothing is available. One index probe per shard that may hold work.
     pub async fn oldest_available_wait(&self, queue: &str) -> Result<Option<std::time::Duration>> {
-        let secs: Option<f64> = sqlx::query_scalar(&self.sql.read.oldest_available_wait)
+        self.queue_seconds(&self.sql.read.oldest_available_wait, queue)
+            .await
+    }
+
+    /// How long ago a process last claimed from the queue's lanes that may hold work, or `None`
+    /// when the ring holds no claim of theirs (never claimed, or not within a ring cycle).
+    pub async fn last_claim_age(&self, queue: &str) -> Result<Option<std::time::Duration>> {
+        self.queue_seconds(&self.sql.read.last_claim_age, queue)
+            .await
+    }
+
+    /// A statement of one queue that returns seconds (or NULL), as a duration.
+    async fn queue_seconds(&self, sql: &str, queue: &str) -> Result<Option<std::time::Duration>> {
+        let secs: Option<f64> = sqlx::query_scalar(sql)
             .bind(queue)
             .fetch_one(self.db())
             .await?;

@@ -1,12 +1,13 @@
-//! `ringwork status`: one screen for an operator: exact per-queue counts, both rings,
-//! the backends that make prune give up, and whoever holds back the database's MVCC horizon.
+//! `ringwork status`: one screen for an operator: exact per-queue counts, the queues whose jobs
+//! nobody takes, both rings, the backends that make prune give up, and whoever holds back the
+//! database's MVCC horizon.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use ringwork::{Admin, HorizonHolder, PruneBlocker, QueueCounts, RingSlot};
+use ringwork::{Admin, HorizonHolder, PruneBlocker, QueueCounts, RingSlot, UnworkedQueue};
 
 use super::duration;
 
@@ -21,6 +22,10 @@ pub struct Args {
     /// List sessions whose transaction has been open at least this long (seconds, or 30s, 5m).
     #[arg(long, default_value = "10", value_parser = duration, allow_hyphen_values = true)]
     horizon_min_secs: Duration,
+    /// Name the queues whose available jobs have waited this long while nobody claimed from them
+    /// (seconds, or 30s, 5m).
+    #[arg(long, default_value = "60", value_parser = duration, allow_hyphen_values = true)]
+    unworked_after: Duration,
     #[command(flatten)]
     db: super::Db,
 }
@@ -33,7 +38,14 @@ pub async fn run(args: Args) -> super::Result<()> {
         return Err(ringwork::Error::Config("--watch must be at least 1 second".into()).into());
     }
     let admin = args.db.open().await?;
-    print_status(&admin, args.json, args.watch, args.horizon_min_secs).await?;
+    print_status(
+        &admin,
+        args.json,
+        args.watch,
+        args.horizon_min_secs,
+        args.unworked_after,
+    )
+    .await?;
     Ok(())
 }
 
@@ -42,16 +54,22 @@ struct Status {
     schema: String,
     at: DateTime<Utc>,
     queues: Vec<QueueCounts>,
+    unworked: Vec<UnworkedQueue>,
     rings: Vec<RingSlot>,
     prune_blockers: Vec<PruneBlocker>,
     horizon_holders: Vec<HorizonHolder>,
 }
 
-async fn collect(admin: &Admin, horizon_min_age: Duration) -> ringwork::Result<Status> {
+async fn collect(
+    admin: &Admin,
+    horizon_min_age: Duration,
+    unworked_after: Duration,
+) -> ringwork::Result<Status> {
     Ok(Status {
         schema: admin.schema().to_string(),
         at: Utc::now(),
         queues: admin.queue_counts(None).await?,
+        unworked: admin.unworked_queues(unworked_after).await?,
         rings: admin.ring_slots().await?,
         prune_blockers: admin.prune_blockers().await?,
         horizon_holders: admin.horizon_holders(horizon_min_age).await?,
@@ -64,9 +82,10 @@ async fn print_status(
     json: bool,
     watch: Option<Duration>,
     horizon_min_age: Duration,
+    unworked_after: Duration,
 ) -> ringwork::Result<()> {
     loop {
-        let status = collect(admin, horizon_min_age).await?;
+        let status = collect(admin, horizon_min_age, unworked_after).await?;
         if json {
             println!(
                 "{}",
@@ -79,7 +98,7 @@ async fn print_status(
                 // clear the screen and go home, as watch(1) does
                 print!("\x1b[2J\x1b[H");
             }
-            print!("{}", render(&status, horizon_min_age));
+            print!("{}", render(&status, horizon_min_age, unworked_after));
         }
         match watch {
             Some(every) => tokio::time::sleep(every).await,
@@ -141,13 +160,32 @@ pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
     out
 }
 
-fn render(s: &Status, horizon_min_age: Duration) -> String {
+fn render(s: &Status, horizon_min_age: Duration, unworked_after: Duration) -> String {
     let mut out = format!(
         "ringwork status: schema {} at {}\n\nqueues\n",
         s.schema,
         s.at.format("%Y-%m-%d %H:%M:%S UTC")
     );
     out.push_str(&counts_table(&s.queues, "  "));
+    out.push_str(&format!(
+        "\nnot worked (available jobs waiting {} or more, no claim for as long)\n",
+        humantime::format_duration(unworked_after)
+    ));
+    if s.unworked.is_empty() {
+        out.push_str("  none\n");
+    }
+    for u in &s.unworked {
+        let claimed = match u.last_claim_age {
+            Some(ago) => format!("last claimed {} ago", age_of(ago)),
+            None => "no claim in the ring".to_string(),
+        };
+        out.push_str(&format!(
+            "  {}: {} available, the oldest waiting {}, {claimed}: is a worker declaring this queue running?\n",
+            u.queue,
+            u.available,
+            age_of(u.oldest_wait)
+        ));
+    }
     out.push_str("\nrings\n");
     for ring in ["queue", "claim"] {
         let slots: Vec<&RingSlot> = s.rings.iter().filter(|r| r.ring == ring).collect();
@@ -221,6 +259,10 @@ fn render(s: &Status, horizon_min_age: Duration) -> String {
         ));
     }
     out
+}
+
+fn age_of(d: Duration) -> String {
+    age(chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX))
 }
 
 fn age(d: chrono::Duration) -> String {

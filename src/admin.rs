@@ -109,23 +109,8 @@ impl Admin {
     pub async fn unworked_queues(&self, idle: Duration) -> Result<Vec<UnworkedQueue>> {
         let mut unworked = Vec::new();
         for counts in self.storage.queue_counts(None).await? {
-            if counts.paused || counts.available == 0 {
-                continue;
-            }
-            let Some(oldest_wait) = self.storage.oldest_available_wait(&counts.queue).await? else {
-                continue;
-            };
-            if oldest_wait < idle {
-                continue;
-            }
-            let last_claim_age = self.storage.last_claim_age(&counts.queue).await?;
-            if last_claim_age.is_none_or(|age| age >= idle) {
-                unworked.push(UnworkedQueue {
-                    queue: counts.queue,
-                    available: counts.available,
-                    oldest_wait,
-                    last_claim_age,
-                });
+            if let Some(queue) = unworked_queue(&self.storage, &counts, idle).await? {
+                unworked.push(queue);
             }
         }
         Ok(unworked)
@@ -305,4 +290,32 @@ pub struct UnworkedQueue {
     pub oldest_wait: Duration,
     /// How long ago a process last claimed from it; `None` when the ring holds no claim of it.
     pub last_claim_age: Option<Duration>,
+}
+
+/// The queue of `counts`, if it holds available jobs nobody is taking (see
+/// [`Admin::unworked_queues`]); two index probes per lane that may hold work, none for a queue
+/// without available jobs.
+pub(crate) async fn unworked_queue(
+    storage: &Storage,
+    counts: &QueueCounts,
+    idle: Duration,
+) -> Result<Option<UnworkedQueue>> {
+    if counts.paused || counts.available == 0 {
+        return Ok(None);
+    }
+    let Some(oldest_wait) = storage.oldest_available_wait(&counts.queue).await? else {
+        return Ok(None);
+    };
+    if oldest_wait < idle {
+        return Ok(None);
+    }
+    let last_claim_age = storage.last_claim_age(&counts.queue).await?;
+    Ok(last_claim_age
+        .is_none_or(|age| age >= idle)
+        .then(|| UnworkedQueue {
+            queue: counts.queue.clone(),
+            available: counts.available,
+            oldest_wait,
+            last_claim_age,
+        }))
 }

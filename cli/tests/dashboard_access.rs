@@ -492,3 +492,44 @@ async fn queue_pages_count_one_page_of_queues_and_filter_by_name() {
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }
+
+/// The overview marks the card of a queue whose available jobs wait while nobody claims from it,
+/// and only that one.
+#[tokio::test]
+async fn the_overview_marks_a_queue_whose_jobs_nobody_takes() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let job = |queue: &str| {
+        ringwork::NewJob::from_parts("k", serde_json::json!({}))
+            .unwrap()
+            .queue(queue)
+    };
+    storage
+        .insert_many(&mut conn, &[job("mail"), job("busy"), job("busy")])
+        .await
+        .unwrap();
+    drop(conn);
+    db.advance_clock(std::time::Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(storage.claim("busy", 1, None).await.unwrap().len(), 1);
+    let (mut serve, addr) = serve(&db, &["--dashboard"]).await;
+    let host = addr.to_string();
+    let (status, _, page) = exchange(addr, "GET", "/dashboard", &[("Host", &host)], "").await;
+    assert_eq!(status, 200);
+    // a card runs from its data-queue attribute to the next card's
+    let card = |queue: &str| {
+        let marker = format!("data-queue=\"{queue}\"");
+        let at = page
+            .find(&marker)
+            .unwrap_or_else(|| panic!("no card for {queue}"))
+            + marker.len();
+        let rest = &page[at..];
+        rest[..rest.find("data-queue=").unwrap_or(rest.len())].to_string()
+    };
+    assert!(card("mail").contains("state unworked"), "{}", card("mail"));
+    assert!(!card("busy").contains("state unworked"), "{}", card("busy"));
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

@@ -234,6 +234,10 @@ fn queue_filter(shared: &Shared, path: &str, params: &QueuePageQuery) -> Markup 
     }
 }
 
+/// How long a queue's available jobs wait, unclaimed, before its card is marked "not worked"
+/// (as `ringwork status --unworked-after`'s default).
+const UNWORKED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub(crate) async fn overview(
     State(shared): AppState,
     headers: HeaderMap,
@@ -243,6 +247,15 @@ pub(crate) async fn overview(
         Ok(page) => page,
         Err(e) => return failure(e),
     };
+    // a queue on this page whose available jobs nobody takes gets a mark (a bounded read: only
+    // the page's queues that hold available jobs are probed)
+    let mut unworked = Vec::with_capacity(queues.len());
+    for q in &queues {
+        match crate::admin::unworked_queue(&shared.storage, q, UNWORKED_AFTER).await {
+            Ok(found) => unworked.push(found.is_some()),
+            Err(e) => return failure(e),
+        }
+    }
     let (since, series): (_, Vec<_>) = match shared.history.lock() {
         Ok(history) => (
             history.first_at(),
@@ -259,7 +272,7 @@ pub(crate) async fn overview(
         (queue_filter(&shared, "/", &params))
         @if queues.is_empty() { p { "No queues yet: a queue appears with its first job." } }
         div.cards {
-            @for (q, points) in queues.iter().zip(&series) {
+            @for ((q, points), not_worked) in queues.iter().zip(&series).zip(&unworked) {
                 @let completed: Vec<f64> = points.iter().map(|p| p.1).collect();
                 @let failures: Vec<f64> = points.iter().map(|p| p.2).collect();
                 @let depth: Vec<f64> = points.iter().map(|p| p.3 as f64).collect();
@@ -267,6 +280,10 @@ pub(crate) async fn overview(
                     h3 {
                         a href=(jobs_link(&shared, JobStatus::Available, &q.queue)) { (q.queue) }
                         @if q.paused { " " span class="state paused" { "paused" } }
+                        @if *not_worked {
+                            " " span class="state unworked"
+                                title="available jobs have waited a minute or more and no process claimed from this queue meanwhile: is a worker declaring it running?" { "not worked" }
+                        }
                     }
                     div.spark {
                         span { "completed / min" } (sparkline(&completed, false))

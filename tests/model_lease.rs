@@ -4,7 +4,7 @@
 //! callbacks of any kind from outside, racing its timeout, heartbeats, a cancel, a crash of its
 //! handler with the claim rescue that follows, and the ring's rotation over two slots. Every action
 //! is one call of the real code, atomic because each takes the ring's shared lock and the job's
-//! attempt lock (rotation: the ring's exclusive lock), as in `sql/functions/lease_ring.sql`:
+//! attempt lock (rotation: the ring's exclusive lock), as in `sql/functions/callbacks.sql`:
 //!
 //! | action | real code |
 //! |---|---|

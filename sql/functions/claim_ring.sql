@@ -723,7 +723,7 @@ BEGIN
         -- new progress replaces what an earlier attempt of the job left
         DELETE FROM __S__.attempt_state a USING open o
         WHERE o.progress IS NOT NULL AND a.job_id = o.job_id AND a.run_lease < o.run_lease
-          -- a resume's payload stays for every later attempt (lease_ring.sql, callback_payload)
+          -- a resume's payload stays for every later attempt (callbacks.sql, callback_payload)
           AND a.callback IS NULL
         RETURNING 1
     )

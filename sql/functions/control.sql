@@ -135,7 +135,7 @@ DECLARE
 BEGIN
     p_reason := __S__.bounded_text(p_reason, __S__.setting('max_error_chars'));
     v_current := __S__.current_queue_slot();
-    -- waiting for a callback (lease_ring.sql): the wait ends as cancelled; a later callback finds
+    -- waiting for a callback (callbacks.sql): the wait ends as cancelled; a later callback finds
     -- nothing. The ring's shared lock first, as every lease operation takes it.
     -- The attempt lock first, so an attempt that starts to wait (await_callback) does so before or
     -- after this cancel looks, never in between.

@@ -1,7 +1,7 @@
 -- Parking (migration 0003): cold lanes' unclaimed rows leave the queue ring, so one paused, unworked
 -- or misnamed queue never stops reclamation for every queue, and come back when the lane is worked.
 --
--- Park (prune_queue_slot, sql/functions/ring_maintenance.sql) runs under the slot's ACCESS
+-- Park (prune_queue_slot, sql/functions/prune.sql) runs under the slot's ACCESS
 -- EXCLUSIVE lock and the parked lanes' row locks: it copies the rows past each lane's cursor here,
 -- then the slot is truncated as usual. Unpark runs under the lane's row lock (the lock every
 -- claimer takes): it moves the rows back into the current slot with their original positions.

@@ -1,7 +1,7 @@
 //! Rotation: each ring moves its write slot to a free slot once the current one is older than
 //! `rotate_interval` and holds something. A slot pinned by live data stays sealed and does not stop
 //! rotation; with no free slot the current slot keeps growing. The lease ring rotates on the same
-//! clock, taking its oldest slot as it goes (sql/functions/lease_ring.sql).
+//! clock, taking its oldest slot as it goes (sql/functions/callbacks.sql).
 
 use super::{MaintenanceConfig, TickReport};
 use crate::error::Result;

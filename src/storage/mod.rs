@@ -6,17 +6,20 @@
 //! like the SQL file whose functions it calls.
 
 mod archive;
-mod backlog;
+mod callbacks;
 mod claim_ring;
 mod control;
+mod dead_letter;
+mod deferred;
 mod health;
-mod lease_ring;
 mod periodic;
 mod pooling;
+mod prune;
 mod queue_ring;
 mod read;
 mod rescue;
-mod ring_maintenance;
+mod rotate;
+mod unique;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -26,19 +29,19 @@ use sqlx::{PgConnection, PgPool};
 use crate::schema::SchemaName;
 
 pub use archive::ArchiveTable;
-pub use backlog::DeadLetter;
+pub use callbacks::{AwaitOutcome, CallbackAction, CallbackOutcome};
 pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
 pub use control::{BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits};
+pub use dead_letter::DeadLetter;
 pub use health::{HorizonHolder, Readiness, TableHealth};
-pub use lease_ring::{AwaitOutcome, CallbackAction, CallbackOutcome};
 pub use periodic::ScheduleRecord;
 use pooling::{ConnStatements, PoolStatements, Pooling};
+pub use prune::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
 pub use queue_ring::Inserted;
 pub use read::{
     ArgsText, HistoryEntry, JobPage, JobRecord, JobState, ListedJob, PendingJob, Progress,
     ProgressRecord, QueueCounts,
 };
-pub use ring_maintenance::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
 
 /// Every plane's named statements, rendered once per schema.
 #[derive(Debug)]
@@ -46,9 +49,12 @@ struct Statements {
     queue_ring: queue_ring::Statements,
     claim_ring: claim_ring::Statements,
     rescue: rescue::Statements,
-    ring_maintenance: ring_maintenance::Statements,
-    lease_ring: lease_ring::Statements,
-    backlog: backlog::Statements,
+    rotate: rotate::Statements,
+    prune: prune::Statements,
+    callbacks: callbacks::Statements,
+    deferred: deferred::Statements,
+    unique: unique::Statements,
+    dead_letter: dead_letter::Statements,
     archive: archive::Statements,
     control: control::Statements,
     read: read::Statements,
@@ -82,9 +88,12 @@ impl Storage {
             queue_ring: queue_ring::Statements::new(&schema),
             claim_ring: claim_ring::Statements::new(&schema),
             rescue: rescue::Statements::new(&schema),
-            ring_maintenance: ring_maintenance::Statements::new(&schema),
-            lease_ring: lease_ring::Statements::new(&schema),
-            backlog: backlog::Statements::new(&schema),
+            rotate: rotate::Statements::new(&schema),
+            prune: prune::Statements::new(&schema),
+            callbacks: callbacks::Statements::new(&schema),
+            deferred: deferred::Statements::new(&schema),
+            unique: unique::Statements::new(&schema),
+            dead_letter: dead_letter::Statements::new(&schema),
             archive: archive::Statements::new(&schema),
             control: control::Statements::new(&schema),
             read: read::Statements::new(&schema),

@@ -1,5 +1,5 @@
-//! Backlog and hold tables: promotion of due `deferred_jobs`, unique-key expiry, the dead-letter
-//! queue (`sql/functions/backlog.sql`). Ordinary row vacuum, off the hot path.
+//! The dead-letter queue: list, retry, purge and retention of `dlq_entries`
+//! (`sql/functions/dead_letter.sql`). Ordinary row vacuum, off the hot path.
 
 use std::time::Duration;
 
@@ -13,9 +13,6 @@ use crate::schema::SchemaName;
 /// This plane's statements, rendered once per schema.
 #[derive(Debug)]
 pub(super) struct Statements {
-    promote_due: String,
-    run_deferred_now: String,
-    unique_keys_expire: String,
     dlq_list: String,
     dlq_retry: String,
     dlq_purge: String,
@@ -25,9 +22,6 @@ pub(super) struct Statements {
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
-            promote_due: format!("SELECT {s}.promote_due($1)"),
-            run_deferred_now: format!("SELECT {s}.run_deferred_now($1)"),
-            unique_keys_expire: format!("SELECT {s}.unique_keys_expire(make_interval(secs => $1), $2)"),
             dlq_list: format!(
                 "SELECT job_id, queue, kind, left(args::text, {cut}) AS args, attempt, run_lease,
                         left(error, {detail}) AS error, failed_at FROM {s}.dlq_entries
@@ -69,35 +63,9 @@ pub struct DeadLetter {
 }
 
 impl Storage {
-    /// Make the queue's scheduled and retryable jobs due now; the next promotion moves them to
-    /// ready. Returns how many were made due.
-    pub async fn run_deferred_now(&self, queue: &str) -> Result<i32> {
-        Ok(sqlx::query_scalar(&self.sql.backlog.run_deferred_now)
-            .bind(queue)
-            .fetch_one(self.db())
-            .await?)
-    }
-
-    /// Move up to `limit` due `deferred_jobs` to ready. Returns how many moved.
-    pub async fn promote_due(&self, limit: i32) -> Result<i32> {
-        Ok(sqlx::query_scalar(&self.sql.backlog.promote_due)
-            .bind(limit)
-            .fetch_one(self.db())
-            .await?)
-    }
-
-    /// Forget up to `limit` unique keys older than `older` whose job is no longer pending.
-    pub async fn unique_keys_expire(&self, older: Duration, limit: i32) -> Result<i32> {
-        Ok(sqlx::query_scalar(&self.sql.backlog.unique_keys_expire)
-            .bind(older.as_secs_f64())
-            .bind(limit)
-            .fetch_one(self.db())
-            .await?)
-    }
-
     /// Dead-lettered jobs, oldest failure first.
     pub async fn dlq_list(&self, queue: Option<&str>, limit: i64) -> Result<Vec<DeadLetter>> {
-        let rows = sqlx::query(&self.sql.backlog.dlq_list)
+        let rows = sqlx::query(&self.sql.dead_letter.dlq_list)
             .bind(queue)
             .bind(limit)
             .fetch_all(self.db())
@@ -117,28 +85,25 @@ impl Storage {
             })
             .collect()
     }
-
     /// Move a dead-lettered job back to run now with fresh attempts. False when it is not in the
     /// DLQ (already retried, purged, or never there).
     pub async fn dlq_retry(&self, job_id: i64) -> Result<bool> {
-        Ok(sqlx::query_scalar(&self.sql.backlog.dlq_retry)
+        Ok(sqlx::query_scalar(&self.sql.dead_letter.dlq_retry)
             .bind(job_id)
             .fetch_one(self.db())
             .await?)
     }
-
     /// Delete dead-lettered jobs: one (`job_id`), a queue's, or all. Returns how many.
     pub async fn dlq_purge(&self, queue: Option<&str>, job_id: Option<i64>) -> Result<i64> {
-        Ok(sqlx::query_scalar(&self.sql.backlog.dlq_purge)
+        Ok(sqlx::query_scalar(&self.sql.dead_letter.dlq_purge)
             .bind(queue)
             .bind(job_id)
             .fetch_one(self.db())
             .await?)
     }
-
     /// Retention: delete up to `limit` DLQ rows older than `keep`.
     pub async fn dlq_expire(&self, keep: Duration, limit: i32) -> Result<i32> {
-        Ok(sqlx::query_scalar(&self.sql.backlog.dlq_expire)
+        Ok(sqlx::query_scalar(&self.sql.dead_letter.dlq_expire)
             .bind(keep.as_secs_f64())
             .bind(limit)
             .fetch_one(self.db())

@@ -1,5 +1,6 @@
-//! Ring maintenance: rotation and the two-phase prune of both rings
-//! (`sql/functions/ring_maintenance.sql`).
+//! Prune of both rings: the sealed slots, the two-phase prune that truncates a slot once its proof
+//! holds, and what an operator reads about slots and the backends in prune's way
+//! (`sql/functions/prune.sql`).
 
 use std::time::Duration;
 
@@ -12,8 +13,6 @@ use crate::schema::SchemaName;
 /// This plane's statements, rendered once per schema.
 #[derive(Debug)]
 pub(super) struct Statements {
-    rotate_queue_ring: String,
-    rotate_claim_ring: String,
     sealed_queue_slots: String,
     sealed_claim_slots: String,
     prune_queue_slot: String,
@@ -26,8 +25,6 @@ pub(super) struct Statements {
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
-            rotate_queue_ring: format!("SELECT {s}.rotate_queue_ring(make_interval(secs => $1))"),
-            rotate_claim_ring: format!("SELECT {s}.rotate_claim_ring(make_interval(secs => $1))"),
             sealed_queue_slots: format!(
                 "SELECT slot FROM {s}.queue_ring_slots WHERE state = 'sealed' ORDER BY generation"
             ),
@@ -124,7 +121,7 @@ pub enum PruneResult {
 impl Storage {
     /// Every slot of both rings, with the reason a sealed one cannot be pruned yet.
     pub async fn ring_slots(&self) -> Result<Vec<RingSlot>> {
-        Ok(sqlx::query_as(&self.sql.ring_maintenance.ring_slots)
+        Ok(sqlx::query_as(&self.sql.prune.ring_slots)
             .fetch_all(self.db())
             .await?)
     }
@@ -132,63 +129,39 @@ impl Storage {
     /// The backends whose locks keep prune from sealed slots or retention from archive buckets,
     /// longest-open transaction first.
     pub async fn prune_blockers(&self) -> Result<Vec<PruneBlocker>> {
-        Ok(sqlx::query_as(&self.sql.ring_maintenance.prune_blockers)
+        Ok(sqlx::query_as(&self.sql.prune.prune_blockers)
             .fetch_all(self.db())
             .await?)
     }
 
     /// The queue and claim slots (`("queue", 3)`) that another backend holds a lock on while idle
     /// in its transaction for at least `idle`, or with a transaction open at least `open`: a
-    /// prune of these would only wait out its lock timeout (`sql/functions/ring_maintenance.sql`,
+    /// prune of these would only wait out its lock timeout (`sql/functions/prune.sql`,
     /// `held_ring_slots`).
     pub async fn held_ring_slots(
         &self,
         idle: Duration,
         open: Duration,
     ) -> Result<Vec<(String, i32)>> {
-        Ok(sqlx::query_as(&self.sql.ring_maintenance.held_ring_slots)
+        Ok(sqlx::query_as(&self.sql.prune.held_ring_slots)
             .bind(idle.as_secs_f64())
             .bind(open.as_secs_f64())
             .fetch_all(self.db())
             .await?)
     }
 
-    /// Rotate the queue ring if its current slot is older than `min_age` and in use.
-    pub async fn rotate_queue_ring(&self, min_age: Duration) -> Result<bool> {
-        Ok(
-            sqlx::query_scalar(&self.sql.ring_maintenance.rotate_queue_ring)
-                .bind(min_age.as_secs_f64())
-                .fetch_one(self.db())
-                .await?,
-        )
-    }
-
-    /// Rotate the claim ring if its current slot is older than `min_age` and in use.
-    pub async fn rotate_claim_ring(&self, min_age: Duration) -> Result<bool> {
-        Ok(
-            sqlx::query_scalar(&self.sql.ring_maintenance.rotate_claim_ring)
-                .bind(min_age.as_secs_f64())
-                .fetch_one(self.db())
-                .await?,
-        )
-    }
-
     /// The queue ring's sealed slots, oldest generation first.
     pub async fn sealed_queue_slots(&self) -> Result<Vec<i32>> {
-        Ok(
-            sqlx::query_scalar(&self.sql.ring_maintenance.sealed_queue_slots)
-                .fetch_all(self.db())
-                .await?,
-        )
+        Ok(sqlx::query_scalar(&self.sql.prune.sealed_queue_slots)
+            .fetch_all(self.db())
+            .await?)
     }
 
     /// The claim ring's sealed slots, oldest generation first.
     pub async fn sealed_claim_slots(&self) -> Result<Vec<i32>> {
-        Ok(
-            sqlx::query_scalar(&self.sql.ring_maintenance.sealed_claim_slots)
-                .fetch_all(self.db())
-                .await?,
-        )
+        Ok(sqlx::query_scalar(&self.sql.prune.sealed_claim_slots)
+            .fetch_all(self.db())
+            .await?)
     }
 
     /// Try to reclaim one sealed queue-ring slot (ARCHITECTURE §5), archiving its failed and
@@ -225,7 +198,7 @@ impl Storage {
             // the prune's own proof would fail the same way (a pending_ready slot may be parked)
             return Ok(PruneResult::Skipped(ahead));
         }
-        let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_queue_slot)
+        let result: String = sqlx::query_scalar(&self.sql.prune.prune_queue_slot)
             .bind(slot)
             .bind(format!("{}ms", options.lock_timeout.as_millis().max(1)))
             .bind(options.keep_completed.as_secs_f64())
@@ -238,7 +211,7 @@ impl Storage {
 
     /// Try to reclaim one sealed claim-ring slot (ADR-023 prune order).
     pub async fn prune_claim_slot(&self, slot: i32, lock_timeout: Duration) -> Result<PruneResult> {
-        let result: String = sqlx::query_scalar(&self.sql.ring_maintenance.prune_claim_slot)
+        let result: String = sqlx::query_scalar(&self.sql.prune.prune_claim_slot)
             .bind(slot)
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
             .fetch_one(self.db())

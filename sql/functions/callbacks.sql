@@ -1,4 +1,5 @@
--- The lease ring (migration 0015): attempts that wait for an external callback.
+-- External callbacks: attempts that wait for a callback from outside, held in the lease ring
+-- (migration 0015) until answered, timed out or rescued.
 --
 -- Every function of the engine is defined exactly once, in the file of its plane, and installed with
 -- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function

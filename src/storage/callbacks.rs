@@ -1,4 +1,4 @@
-//! The lease ring (`sql/functions/lease_ring.sql`): attempts that wait for an external callback.
+//! The lease ring (`sql/functions/callbacks.sql`): attempts that wait for an external callback.
 //!
 //! A callback id is 16 random bytes followed by their HMAC-SHA256 under the schema's callback key
 //! (`callback_keys`, made once by the first process that needs it), truncated to 16 bytes, in hex:
@@ -182,19 +182,19 @@ impl Storage {
     }
 
     async fn load_callback_key(&self) -> Result<Vec<u8>> {
-        let key: Option<Vec<u8>> = sqlx::query_scalar(&self.sql.lease_ring.key)
+        let key: Option<Vec<u8>> = sqlx::query_scalar(&self.sql.callbacks.key)
             .fetch_optional(self.db())
             .await?;
         if let Some(key) = key {
             return Ok(key);
         }
         let fresh: [u8; 32] = rand::random();
-        sqlx::query(&self.sql.lease_ring.make_key)
+        sqlx::query(&self.sql.callbacks.make_key)
             .bind(&fresh[..])
             .execute(self.db())
             .await?;
         // another process may have made it first: the stored key is the key
-        sqlx::query_scalar(&self.sql.lease_ring.key)
+        sqlx::query_scalar(&self.sql.callbacks.key)
             .fetch_one(self.db())
             .await
             .map_err(Into::into)
@@ -229,7 +229,7 @@ impl Storage {
     ) -> Result<String> {
         let raw: [u8; ID_BYTES] = rand::random();
         let signed = tag(&self.callback_key().await?, &raw)?;
-        let status: String = sqlx::query_scalar(&self.sql.lease_ring.register)
+        let status: String = sqlx::query_scalar(&self.sql.callbacks.register)
             .bind(attempt.claim_slot)
             .bind(attempt.receipt_id)
             .bind(attempt.job_id)
@@ -254,7 +254,7 @@ impl Storage {
     /// The handler returned `JobError::WaitForCallback`: close the attempt's claim and let the job
     /// wait for its callback (or apply one that already came).
     pub async fn await_callback(&self, attempt: &AttemptRef) -> Result<AwaitOutcome> {
-        let status: String = sqlx::query_scalar(&self.sql.lease_ring.await_callback)
+        let status: String = sqlx::query_scalar(&self.sql.callbacks.await_callback)
             .bind(attempt.claim_slot)
             .bind(attempt.receipt_id)
             .bind(attempt.job_id)
@@ -290,7 +290,7 @@ impl Storage {
             }
             CallbackAction::Heartbeat { extend } => (None, None, extend.as_secs_f64()),
         };
-        let status: String = sqlx::query_scalar(&self.sql.lease_ring.resolve)
+        let status: String = sqlx::query_scalar(&self.sql.callbacks.resolve)
             .bind(&raw)
             .bind(action.name())
             .bind(payload)
@@ -319,7 +319,7 @@ impl Storage {
     /// End the waits whose timeout passed (a retry, or a failure when the attempts are used up),
     /// at most `limit`; how many ended.
     pub async fn rescue_callbacks(&self, limit: i32) -> Result<i32> {
-        Ok(sqlx::query_scalar(&self.sql.lease_ring.rescue)
+        Ok(sqlx::query_scalar(&self.sql.callbacks.rescue)
             .bind(limit)
             .fetch_one(self.db())
             .await?)
@@ -333,7 +333,7 @@ impl Storage {
         min_age: Duration,
         lock_timeout: Duration,
     ) -> Result<String> {
-        Ok(sqlx::query_scalar(&self.sql.lease_ring.rotate)
+        Ok(sqlx::query_scalar(&self.sql.callbacks.rotate)
             .bind(min_age.as_secs_f64())
             .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
             .fetch_one(self.db())
@@ -346,7 +346,7 @@ impl Storage {
         job_id: i64,
         run_lease: i64,
     ) -> Result<Option<serde_json::Value>> {
-        Ok(sqlx::query_scalar(&self.sql.lease_ring.payload)
+        Ok(sqlx::query_scalar(&self.sql.callbacks.payload)
             .bind(job_id)
             .bind(run_lease)
             .fetch_one(self.db())

@@ -1,0 +1,38 @@
+-- The dead-letter queue (dlq_entries): jobs that failed for good in a queue that holds them for an
+-- operator; retried with fresh attempts, or expired past retention.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- Retry a dead-lettered job: it leaves the DLQ (DELETE ... RETURNING: of two concurrent retries
+-- exactly one gets the row) and is scheduled now with fresh attempts and its run_lease kept, so
+-- the next claim's run_lease is higher than any before it.
+CREATE OR REPLACE FUNCTION __S__.dlq_retry(p_job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v __S__.dlq_entries;
+BEGIN
+    DELETE FROM __S__.dlq_entries WHERE job_id = p_job_id RETURNING * INTO v;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
+                                     run_at, created_at, last_error, timeout_ms, traceparent)
+    VALUES (v.job_id, v.queue, v.kind, v.args, v.priority, 0, v.run_lease, v.max_attempts, now(),
+            v.created_at, v.error, v.timeout_ms, v.traceparent);
+    RETURN true;
+END
+$$;
+
+-- Retention: delete DLQ rows older than p_keep, at most p_limit per call.
+CREATE OR REPLACE FUNCTION __S__.dlq_expire(p_keep interval, p_limit int) RETURNS int
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM __S__.dlq_entries WHERE job_id IN (
+            SELECT job_id FROM __S__.dlq_entries WHERE failed_at < now() - p_keep
+            ORDER BY failed_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*)::int FROM gone
+$$;

@@ -270,3 +270,76 @@ async fn oldest_available_wait_follows_the_queue_head_and_skips_open_transaction
     assert!(waited >= Duration::from_millis(1100), "{waited:?}");
     db.cleanup().await;
 }
+
+/// A count that starts while a prune of a slot holding completions is committing sees the
+/// completions either in the ring or in the totals the prune recorded, never in neither. TRUNCATE
+/// is not MVCC-safe: a statement whose snapshot predates the prune's commit, and that waits for the
+/// slot's lock, would find the slot empty and the totals row invisible. Both sides are driven
+/// explicitly: the prune holds its locks in an open transaction until the count is seen waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_waiting_on_a_prune_sees_its_completions_exactly_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let ids = support::enqueue(&db, (0..3).map(job).collect()).await;
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    assert_eq!(claimed.len(), ids.len());
+    let attempts: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&attempts).await.unwrap();
+    assert_eq!(counts(&db, "default").await.completed, 3);
+    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+    storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+    for slot in storage.sealed_claim_slots().await.unwrap() {
+        storage
+            .prune_claim_slot(slot, Duration::from_millis(25))
+            .await
+            .unwrap();
+    }
+    let slot = storage.sealed_queue_slots().await.unwrap()[0];
+
+    // the prune, in a transaction it keeps open: the slot's children are locked and truncated
+    let mut pruner = db.pool.begin().await.unwrap();
+    let pruned: String = sqlx::query_scalar(&format!(
+        "SELECT {}.prune_queue_slot($1, '25ms', interval '0', interval '7 days', NULL)",
+        db.schema
+    ))
+    .bind(slot)
+    .fetch_one(&mut *pruner)
+    .await
+    .unwrap();
+    assert_eq!(pruned, "pruned");
+
+    // the count, on a connection of its own: it waits for the prune's locks
+    let mut reader = db.pool.acquire().await.unwrap();
+    let reader_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *reader)
+        .await
+        .unwrap();
+    let sql = format!(
+        "SELECT completed FROM {}.queue_counts('default')",
+        db.schema
+    );
+    let count = tokio::spawn(async move {
+        let n: i64 = sqlx::query_scalar(&sql)
+            .fetch_one(&mut *reader)
+            .await
+            .unwrap();
+        n
+    });
+    let waiting = support::eventually(Duration::from_secs(10), || async {
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {reader_pid} AND wait_event_type = 'Lock'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    assert!(waiting, "the count waits for the prune's locks");
+    pruner.commit().await.unwrap();
+    assert_eq!(
+        count.await.unwrap(),
+        3,
+        "the completions, counted once: in the ring or in the totals"
+    );
+    assert_eq!(counts(&db, "default").await.completed, 3);
+    db.cleanup().await;
+}

@@ -69,12 +69,25 @@ LANGUAGE sql STABLE SET jit = off AS $$
     ) s ORDER BY s.rank LIMIT 1
 $$;
 
+-- Exact counts per queue, in every state (one queue, or all).
+--
+-- A slot's TRUNCATE (prune, park) and a totals bucket's (fold) are not MVCC-safe: a statement whose
+-- snapshot was taken before one of them committed, and that then waited for its lock, finds the
+-- slot empty and the rows the same transaction recorded instead (terminal_totals, parked_entries)
+-- invisible, and undercounts. So the count first takes ACCESS SHARE on the tables those
+-- transactions truncate (waiting out any in progress), and only then runs, in a statement of its
+-- own with a snapshot taken after them: VOLATILE, so that PL/pgSQL gives it a new snapshot.
 CREATE OR REPLACE FUNCTION __S__.queue_counts(p_queue text DEFAULT NULL)
 RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
                completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
 -- jit off: a custom plan of this statement over every ring partition can estimate above
 -- jit_above_cost, and compiling it took about a second for a count that runs in milliseconds
-LANGUAGE sql STABLE SET jit = off AS $$
+LANGUAGE plpgsql VOLATILE SET jit = off AS $$
+#variable_conflict use_column
+BEGIN
+    LOCK TABLE __S__.ready_entries, __S__.ready_segments, __S__.receipt_completion_batches,
+               __S__.done_entries, __S__.terminal_totals IN ACCESS SHARE MODE;
+    RETURN QUERY
     SELECT q.queue, q.paused,
            (SELECT coalesce(sum(__S__.lane_available(l.lane_id)), 0)::bigint
             FROM __S__.queue_lanes l WHERE l.queue = q.queue) + __S__.parked_count(q.queue)
@@ -103,7 +116,8 @@ LANGUAGE sql STABLE SET jit = off AS $$
         FROM __S__.terminal_totals t WHERE t.queue = q.queue
     ) tt
     WHERE p_queue IS NULL OR q.queue = p_queue
-    ORDER BY q.queue
+    ORDER BY q.queue;
+END
 $$;
 
 -- One page of queues in name order (after p_after; with p_contains, only names that hold it) and

@@ -4,7 +4,9 @@
 //! Every method is one short read or a bounded write through the same server-side functions the
 //! `ringwork` command line and the dashboard use, so each is safe beside running workers: a cancel
 //! takes the attempt's lock as rescue and completion do, bulk operations run in steps of at most
-//! 500 jobs, and nothing here waits on a ring's locks.
+//! 500 jobs, and reads wait on a ring's locks only while a prune of it commits. The exception is
+//! [`Admin::run_maintenance`], which does what the maintenance leader's tick does, prune's short
+//! exclusive locks included.
 
 use std::time::Duration;
 
@@ -100,8 +102,9 @@ impl Admin {
         self.storage.oldest_available_wait(queue).await
     }
 
-    /// The queues that hold available jobs nobody is taking: not paused, their oldest available
-    /// job has waited at least `idle`, and no process has claimed from them for `idle` either.
+    /// The queues that hold available jobs nobody is taking: not paused, none of their jobs
+    /// running, their oldest available job has waited at least `idle`, and no process has claimed
+    /// from them for `idle` either.
     /// Typically a queue no running process works (a kind whose producer names a queue its workers
     /// do not declare, or workers that are all down); a queue held back by its own rate limit for
     /// that long shows too. A queue that is worked but behind is not listed: its claims are
@@ -300,7 +303,9 @@ pub(crate) async fn unworked_queue(
     counts: &QueueCounts,
     idle: Duration,
 ) -> Result<Option<UnworkedQueue>> {
-    if counts.paused || counts.available == 0 {
+    // running jobs mean a process works the queue, even one that claims nothing new for a while
+    // (long jobs, a concurrency limit reached)
+    if counts.paused || counts.available == 0 || counts.running > 0 {
         return Ok(None);
     }
     let Some(oldest_wait) = storage.oldest_available_wait(&counts.queue).await? else {

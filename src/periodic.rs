@@ -383,14 +383,25 @@ pub(crate) async fn run(
     // agrees on what is due whatever its host's clock says, and a test clock moves schedules too.
     let mut started: Option<DateTime<Utc>> = None;
     let mut last_pass: Option<DateTime<Utc>> = None;
+    let mut missed_passes = false;
     loop {
         match storage.engine_now().await {
             Ok(now) => {
                 let first = *started.get_or_insert(now.trunc_subsecs(0));
-                fire_due(&storage, &schedules, first, last_pass.unwrap_or(first), now).await;
+                // after passes that could not read the clock (the database unreachable), what
+                // came due meanwhile is missed, as after any outage: the schedule's policy
+                // decides, rather than every fire of the outage firing as if on time
+                let since = if missed_passes {
+                    now
+                } else {
+                    last_pass.unwrap_or(first)
+                };
+                fire_due(&storage, &schedules, first, since, now).await;
                 last_pass = Some(now);
+                missed_passes = false;
             }
             Err(e) => {
+                missed_passes = true;
                 warn!(error = %e, "periodic: cannot read the engine's clock; retried next tick")
             }
         }

@@ -5,9 +5,11 @@ mod support;
 
 use std::time::Duration;
 
-use ringwork::{Admin, CancelOutcome, Error, JobFilter, JobStatus, MaintenanceConfig, NewJob};
+use ringwork::{
+    Admin, CancelOutcome, Error, JobFilter, JobStatus, MaintenanceConfig, NewJob, Outcome,
+};
 use serde_json::json;
-use support::{enqueue, job, TestDb};
+use support::{complete_one, enqueue, job, TestDb};
 
 #[tokio::test]
 async fn an_operator_pauses_cancels_retries_and_reads_health_through_one_handle() {
@@ -140,17 +142,24 @@ async fn queues_with_waiting_jobs_that_nobody_claims_are_named() {
     );
     db.advance_clock(Duration::from_secs(600)).await;
     // "busy" is claimed from now, so its remaining job is merely behind
-    assert_eq!(storage.claim("busy", 1, None).await.unwrap().len(), 1);
+    let busy = storage.claim("busy", 1, None).await.unwrap();
+    assert_eq!(busy.len(), 1);
     let unworked = admin.unworked_queues(idle).await.unwrap();
     assert_eq!(names(&unworked), ["mail"], "{unworked:?}");
     assert_eq!(unworked[0].available, 2);
     assert!(unworked[0].oldest_wait >= Duration::from_secs(600));
     assert_eq!(unworked[0].last_claim_age, None, "never claimed");
     // a process starts working it
-    assert_eq!(storage.claim("mail", 1, None).await.unwrap().len(), 1);
+    let mail = storage.claim("mail", 1, None).await.unwrap();
+    assert_eq!(mail.len(), 1);
     assert!(admin.unworked_queues(idle).await.unwrap().is_empty());
-    // then every worker stops: both queues' last claims age past the bound
+    // a queue with a job running is worked, however long ago its last claim
     db.advance_clock(Duration::from_secs(600)).await;
+    assert!(admin.unworked_queues(idle).await.unwrap().is_empty());
+    // then every worker finishes and stops: both queues' last claims are past the bound
+    for claimed in busy.iter().chain(&mail) {
+        assert_eq!(complete_one(&storage, claimed).await, Outcome::Applied);
+    }
     let unworked = admin.unworked_queues(idle).await.unwrap();
     assert_eq!(names(&unworked), ["busy", "mail"], "{unworked:?}");
     assert!(unworked.iter().all(|u| u

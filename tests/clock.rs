@@ -87,8 +87,13 @@ async fn rotation_ages_and_an_enqueues_run_at_follow_the_clock() {
     let db = TestDb::new().await;
     let storage = db.storage();
     let hour = Duration::from_secs(3600);
-    // both current slots hold a claim, so both may rotate once old enough
-    enqueue(&db, vec![job(1), job(2)]).await;
+    // both current slots hold a claim, so both may rotate once old enough; they were opened when
+    // the test database's template was made, so move on to slots opened now first
+    enqueue(&db, vec![job(1)]).await;
+    assert_eq!(storage.claim("default", 1, None).await.unwrap().len(), 1);
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+    enqueue(&db, vec![job(2), job(3)]).await;
     let first = storage.claim("default", 1, None).await.unwrap();
     assert_eq!(first.len(), 1);
     assert!(!storage.rotate_queue_ring(hour).await.unwrap(), "young");
@@ -102,9 +107,11 @@ async fn rotation_ages_and_an_enqueues_run_at_follow_the_clock() {
         storage.rotate_claim_ring(hour).await.unwrap(),
         "an hour old on the clock"
     );
-    // the new slots were opened at the moved time, so they are young again
-    let second = storage.claim("default", 1, None).await.unwrap();
-    assert_eq!(second.len(), 1);
+    // the new slots were opened at the moved time, so, in use, they are young again, and an hour
+    // on the clock makes them old
+    enqueue(&db, vec![job(4)]).await;
+    let second = storage.claim("default", 2, None).await.unwrap();
+    assert_eq!(second.len(), 2);
     assert!(
         !storage.rotate_queue_ring(hour).await.unwrap(),
         "opened on the clock"
@@ -113,6 +120,9 @@ async fn rotation_ages_and_an_enqueues_run_at_follow_the_clock() {
         !storage.rotate_claim_ring(hour).await.unwrap(),
         "opened on the clock"
     );
+    db.advance_clock(hour + Duration::from_secs(1)).await;
+    assert!(storage.rotate_queue_ring(hour).await.unwrap(), "an hour on");
+    assert!(storage.rotate_claim_ring(hour).await.unwrap(), "an hour on");
     // half an hour ahead of the server's time is already past on the clock
     let run_at = chrono::Utc::now() + chrono::Duration::minutes(30);
     let id: i64 = sqlx::query_scalar(&format!(

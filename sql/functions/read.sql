@@ -155,19 +155,16 @@ LANGUAGE sql STABLE SET jit = off AS $$
     ) h
 $$;
 
--- When a process last claimed from the queue's lanes that may hold work: the newest claim-ledger
--- row of each such lane (one index probe per lane and queue slot), on the engine's clock as the
--- claim wrote it. NULL when the ring holds none for them (never claimed, or not within a ring
--- cycle). A claim that found nothing writes no row, so a queue held back by its own rate limit
--- reads as unclaimed too.
+-- When a process last claimed from the queue: the newest claim-ledger row of each of its lanes
+-- (one index probe per lane and queue slot), on the engine's clock as the claim wrote it. NULL
+-- when the ring holds none (never claimed, or not within a ring cycle). A claim that found nothing
+-- writes no row, so a queue held back by its own rate limit reads as unclaimed too.
 CREATE OR REPLACE FUNCTION __S__.queue_last_claim(p_queue text) RETURNS timestamptz
 LANGUAGE sql STABLE SET jit = off AS $$
     SELECT max((SELECT a.attempted_at FROM __S__.ready_claim_attempt_batches a
                 WHERE a.lane_id = l.lane_id ORDER BY upper(a.lane_range) DESC LIMIT 1))
     FROM __S__.queue_lanes l
     WHERE l.queue = p_queue
-      AND __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq),
-                                    pg_sequence_last_value(l.cursor_seq))
 $$;
 
 -- One job's recorded history, oldest attempt first: its terminal rows (completed, failed,

@@ -174,7 +174,11 @@ impl ClientBuilder {
         // once at start, since such jobs otherwise wait without a sign.
         if !self.queues.is_empty() {
             for (kind, queue) in &self.kind_queues {
-                if !self.queues.iter().any(|(name, _)| name == queue) {
+                // a kind that declares no queue goes to the default one, as before kinds could
+                // declare theirs: no sign of a mistake
+                if *queue != crate::job::DEFAULT_QUEUE
+                    && !self.queues.iter().any(|(name, _)| name == queue)
+                {
                     tracing::warn!(
                         kind,
                         queue,

@@ -142,6 +142,7 @@ async fn a_running_handler_is_told_it_was_cancelled() {
             async move {
                 tokio::select! {
                     _ = ctx.cancelled() => flag.store(true, Ordering::SeqCst),
+                    // a cap on a handler that only ends by being cancelled, not a wait
                     _ = tokio::time::sleep(Duration::from_secs(30)) => {}
                 }
                 Ok::<(), JobError>(())

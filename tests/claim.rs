@@ -81,6 +81,8 @@ async fn priority_aging_lets_an_old_low_priority_job_through_a_steady_high_prior
             ran_after = Some(started.elapsed());
             break;
         }
+        // real time on purpose: an enqueue writes its run_at at the server's time, so moving the
+        // engine clock would age the fresh stream as much as the old job this test is about
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let waited = ran_after.expect("the low-priority job starved");

@@ -155,6 +155,7 @@ async fn the_last_jobs_of_a_draining_queue_are_written_as_they_finish() {
             },
         )
         .register(|_ctx: JobContext, args: Count| async move {
+            // the handler's own work: jobs that finish at different real times
             tokio::time::sleep(Duration::from_millis(args.n * 300)).await;
             Ok::<(), JobError>(())
         })

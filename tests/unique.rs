@@ -32,6 +32,8 @@ async fn concurrent_unique_inserts_make_exactly_one_job() {
                 .insert_many_reporting(&mut tx, &[unique_job(json!({"day": "2026-11-30"}))])
                 .await
                 .unwrap()[0];
+            // real time on purpose: the transaction stays open so the producers' transactions
+            // overlap, which is the race under test
             tokio::time::sleep(Duration::from_millis(20)).await;
             tx.commit().await.unwrap();
             inserted

@@ -122,7 +122,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             jobs: jobs.clone(),
         })
         .merge(router(
-            Endpoints::new(jobs.storage().clone())
+            Endpoints::new(jobs.admin())
                 .prometheus(Arc::clone(&exporter))
                 .liveness(running.liveness()),
         ));

@@ -1,6 +1,6 @@
 //! Periodic jobs: a schedule every second and a yearly cron schedule in a time zone, fired once per
 //! fire time across every process that declares them; the yearly one is fired now by a trigger
-//! (`Storage::trigger_schedule`, what `ringwork cron trigger` does).
+//! (`Admin::trigger_schedule`, what `ringwork cron trigger` does).
 //!
 //! `DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example periodic`
 

@@ -55,6 +55,12 @@ impl Admin {
         Self { storage }
     }
 
+    /// The engine's storage handle under this operator handle (the dashboard and the HTTP
+    /// endpoints read through it).
+    pub(crate) fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
     /// The pool the handle runs on.
     pub fn pool(&self) -> &PgPool {
         self.storage.pool()
@@ -282,6 +288,16 @@ impl Admin {
     }
 }
 
+/// An operator handle over the engine's storage handle (its pool, pooler mode and schema), for
+/// ringwork's own tests and benchmark lab.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+impl From<Storage> for Admin {
+    fn from(storage: Storage) -> Self {
+        Self::from_storage(storage)
+    }
+}
+
 /// A queue that holds available jobs nobody is taking (see [`Admin::unworked_queues`]).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct UnworkedQueue {
@@ -303,15 +319,32 @@ pub(crate) async fn unworked_queue(
     counts: &QueueCounts,
     idle: Duration,
 ) -> Result<Option<UnworkedQueue>> {
-    // running jobs mean a process works the queue, even one that claims nothing new for a while
-    // (long jobs, a concurrency limit reached)
-    if counts.paused || counts.available == 0 || counts.running > 0 {
+    if !may_be_unworked(counts) {
         return Ok(None);
     }
     let Some(oldest_wait) = storage.oldest_available_wait(&counts.queue).await? else {
         return Ok(None);
     };
-    if oldest_wait < idle {
+    unworked_after_wait(storage, counts, oldest_wait, idle).await
+}
+
+/// Whether `counts` leave the queue a candidate for [`unworked_queue`]. Running jobs mean a process
+/// works the queue, even one that claims nothing new for a while (long jobs, a concurrency limit
+/// reached).
+fn may_be_unworked(counts: &QueueCounts) -> bool {
+    !counts.paused && counts.available > 0 && counts.running == 0
+}
+
+/// [`unworked_queue`] for a caller that has read the queue's oldest wait already (the metrics
+/// scrape does, for every queue with available jobs): only a candidate whose oldest job waited
+/// `idle` pays for the last-claim probe.
+pub(crate) async fn unworked_after_wait(
+    storage: &Storage,
+    counts: &QueueCounts,
+    oldest_wait: Duration,
+    idle: Duration,
+) -> Result<Option<UnworkedQueue>> {
+    if !may_be_unworked(counts) || oldest_wait < idle {
         return Ok(None);
     }
     let last_claim_age = storage.last_claim_age(&counts.queue).await?;

@@ -10,7 +10,7 @@
 //! // build the client with `.telemetry(prometheus.telemetry())` so its events reach /metrics
 //! let running = client.start().await?;
 //! let app = router(
-//!     Endpoints::new(client.storage().clone())
+//!     Endpoints::new(client.admin())
 //!         .prometheus(prometheus)
 //!         .liveness(running.liveness()),
 //! );
@@ -97,11 +97,11 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
-    /// Endpoints over `storage`: no exporter (`/metrics` answers 404), no liveness check, no
-    /// leader required by `/readyz`, horizon holders counted from 10 s.
-    pub fn new(storage: Storage) -> Self {
+    /// Endpoints over `admin`'s pool and schema: no exporter (`/metrics` answers 404), no liveness
+    /// check, no leader required by `/readyz`, horizon holders counted from 10 s.
+    pub fn new(admin: crate::Admin) -> Self {
         Self {
-            storage,
+            storage: admin.storage().clone(),
             prometheus: None,
             liveness: None,
             horizon_min_age: Duration::from_secs(10),
@@ -110,7 +110,7 @@ impl Endpoints {
     }
 
     /// Serve `/metrics` from this exporter; each scrape first reads the state gauges from the
-    /// database (`Telemetry::record_storage`).
+    /// database (`Telemetry::record_state`).
     pub fn prometheus(mut self, exporter: Arc<PrometheusExporter>) -> Self {
         self.prometheus = Some(exporter);
         self
@@ -157,7 +157,7 @@ async fn metrics(State(e): State<Arc<Endpoints>>) -> Response {
         STATE_READ_BUDGET,
         prometheus
             .telemetry
-            .record_storage(&e.storage, e.horizon_min_age),
+            .record_state_of(&e.storage, e.horizon_min_age),
     )
     .await
     {
@@ -207,10 +207,10 @@ async fn readyz(State(e): State<Arc<Endpoints>>) -> Response {
 /// Answers `200 {"outcome": "applied" | "recorded" | "extended"}`; `404` for an id this schema did
 /// not give out or whose wait is over; `409` when an earlier answer was recorded while its handler
 /// ran and waits to be applied; `400` for a malformed id, action or body.
-pub fn callbacks_router(storage: Storage) -> Router {
+pub fn callbacks_router(admin: crate::Admin) -> Router {
     Router::new()
         .route("/callbacks/{id}/{action}", axum::routing::post(callback))
-        .with_state(storage)
+        .with_state(admin.storage().clone())
 }
 
 #[derive(serde::Deserialize, Default)]

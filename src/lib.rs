@@ -65,11 +65,17 @@ pub use runtime::{
     RunningClient, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW,
 };
 pub use schema::{RingSizes, SchemaName};
+/// The engine's storage layer: every statement of the engine, the hot paths included. For
+/// ringwork's own tests and benchmark lab, with the `testing` feature; not a stable API. Operators
+/// and services use [`Admin`].
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use storage::Storage;
 pub use storage::{
     ArchiveTable, ArgsText, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction, CallbackOutcome,
     CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, HorizonHolder, Inserted,
     JobFilter, JobPage, JobRecord, JobState, KeyLimit, ListedJob, Outcome, PendingJob, Progress,
     ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness,
-    RingSlot, ScheduleRecord, Storage, TableHealth,
+    RingSlot, ScheduleRecord, TableHealth,
 };
 pub use telemetry::Telemetry;

@@ -102,10 +102,8 @@ const FUNCTION_FILES: &[(&str, &str)] = &[
     ),
     ("parking", include_str!("../sql/functions/parking.sql")),
     ("archive", include_str!("../sql/functions/archive.sql")),
-    (
-        "claim_ring",
-        include_str!("../sql/functions/claim_ring.sql"),
-    ),
+    ("claim", include_str!("../sql/functions/claim.sql")),
+    ("complete", include_str!("../sql/functions/complete.sql")),
     ("rescue", include_str!("../sql/functions/rescue.sql")),
     ("rotate", include_str!("../sql/functions/rotate.sql")),
     ("prune", include_str!("../sql/functions/prune.sql")),

@@ -9,7 +9,7 @@
 //! - **events**, counted by the process where they happen: enqueued, claimed, finished (by
 //!   outcome), handler duration and pickup latency histograms, and what the maintenance leader did
 //!   (rotations, prunes, prune skips by reason, rescued, promoted);
-//! - **state**, gauges read from the database by `Telemetry::record_storage` (on a Prometheus
+//! - **state**, gauges read from the database by `Telemetry::record_state` (on a Prometheus
 //!   scrape, or on a timer for OTLP): exact depth per queue and state, paused queues, both rings'
 //!   slots, prune blockers, horizon holders and the live and dead tuples of ringwork's own tables.
 //!   Each is one cheap statement; none scans job rows except the terminal counts still in the ring.
@@ -27,6 +27,11 @@ use crate::error::Result;
 use crate::storage::Storage;
 
 /// Seconds buckets for handler duration and pickup latency: 1 ms to 5 min.
+/// How long a queue's oldest available job and its last claim must both be old, with nothing
+/// running, for `ringwork.queue.unworked` to report it (as `ringwork status --unworked-after`
+/// defaults to).
+pub const UNWORKED_AFTER: Duration = Duration::from_secs(60);
+
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
@@ -53,6 +58,7 @@ struct Instruments {
     queue_jobs: Gauge<i64>,
     queue_paused: Gauge<i64>,
     queue_oldest_wait: Gauge<f64>,
+    queue_unworked: Gauge<i64>,
     ring_slots: Gauge<i64>,
     ring_current_slot: Gauge<i64>,
     ring_sealed_waiting: Gauge<i64>,
@@ -159,6 +165,12 @@ impl Telemetry {
                     "ringwork.queue.oldest_wait",
                     "How long the queue's oldest available job has waited since it became \
                      runnable (0: none available)",
+                ),
+                queue_unworked: gauge(
+                    "ringwork.queue.unworked",
+                    "1 when the queue holds available jobs that nobody works: not paused, none \
+                     running, its oldest available job and its last claim both at least \
+                     UNWORKED_AFTER (60 s) old",
                 ),
                 ring_slots: gauge("ringwork.ring.slots", "Slots per ring and state"),
                 ring_current_slot: gauge("ringwork.ring.current_slot", "The ring's write slot"),
@@ -304,7 +316,20 @@ impl Telemetry {
     /// `horizon_min_age` old; table statistics), run side by side and each on its own, so one
     /// failing or slow read leaves the others fresh within a scrape's budget.
     /// `ringwork.state.read_ok` says whether all succeeded; the first error is returned.
-    pub async fn record_storage(&self, storage: &Storage, horizon_min_age: Duration) -> Result<()> {
+    pub async fn record_state(
+        &self,
+        admin: &crate::Admin,
+        horizon_min_age: Duration,
+    ) -> Result<()> {
+        self.record_state_of(admin.storage(), horizon_min_age).await
+    }
+
+    /// [`Telemetry::record_state`] through the engine's storage handle.
+    pub(crate) async fn record_state_of(
+        &self,
+        storage: &Storage,
+        horizon_min_age: Duration,
+    ) -> Result<()> {
         let (counts, rings, blockers, horizon, tables) = futures::join!(
             self.record_counts(storage),
             self.record_rings(storage),
@@ -351,6 +376,15 @@ impl Telemetry {
             };
             i.queue_oldest_wait
                 .record(waited.map_or(0.0, |w| w.as_secs_f64()), &[q()]);
+            let unworked = match waited {
+                Some(waited) => {
+                    crate::admin::unworked_after_wait(storage, &c, waited, UNWORKED_AFTER)
+                        .await?
+                        .is_some()
+                }
+                None => false,
+            };
+            i.queue_unworked.record(i64::from(unworked), &[q()]);
         }
         Ok(())
     }

@@ -22,7 +22,7 @@
 //! // what did my code enqueue in its transaction?
 //! let mut tx = pool.begin().await?;
 //! signup(&mut tx, &client).await?;
-//! let mails: Vec<SendEmail> = testing::enqueued(&mut tx, client.storage()).await?;
+//! let mails: Vec<SendEmail> = testing::enqueued(&mut tx, &client.admin()).await?;
 //! assert_eq!(mails, [SendEmail { to: "a@example.com".into() }]);
 //! tx.commit().await?;
 //!
@@ -120,12 +120,13 @@ pub fn tool_or_skip<T>(test: &str, program: &str, found: Option<T>) -> Option<T>
 /// then waits for the callback id returned with its claim (for tests of a callback endpoint). The
 /// insert runs on `conn`, outside any transaction of the caller's.
 pub async fn waiting_for_callback(
-    storage: &Storage,
+    admin: &crate::Admin,
     conn: &mut PgConnection,
     queue: &str,
     max_attempts: i32,
     timeout: Duration,
 ) -> Result<(crate::ClaimedJob, String)> {
+    let storage = admin.storage();
     storage
         .insert_many(
             conn,
@@ -274,7 +275,13 @@ impl TestDatabase {
         Client::builder(self.pool.clone()).schema(self.schema.as_str())
     }
 
-    /// A storage handle on the schema (direct, no transaction pooler).
+    /// The operator API on the schema (direct, no transaction pooler).
+    pub fn admin(&self) -> crate::Admin {
+        crate::Admin::from_storage(self.storage())
+    }
+
+    /// The engine's storage handle on the schema, for ringwork's own tests: not a stable API.
+    #[doc(hidden)]
     pub fn storage(&self) -> Storage {
         Storage::new(self.pool.clone(), self.schema.clone())
     }
@@ -455,7 +462,13 @@ impl TestSchema {
         Client::builder(self.pool.clone()).schema(self.schema.as_str())
     }
 
-    /// A storage handle on this schema (direct, no transaction pooler).
+    /// The operator API on this schema (direct, no transaction pooler).
+    pub fn admin(&self) -> crate::Admin {
+        crate::Admin::from_storage(self.storage())
+    }
+
+    /// The engine's storage handle on this schema, for ringwork's own tests: not a stable API.
+    #[doc(hidden)]
     pub fn storage(&self) -> Storage {
         Storage::new(self.pool.clone(), self.schema.clone())
     }
@@ -511,9 +524,10 @@ pub async fn run_job(client: &Client, job: NewJob) -> Result<Run> {
 /// committed are included. Arguments that do not decode as `A` are an error.
 pub async fn enqueued<A: JobArgs + DeserializeOwned>(
     conn: &mut PgConnection,
-    storage: &Storage,
+    admin: &crate::Admin,
 ) -> Result<Vec<A>> {
-    storage
+    admin
+        .storage()
         .pending_jobs(conn, None, Some(A::KIND), 10_000)
         .await?
         .into_iter()

@@ -4,7 +4,7 @@
 mod support;
 
 use chrono::Utc;
-use ringwork::maintenance::{tick, MaintenanceConfig};
+use ringwork::{Admin, MaintenanceConfig};
 use ringwork::{CancelOutcome, CloseOutcome, NewJob, QueueCounts};
 use std::time::Duration;
 use support::{insert_reporting, job, TestDb};
@@ -157,7 +157,10 @@ async fn counts_are_exact_in_every_state_and_stay_exact_across_prune() {
     };
     let mut pruned = 0;
     for _ in 0..40 {
-        let report = tick(&storage, &config).await.unwrap();
+        let report = Admin::from(storage.clone())
+            .run_maintenance(&config)
+            .await
+            .unwrap();
         pruned += report.pruned_queue_slots.len();
     }
     assert!(pruned >= 1, "the fully completed slot was pruned");

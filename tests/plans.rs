@@ -224,3 +224,40 @@ async fn the_backlog_check_never_scans_ready_rows_sequentially_after_analyze() {
     drop(conn);
     db.cleanup().await;
 }
+
+/// The order of claim's shard walk is a SQL function so that it reads as one named step; it must
+/// stay one the planner inlines into claim's loop statement (cached with claim's generic plan). A
+/// SQL function that is not inlined (declared VOLATILE, given a SET clause, grown a second
+/// statement) is planned again at every call: a fixed cost on every claim.
+#[tokio::test]
+async fn the_shard_order_is_inlined_into_the_claim() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.storage()
+        .insert(&mut conn, &NewJob::from_parts("k", json!({})).unwrap())
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!(
+        "SET plan_cache_mode = force_generic_plan; \
+         PREPARE lane_order(text, timestamptz, interval) AS \
+         SELECT o.lane_id, o.cursor_seq, o.next_head FROM {s}.claim_lane_order($1, $2, $3) o",
+        s = db.schema
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan: Vec<String> =
+        sqlx::query_scalar("EXPLAIN EXECUTE lane_order('default', now(), NULL)")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Function Scan"), "{plan}");
+    assert!(plan.contains("WindowAgg"), "{plan}");
+    sqlx::raw_sql("DEALLOCATE lane_order; RESET plan_cache_mode")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    db.cleanup().await;
+}

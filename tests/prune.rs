@@ -381,7 +381,8 @@ async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_relea
         .execute(&mut *reader)
         .await
         .unwrap();
-    let report = ringwork::maintenance::tick(&storage, &config)
+    let report = ringwork::Admin::from(storage.clone())
+        .run_maintenance(&config)
         .await
         .unwrap();
     assert_eq!(queue_skips(&report), vec!["busy".to_string()], "{report:?}");
@@ -393,7 +394,8 @@ async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_relea
     // idle in it for over a second: held, not tried (real time: a backend's age is
     // pg_stat_activity's, which the engine clock does not move)
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let report = ringwork::maintenance::tick(&storage, &config)
+    let report = ringwork::Admin::from(storage.clone())
+        .run_maintenance(&config)
         .await
         .unwrap();
     assert_eq!(queue_skips(&report), vec!["held".to_string()], "{report:?}");
@@ -406,13 +408,15 @@ async fn the_tick_skips_a_slot_a_long_transaction_holds_and_prunes_it_once_relea
             .map(|_| reader)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let report = ringwork::maintenance::tick(&storage, &config)
+    let report = ringwork::Admin::from(storage.clone())
+        .run_maintenance(&config)
         .await
         .unwrap();
     assert_eq!(queue_skips(&report), vec!["busy".to_string()], "{report:?}");
     running.await.unwrap().unwrap().rollback().await.unwrap();
 
-    let report = ringwork::maintenance::tick(&storage, &config)
+    let report = ringwork::Admin::from(storage.clone())
+        .run_maintenance(&config)
         .await
         .unwrap();
     assert_eq!(report.pruned_queue_slots, vec![0], "{report:?}");
@@ -447,7 +451,8 @@ async fn a_tick_tries_one_busy_slot_a_ring_and_prunes_the_rest_once_released() {
         .execute(&mut *reader)
         .await
         .unwrap();
-    let report = ringwork::maintenance::tick(&storage, &config)
+    let report = ringwork::Admin::from(storage.clone())
+        .run_maintenance(&config)
         .await
         .unwrap();
     assert_eq!(
@@ -463,7 +468,8 @@ async fn a_tick_tries_one_busy_slot_a_ring_and_prunes_the_rest_once_released() {
     );
     reader.rollback().await.unwrap();
 
-    let report = ringwork::maintenance::tick(&storage, &config)
+    let report = ringwork::Admin::from(storage.clone())
+        .run_maintenance(&config)
         .await
         .unwrap();
     assert_eq!(report.pruned_queue_slots, vec![0, 1], "{report:?}");

@@ -86,13 +86,13 @@ async fn what_a_transaction_enqueued_is_seen_inside_it_and_nowhere_else() {
     let db = TestDb::new().await;
     let schema = TestSchema::create(&db.pool).await.unwrap();
     let client = client_on(&schema, Arc::default()).await;
-    let storage = client.storage();
+    let admin = client.admin();
 
     let mut tx = db.pool.begin().await.unwrap();
     signup(&mut tx, &client, "ada").await.unwrap();
-    let welcomes: Vec<Welcome> = testing::enqueued(&mut tx, storage).await.unwrap();
+    let welcomes: Vec<Welcome> = testing::enqueued(&mut tx, &admin).await.unwrap();
     assert_eq!(welcomes, [Welcome { user: "ada".into() }]);
-    let audits: Vec<Audit> = testing::enqueued(&mut tx, storage).await.unwrap();
+    let audits: Vec<Audit> = testing::enqueued(&mut tx, &admin).await.unwrap();
     assert_eq!(
         audits,
         [Audit {
@@ -101,17 +101,17 @@ async fn what_a_transaction_enqueued_is_seen_inside_it_and_nowhere_else() {
     );
     // another connection does not see the uncommitted jobs
     let mut other = db.pool.acquire().await.unwrap();
-    let outside: Vec<Welcome> = testing::enqueued(&mut other, storage).await.unwrap();
+    let outside: Vec<Welcome> = testing::enqueued(&mut other, &admin).await.unwrap();
     assert!(outside.is_empty());
     tx.rollback().await.unwrap();
-    let after: Vec<Welcome> = testing::enqueued(&mut other, storage).await.unwrap();
+    let after: Vec<Welcome> = testing::enqueued(&mut other, &admin).await.unwrap();
     assert!(after.is_empty(), "a rolled-back enqueue leaves nothing");
 
     // committed, then drained inline: nothing is pending any more
     let mut tx = db.pool.begin().await.unwrap();
     signup(&mut tx, &client, "grace").await.unwrap();
     tx.commit().await.unwrap();
-    let pending: Vec<Welcome> = testing::enqueued(&mut other, storage).await.unwrap();
+    let pending: Vec<Welcome> = testing::enqueued(&mut other, &admin).await.unwrap();
     assert_eq!(
         pending,
         [Welcome {
@@ -120,7 +120,7 @@ async fn what_a_transaction_enqueued_is_seen_inside_it_and_nowhere_else() {
     );
     let drained = testing::drain(&client, "default").await.unwrap();
     assert_eq!(drained.completed(), 2);
-    let pending: Vec<Welcome> = testing::enqueued(&mut other, storage).await.unwrap();
+    let pending: Vec<Welcome> = testing::enqueued(&mut other, &admin).await.unwrap();
     assert!(pending.is_empty());
     drop(other);
     schema.drop().await.unwrap();

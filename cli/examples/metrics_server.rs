@@ -43,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = axum::Router::new()
         .route("/", get(|| async { "your service\n" }))
         .merge(router(
-            Endpoints::new(client.storage().clone())
+            Endpoints::new(client.admin())
                 .prometheus(prometheus)
                 .liveness(running.liveness()),
         ));

@@ -16,7 +16,7 @@ async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
 async fn waiting_job(db: &TestDatabase, storage: &Storage) -> (i64, String) {
     let mut conn = db.pool().acquire().await.unwrap();
     let (claimed, id) = ringwork::testing::waiting_for_callback(
-        storage,
+        &storage.clone().into(),
         &mut conn,
         "default",
         25,

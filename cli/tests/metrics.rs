@@ -123,7 +123,7 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = router(
-        Endpoints::new(storage.clone())
+        Endpoints::new(storage.clone().into())
             .prometheus(Arc::clone(&exporter))
             .liveness(running.liveness())
             .horizon_min_age(Duration::from_millis(100)),
@@ -277,6 +277,65 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         .await
         .unwrap();
     drop(holder);
+    db.drop().await.unwrap();
+}
+
+/// `ringwork_queue_unworked` names a queue whose jobs wait while nobody claims from it, and only
+/// such a queue: one with a job running is worked, a paused one is waiting on purpose, and fresh
+/// jobs are not a sign of anything.
+#[tokio::test]
+async fn a_scrape_names_the_queues_whose_jobs_nobody_works() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let mut conn = db.pool().acquire().await.unwrap();
+    for queue in ["mail", "mail", "busy", "busy", "held"] {
+        let job = NewJob::from_parts("k", serde_json::json!({})).unwrap();
+        storage.insert(&mut conn, &job.queue(queue)).await.unwrap();
+    }
+    drop(conn);
+    assert!(db.admin().set_queue_paused("held", true).await.unwrap());
+    assert_eq!(storage.claim("busy", 1, None).await.unwrap().len(), 1);
+
+    let exporter = Arc::new(PrometheusExporter::new(|provider| provider).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(Endpoints::new(db.admin()).prometheus(Arc::clone(&exporter)));
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let unworked =
+        |text: &str, queue: &str| sample(text, "ringwork_queue_unworked", &[("queue", queue)]);
+
+    let (status, text) = get(addr, "/metrics").await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        sample(&text, "ringwork_state_read_ok", &[]),
+        Some(1.0),
+        "{text}"
+    );
+    for queue in ["mail", "busy", "held"] {
+        assert_eq!(
+            unworked(&text, queue),
+            Some(0.0),
+            "{queue}: fresh jobs\n{text}"
+        );
+    }
+    // longer than UNWORKED_AFTER: nobody claimed from "mail" meanwhile
+    db.advance_clock(ringwork::telemetry::UNWORKED_AFTER * 2)
+        .await
+        .unwrap();
+    let (_, text) = get(addr, "/metrics").await;
+    assert_eq!(
+        sample(&text, "ringwork_state_read_ok", &[]),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(unworked(&text, "mail"), Some(1.0), "{text}");
+    assert_eq!(unworked(&text, "busy"), Some(0.0), "a job runs\n{text}");
+    assert_eq!(unworked(&text, "held"), Some(0.0), "paused\n{text}");
+    // a process claims one of its two jobs: worked again, though one still waits
+    assert_eq!(storage.claim("mail", 1, None).await.unwrap().len(), 1);
+    let (_, text) = get(addr, "/metrics").await;
+    assert_eq!(unworked(&text, "mail"), Some(0.0), "{text}");
+    server.abort();
     db.drop().await.unwrap();
 }
 
@@ -467,7 +526,7 @@ async fn a_scrape_with_the_database_unreachable_answers_in_time_and_marks_the_st
     let exporter = Arc::new(PrometheusExporter::new(|provider| provider).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = router(Endpoints::new(storage).prometheus(Arc::clone(&exporter)));
+    let app = router(Endpoints::new(storage.into()).prometheus(Arc::clone(&exporter)));
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let started = std::time::Instant::now();
     let (status, text) = get(addr, "/metrics").await;

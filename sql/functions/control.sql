@@ -71,7 +71,7 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION __S__.create_running_mark(text) FROM PUBLIC;
 
--- Fleet-wide limits of a queue (NULL: none); claim reads them (sql/functions/claim_ring.sql). A
+-- Fleet-wide limits of a queue (NULL: none); claim reads them (sql/functions/claim.sql, claim_room). A
 -- queue whose limits were raised or removed gets a NOTIFY, so its waiting dispatchers claim now.
 CREATE OR REPLACE FUNCTION __S__.set_queue_limits(p_queue text, p_max_running int, p_rate_limit int,
                                                   p_rate_period interval, p_key_path text[],

@@ -3,11 +3,11 @@
 //! its own; `ringwork serve` mounts it at `/dashboard`.
 //!
 //! ```no_run
-//! # async fn demo(storage: ringwork::Storage) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn demo(client: ringwork::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! use ringwork::dashboard::{Actions, Dashboard};
 //! let app = axum::Router::new().nest(
 //!     "/ops/jobs",
-//!     Dashboard::new(storage)
+//!     Dashboard::new(client.admin())
 //!         .base_path("/ops/jobs")
 //!         .actions(Actions::Token("a long random secret".into()))?
 //!         .router(),
@@ -97,11 +97,11 @@ pub struct Dashboard {
 }
 
 impl Dashboard {
-    /// A read-only dashboard over `storage`, served at the root to loopback hosts only: at most
-    /// 8 requests at once, horizon holders from 60 s, counts sampled every 10 s.
-    pub fn new(storage: Storage) -> Self {
+    /// A read-only dashboard over `admin`'s pool and schema, served at the root to loopback hosts
+    /// only: at most 8 requests at once, horizon holders from 60 s, counts sampled every 10 s.
+    pub fn new(admin: crate::Admin) -> Self {
         Self {
-            storage,
+            storage: admin.storage().clone(),
             base: String::new(),
             hosts: Vec::new(),
             max_requests: 8,

@@ -202,9 +202,9 @@ impl TickReport {
     }
 }
 
-/// One maintenance pass: every service once, in the order that lets each help the next. Public so
-/// tests and operators (`ringwork maintain`) can drive maintenance by hand.
-pub async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickReport> {
+/// One maintenance pass: every service once, in the order that lets each help the next. Operators
+/// and tests drive it by hand through [`crate::Admin::run_maintenance`] (`ringwork maintain`).
+pub(crate) async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickReport> {
     let mut report = TickReport::default();
     rotate::run(storage, config, &mut report).await?;
     // Rescue before prune: an open claim blocks its slot until rescue closes it.

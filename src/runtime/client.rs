@@ -297,8 +297,11 @@ impl Client {
         crate::Admin::from_storage(self.inner.storage.clone())
     }
 
-    /// The storage handle on this client's pool and schema: the engine's statements, for the
-    /// dashboard and HTTP endpoints. For operator actions use [`Client::admin`].
+    /// The engine's storage handle on this client's pool and schema (claim, complete, rotate,
+    /// prune, ...), for ringwork's own tests and benchmark lab: not a stable API, and only with the
+    /// `testing` feature. Operators and services use [`Client::admin`].
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
     pub fn storage(&self) -> &Storage {
         &self.inner.storage
     }
@@ -374,12 +377,19 @@ impl Client {
         jobs: &[NewJob],
     ) -> Result<Vec<crate::storage::Inserted>> {
         let mut tx = self.inner.storage.pool().begin().await?;
-        let inserted = self
-            .inner
-            .storage
-            .insert_many_reporting(&mut tx, jobs)
-            .await?;
+        let inserted = self.insert_many_reporting_tx(&mut tx, jobs).await?;
         tx.commit().await?;
+        Ok(inserted)
+    }
+
+    /// `insert_many_reporting` on `conn`, the caller's transaction included: the jobs exist only
+    /// if it commits.
+    pub async fn insert_many_reporting_tx(
+        &self,
+        conn: &mut PgConnection,
+        jobs: &[NewJob],
+    ) -> Result<Vec<crate::storage::Inserted>> {
+        let inserted = self.inner.storage.insert_many_reporting(conn, jobs).await?;
         self.inner.telemetry.enqueued(
             jobs.iter()
                 .zip(&inserted)

@@ -70,7 +70,7 @@ pub struct QueueConfig {
     pub priority_aging: Option<Duration>,
     /// Send this queue's terminal failures to the dead-letter queue (`dlq_entries`) instead of
     /// failed history, for an operator to inspect, retry or purge. Switched on for the queue when
-    /// the client is built; never switched off by a client (use `Storage::set_queue_dead_letter`).
+    /// the client is built; never switched off by a client (use `Admin::set_queue_dead_letter`).
     pub dead_letter: bool,
     /// How long this queue's retried attempts wait (default: 2^attempt s, capped at 1 h, + up to
     /// 10 % jitter). A kind's own policy (`ClientBuilder::retry_policy`) wins over it.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::claim_ring::AttemptRef;
+use super::complete::AttemptRef;
 use super::Storage;
 use crate::bytes::{constant_time_eq, hex, unhex};
 use crate::error::{Error, Result};

@@ -7,7 +7,8 @@
 
 mod archive;
 mod callbacks;
-mod claim_ring;
+mod claim;
+mod complete;
 mod control;
 mod dead_letter;
 mod deferred;
@@ -30,7 +31,8 @@ use crate::schema::SchemaName;
 
 pub use archive::ArchiveTable;
 pub use callbacks::{AwaitOutcome, CallbackAction, CallbackOutcome};
-pub use claim_ring::{AttemptRef, ClaimedJob, CloseOutcome, Outcome};
+pub use claim::ClaimedJob;
+pub use complete::{AttemptRef, CloseOutcome, Outcome};
 pub use control::{BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits};
 pub use dead_letter::DeadLetter;
 pub use health::{HorizonHolder, Readiness, TableHealth};
@@ -47,7 +49,8 @@ pub use read::{
 #[derive(Debug)]
 struct Statements {
     queue_ring: queue_ring::Statements,
-    claim_ring: claim_ring::Statements,
+    claim: claim::Statements,
+    complete: complete::Statements,
     rescue: rescue::Statements,
     rotate: rotate::Statements,
     prune: prune::Statements,
@@ -86,7 +89,8 @@ impl Storage {
     pub fn new(pool: PgPool, schema: SchemaName) -> Self {
         let sql = Arc::new(Statements {
             queue_ring: queue_ring::Statements::new(&schema),
-            claim_ring: claim_ring::Statements::new(&schema),
+            claim: claim::Statements::new(&schema),
+            complete: complete::Statements::new(&schema),
             rescue: rescue::Statements::new(&schema),
             rotate: rotate::Statements::new(&schema),
             prune: prune::Statements::new(&schema),

@@ -241,7 +241,13 @@ pub async fn waiting_job(
     timeout: Duration,
 ) -> (ringwork::ClaimedJob, String) {
     let mut conn = db.pool.acquire().await.unwrap();
-    ringwork::testing::waiting_for_callback(storage, &mut conn, queue, max_attempts, timeout)
-        .await
-        .expect("a job waiting for its callback")
+    ringwork::testing::waiting_for_callback(
+        &storage.clone().into(),
+        &mut conn,
+        queue,
+        max_attempts,
+        timeout,
+    )
+    .await
+    .expect("a job waiting for its callback")
 }

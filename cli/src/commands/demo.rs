@@ -177,16 +177,16 @@ pub async fn run(options: Args) -> super::Result<()> {
             .await?;
     // let one maintenance pass reclaim what it can, then close every connection so the server
     // flushes their statistics before we read them
-    let storage = client.storage().clone();
+    let admin = client.admin();
     let config = ringwork::MaintenanceConfig {
         rotate_interval: Duration::ZERO,
         ..ringwork::MaintenanceConfig::default()
     };
     for _ in 0..3 {
-        ringwork::maintenance::tick(&storage, &config).await?;
+        admin.run_maintenance(&config).await?;
     }
     drop(client);
-    drop(storage);
+    drop(admin);
     pool.close().await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let pool = super::connect(&url, 2).await?;

@@ -19,7 +19,7 @@ pub mod work;
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use ringwork::{schema, Admin, SchemaName, Storage};
+use ringwork::{schema, Admin, SchemaName};
 use sqlx::postgres::PgPoolOptions;
 
 /// Why a command failed; each maps to an exit code (see `exit_code`).
@@ -125,7 +125,7 @@ pub struct Db {
 impl Db {
     /// The operator API on the installed schema, on a pool of two connections.
     pub async fn open(&self) -> Result<Admin> {
-        admin(open_storage(&self.database_url, &self.schema).await?)
+        open_admin(&self.database_url, &self.schema).await
     }
 }
 
@@ -143,15 +143,8 @@ pub struct GroupDb {
 impl GroupDb {
     /// The operator API on the installed schema, on a pool of two connections.
     pub async fn open(&self) -> Result<Admin> {
-        admin(open_storage_from(self.database_url.clone(), &self.schema).await?)
+        open_admin_from(self.database_url.clone(), &self.schema).await
     }
-}
-
-fn admin(storage: Storage) -> Result<Admin> {
-    Ok(Admin::new(
-        storage.pool().clone(),
-        storage.schema().as_str(),
-    )?)
 }
 
 /// A command group: its subcommand, and where ringwork lives.
@@ -163,20 +156,20 @@ pub struct Group<A: clap::Subcommand> {
     pub db: GroupDb,
 }
 
-/// A storage handle on an installed schema this binary can run against.
-pub async fn open_storage(url: &str, schema: &str) -> Result<Storage> {
-    open_storage_with(url, schema, 2).await
+/// The operator API on an installed schema this binary can run against.
+pub async fn open_admin(url: &str, schema: &str) -> Result<Admin> {
+    open_admin_with(url, schema, 2).await
 }
 
-/// `open_storage` for a command whose `--database-url` is optional on the command line (a global
+/// `open_admin` for a command whose `--database-url` is optional on the command line (a global
 /// option of its subcommands) but needed.
-pub async fn open_storage_from(url: Option<String>, schema: &str) -> Result<Storage> {
+pub async fn open_admin_from(url: Option<String>, schema: &str) -> Result<Admin> {
     let url = url.ok_or_else(|| config("set --database-url or DATABASE_URL"))?;
-    open_storage(&url, schema).await
+    open_admin(&url, schema).await
 }
 
-/// `open_storage` with a pool of `max` connections.
-pub async fn open_storage_with(url: &str, schema: &str, max: u32) -> Result<Storage> {
+/// `open_admin` with a pool of `max` connections.
+pub async fn open_admin_with(url: &str, schema: &str, max: u32) -> Result<Admin> {
     let schema = schema_name(schema)?;
     let pool = connect(url, max).await?;
     let mut conn = pool.acquire().await?;
@@ -188,7 +181,7 @@ pub async fn open_storage_with(url: &str, schema: &str, max: u32) -> Result<Stor
         )));
     }
     drop(conn);
-    Ok(Storage::new(pool, schema))
+    Ok(Admin::new(pool, schema.as_str())?)
 }
 
 /// A time flag: seconds (`30`, `0.5`) or a duration (`30s`, `5m`, `7d`, `1h 30m`).

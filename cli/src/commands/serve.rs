@@ -94,9 +94,9 @@ pub async fn run(args: Args) -> super::Result<()> {
         (false, None, false) => None,
     };
     // refuses a schema that is not installed, or newer than this binary
-    let storage = super::open_storage_with(&args.db.database_url, &args.db.schema, 4).await?;
+    let admin = super::open_admin_with(&args.db.database_url, &args.db.schema, 4).await?;
     serve(
-        storage.pool().clone(),
+        admin.pool().clone(),
         ServeOptions {
             listen: args.listen,
             otlp_endpoint: args.otlp_endpoint,
@@ -172,11 +172,11 @@ async fn serve(pool: sqlx::PgPool, options: ServeOptions) -> super::Result<()> {
     // scrape refreshes them itself)
     let refresher = options.otlp_endpoint.as_ref().map(|_| {
         let telemetry = exporter.telemetry();
-        let storage = client.storage().clone();
+        let admin = client.admin();
         let min_age = options.horizon_min_age;
         tokio::spawn(async move {
             loop {
-                if let Err(e) = telemetry.record_storage(&storage, min_age).await {
+                if let Err(e) = telemetry.record_state(&admin, min_age).await {
                     warn!(error = %e, "metrics: reading ringwork's state from the database failed");
                 }
                 tokio::time::sleep(interval / 2).await;
@@ -185,21 +185,21 @@ async fn serve(pool: sqlx::PgPool, options: ServeOptions) -> super::Result<()> {
     });
     // Pages and scrapes read through a pool of their own, each statement bounded: a slow page or
     // a burst of scrapes never takes the connections maintenance and callbacks need.
-    let reads = ringwork::Storage::new(
+    let reads = ringwork::Admin::new(
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(READ_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with(
                 client
-                    .storage()
+                    .admin()
                     .pool()
                     .connect_options()
                     .as_ref()
                     .clone()
                     .options([("statement_timeout", READ_STATEMENT_TIMEOUT)]),
             ),
-        schema.clone(),
-    );
+        schema.as_str(),
+    )?;
     let mut app = router(
         Endpoints::new(reads.clone())
             .prometheus(Arc::clone(&exporter))
@@ -209,7 +209,7 @@ async fn serve(pool: sqlx::PgPool, options: ServeOptions) -> super::Result<()> {
             .require_leader(true),
     );
     // external callbacks for jobs that wait in the lease ring (the signed id is the capability)
-    app = app.merge(callbacks_router(client.storage().clone()));
+    app = app.merge(callbacks_router(client.admin()));
     if let Some(actions) = options.dashboard {
         app = app
             .nest(

@@ -1,0 +1,562 @@
+-- Claim plane (seed ADR-023): claim() and its helpers (the limits' room, the order of the shard
+-- walk, the batch write), and the counts of open claims that limits and status read. Completion,
+-- close and heartbeats of claimed attempts are in complete.sql.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- How many integers a multirange of int8 holds (its ranges are canonical: [lower, upper)).
+CREATE OR REPLACE FUNCTION __S__.multirange_size(p_ranges int8multirange) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(sum(upper(r) - lower(r)), 0)::bigint FROM unnest(p_ranges) r
+$$;
+
+-- The open attempts of one queue among its claims from batch p_mark on, and the batch id of the
+-- oldest one still open. Per claim batch of the queue: its receipts, less those covered by the
+-- closure batches that overlap it (found through their GiST exclusion index; closures never overlap
+-- each other, so the sizes of the intersections add up). One probe per claim batch, not one per
+-- job: 100,000 completed claims were 0.9 s with a probe per job.
+--
+-- A concurrency-limited queue's claim (holding the queue's limit lock) counts from the queue's
+-- running mark (migration 0010) and moves the mark to the oldest open claim. Claims before the
+-- mark are all closed, so the walk covers the claims made since the oldest running attempt began,
+-- not the whole ring. (A claim that began before the queue was limited took no lock and may commit
+-- below a mark; for as long as it runs, it is not counted. Setting a limit is rare; documented.)
+--
+-- The counting functions a limited claim calls are PL/pgSQL, not SQL: a SQL function the planner
+-- cannot inline is planned again at every call, and planning these statements over every claim
+-- ring partition took 0.3 to 0.6 ms per call, more than running them (under saturation, a limited
+-- claim took over half again as long as a plain one). PL/pgSQL keeps its plans for the session.
+CREATE OR REPLACE FUNCTION __S__.count_running_from(p_queue text, p_mark bigint)
+RETURNS TABLE (running bigint, oldest_open bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    WITH open_claims AS (
+        SELECT b.batch_id, __S__.multirange_size(b.receipt_ranges) - x.closed AS open_n
+        FROM __S__.lease_claim_batches b
+        CROSS JOIN LATERAL (
+            SELECT coalesce(sum(__S__.multirange_size(c.receipt_ranges * b.receipt_ranges)), 0) AS closed
+            FROM __S__.lease_claim_closure_batches c
+            WHERE c.claim_slot = b.claim_slot AND c.receipt_ranges && b.receipt_ranges
+        ) x
+        WHERE b.batch_id >= p_mark AND b.queue = p_queue
+        UNION ALL
+        SELECT l.receipt_id / 4096, 1
+        FROM __S__.lease_claims l
+        WHERE l.receipt_id >= p_mark * 4096 AND l.queue = p_queue
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                          WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id)
+    )
+    SELECT coalesce(sum(o.open_n), 0)::bigint, min(o.batch_id) FILTER (WHERE o.open_n > 0)
+    FROM open_claims o;
+END
+$$;
+
+-- The open attempts of one queue from claim batch p_mark on, per value of the concurrency key at
+-- p_path in their args (migration 0012), for a claim of a queue with a per-key limit. Per claim
+-- batch, one probe of the closure batches that overlap it gives its still-open receipts (its
+-- receipts less their union); only those are unnested and matched to their ready rows for the
+-- args, so the cost is a probe per batch of the running mark's window plus one lookup per running
+-- attempt (a probe per item cut saturated throughput to about a third). Jobs without the key: NULL.
+CREATE OR REPLACE FUNCTION __S__.count_running_by_key(p_queue text, p_mark bigint, p_path text[])
+RETURNS TABLE (key text, running bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    WITH open_batches AS (
+        SELECT b.batch_id, b.job_ids, b.run_leases, b.ready_slots,
+               b.receipt_ranges - coalesce((SELECT range_agg(c.receipt_ranges)
+                                            FROM __S__.lease_claim_closure_batches c
+                                            WHERE c.claim_slot = b.claim_slot
+                                              AND c.receipt_ranges && b.receipt_ranges),
+                                           '{}'::int8multirange) AS open
+        FROM __S__.lease_claim_batches b
+        WHERE b.batch_id >= p_mark AND b.queue = p_queue
+    ), open_items AS (
+        SELECT o.ready_slots[x.i] AS ready_slot, o.job_ids[x.i] AS job_id, o.run_leases[x.i] AS run_lease
+        FROM open_batches o
+        CROSS JOIN LATERAL unnest(o.open) r
+        CROSS JOIN LATERAL generate_series(lower(r), upper(r) - 1) receipt
+        CROSS JOIN LATERAL (SELECT (receipt - o.batch_id * 4096 + 1)::int AS i) x
+        WHERE NOT isempty(o.open)
+        UNION ALL
+        SELECT l.ready_slot, l.job_id, l.run_lease
+        FROM __S__.lease_claims l
+        WHERE l.receipt_id >= p_mark * 4096 AND l.queue = p_queue
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                          WHERE c.claim_slot = l.claim_slot AND c.receipt_id = l.receipt_id)
+    )
+    -- one index probe per running attempt, never a join the planner could turn into a scan of the
+    -- ring (the claim's plans are generic: it cannot see how few attempts run)
+    SELECT (SELECT e.args #>> p_path FROM __S__.ready_entries e
+            WHERE e.ready_slot = o.ready_slot AND e.job_id = o.job_id AND e.run_lease = o.run_lease - 1
+            LIMIT 1) AS key,
+           count(*)
+    FROM open_items o
+    GROUP BY 1;
+END
+$$;
+
+-- Every job of the queue claimed from batch p_mark on, closed or not: an upper bound of
+-- count_running_from without its closure probes, which settles most claims of a queue whose
+-- concurrency limit is well above what runs.
+CREATE OR REPLACE FUNCTION __S__.claimed_since(p_queue text, p_mark bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT sum(b.claimed_count) FROM __S__.lease_claim_batches b
+                     WHERE b.batch_id >= p_mark AND b.queue = p_queue), 0)
+         + (SELECT count(*) FROM __S__.lease_claims l WHERE l.receipt_id >= p_mark * 4096 AND l.queue = p_queue);
+END
+$$;
+
+-- In-flight attempts (compact members + row-local claims minus closures) over the claim ring.
+-- All queues: claim and closure counts (closures are unique per receipt, so counts subtract
+-- exactly). One queue: a closure batch can span queues, so count that queue's open items, from
+-- the first claim batch on.
+CREATE OR REPLACE FUNCTION __S__.count_in_flight(p_queue text DEFAULT NULL) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_queue IS NULL THEN
+        coalesce((SELECT sum(b.claimed_count) FROM __S__.lease_claim_batches b), 0)
+        + (SELECT count(*) FROM __S__.lease_claims l)
+        - coalesce((SELECT sum(c.closed_count) FROM __S__.lease_claim_closure_batches c), 0)
+        - (SELECT count(*) FROM __S__.lease_claim_closures c)
+    ELSE
+        (SELECT r.running FROM __S__.count_running_from(p_queue, 0) r)
+    END
+$$;
+
+-- Does the queue have a visible, unclaimed position in some shard? Asked by a dispatcher whose claim
+-- came back empty: yes means the work sits in shards other claimers hold (retry in a few ms). A
+-- paused queue answers no: its dispatchers wait for a NOTIFY (resume sends one) or the poll. A
+-- parked lane answers yes: the next claim brings it back.
+-- Drained shards answer from their sequences alone; the others get one index probe each, bounded by
+-- the cursor sequence read once per shard (OFFSET 0 keeps the volatile reads out of the probe). The
+-- sequence lags the ledger by at most one claim, so a just-claimed shard may answer yes once.
+-- PL/pgSQL, not SQL: the SQL function was not inlined, so its body was planned at every call
+-- (1.3 ms to plan, 0.4 ms to run; at 8x4 saturation the dispatchers' 110 calls a second cost the
+-- server 0.15 of a core in planning alone). PL/pgSQL keeps the plan for the session, and the
+-- generic plan from the first call (a custom plan would be as costly to make as the SQL one);
+-- jit off, as for every generic plan over all the ring's partitions (storage.md section 13).
+CREATE OR REPLACE FUNCTION __S__.queue_has_backlog(p_queue text) RETURNS boolean
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT 1 FROM __S__.queues q WHERE q.queue = p_queue AND q.paused)
+       AND (EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue)
+            -- jobs held by a key limit (migration 0012) come back through claims: keep claiming
+            OR EXISTS (SELECT 1 FROM __S__.deferred_jobs d WHERE d.queue = p_queue AND d.held_key IS NOT NULL)
+            OR EXISTS (
+        SELECT 1
+        FROM (SELECT l.lane_id, coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
+                     pg_sequence_last_value(l.segment_seq) AS last_segment
+              FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) l
+        WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
+          -- the lane's first row past its cursor, in index order as claim finds it. Not an EXISTS:
+          -- once ANALYZE has seen the lane, the generic plan of an EXISTS over "lane_pos > $2"
+          -- (a third of the rows, by the planner's default guess) is a sequential scan that
+          -- stops at the first match, and the rows past the cursor are the newest, at the end of
+          -- the heap: behind a reader, with a 2 GB current slot, each check read it all (2 s)
+          AND (SELECT e.lane_pos FROM __S__.ready_entries e
+               WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
+               ORDER BY e.lane_pos LIMIT 1) IS NOT NULL));
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- claim() and its helpers. The helpers run inside a claim, under its settings (generic plans, jit
+-- off, asynchronous commit); nothing else calls them.
+-- ---------------------------------------------------------------------------------------------
+
+-- The room a claim of a limited queue has: at most p_max, less what the queue's concurrency and rate
+-- limits leave (room); with a per-key limit, each key's room (key_room; a key not in it has
+-- key_default_room), after the jobs held for keys that have room again went back to the ring.
+-- A limited queue's claimers count and claim one at a time: the queue's limit lock is held to the
+-- claim's commit, and each count is a statement that starts after the lock, so it sees every claim
+-- committed before it. The counts come from what claims write anyway (claim batches, closures): no
+-- counter row is updated per job. Unlimited queues never call this.
+CREATE OR REPLACE FUNCTION __S__.claim_room(p_queue text, p_max int, p_clock_offset interval, p_max_running int,
+                                            p_rate_limit int, p_rate_period interval, p_mark_seq regclass,
+                                            p_key_path text[], p_key_max int, p_key_rate int,
+                                            p_key_rate_period interval,
+                                            OUT room int, OUT batch bigint, OUT decided_at timestamptz,
+                                            OUT key_room jsonb, OUT key_default_room int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_running bigint;
+    v_oldest_open bigint;
+BEGIN
+    room := p_max;
+    key_room := '{}';
+    PERFORM pg_advisory_xact_lock(__S__.lock_ns('queue_limit'), hashtext(p_queue));
+    -- stamp the claim with when it was decided, not when its transaction began (before the lock
+    -- wait): the rate window below counts claims by that time
+    decided_at := clock_timestamp() + p_clock_offset;
+    -- the batch id is taken under the lock: a later limited claim of the queue, counting from the
+    -- running mark, must see every claim with a lower id committed
+    batch := nextval('__S__.claim_batch_ids');
+    IF p_max_running IS NOT NULL AND p_mark_seq IS NULL THEN
+        -- limited before migration 0010's mark existed: count the whole ring
+        room := least(room, p_max_running - __S__.count_in_flight(p_queue)::int);
+    ELSIF p_max_running IS NOT NULL AND p_key_max IS NULL
+          AND __S__.claimed_since(p_queue, coalesce(pg_sequence_last_value(p_mark_seq), 0)) + room
+              <= p_max_running THEN
+        -- every job claimed since the mark, closed or not, plus this claim fits: no exact count (no
+        -- closure probes), and the mark stays; it moves when the bound nears the limit
+        NULL;
+    ELSIF p_max_running IS NOT NULL OR p_key_max IS NOT NULL THEN
+        SELECT r.running, r.oldest_open INTO v_running, v_oldest_open
+        FROM __S__.count_running_from(p_queue, coalesce(pg_sequence_last_value(p_mark_seq), 0)) r;
+        -- non-transactional, and safe so: every claim below the new mark is closed for good
+        PERFORM setval(p_mark_seq, coalesce(v_oldest_open, batch), true);
+        IF p_max_running IS NOT NULL THEN
+            room := least(room, p_max_running - v_running::int);
+        END IF;
+    END IF;
+    IF p_key_path IS NOT NULL AND room >= 1 THEN
+        -- the room of each key: its running limit less what runs, its rate less the window's claims
+        -- (migrations 0012, 0013); a key in neither map has the whole of both
+        key_default_room := least(coalesce(p_key_max, 2147483647), coalesce(p_key_rate, 2147483647));
+        IF p_key_max IS NOT NULL THEN
+            SELECT coalesce(jsonb_object_agg(r.key, p_key_max - r.running), '{}') INTO key_room
+            FROM __S__.count_running_by_key(p_queue, coalesce(v_oldest_open, batch), p_key_path) r
+            WHERE r.key IS NOT NULL;
+        END IF;
+        IF p_key_rate IS NOT NULL THEN
+            DELETE FROM __S__.rate_limit_claims r
+            WHERE r.queue = p_queue AND r.key IS NOT NULL AND r.claimed_at <= decided_at - p_key_rate_period;
+            SELECT key_room || coalesce(jsonb_object_agg(w.key,
+                       least(coalesce((key_room ->> w.key)::int, key_default_room), p_key_rate - w.n)), '{}')
+            INTO key_room
+            FROM (SELECT r.key, sum(r.claimed)::int AS n FROM __S__.rate_limit_claims r
+                  WHERE r.queue = p_queue AND r.key IS NOT NULL GROUP BY r.key) w;
+        END IF;
+        -- then the held jobs of keys with room back to the ring (oldest first, at their creation
+        -- time, so the walk reaches them before younger work)
+        PERFORM __S__.release_held(p_queue, key_room, key_default_room);
+    END IF;
+    IF p_rate_limit IS NOT NULL THEN
+        -- the window's claims, from the queue's own ledger (migration 0009: the claim ring does not
+        -- keep closed claims for a whole period)
+        DELETE FROM __S__.rate_limit_claims r
+        WHERE r.queue = p_queue AND r.key IS NULL AND r.claimed_at <= decided_at - p_rate_period;
+        room := least(room, p_rate_limit - (SELECT coalesce(sum(r.claimed), 0)::int
+                                            FROM __S__.rate_limit_claims r
+                                            WHERE r.queue = p_queue AND r.key IS NULL));
+    END IF;
+END
+$$;
+
+-- The order in which a claim walks the queue's shards: by effective priority, then priority, then the
+-- run_at of their oldest waiting job. With aging, a lane's priority improves by one level per p_aging
+-- its oldest waiting job has been runnable (run_at: enqueue, or promotion of a scheduled/retried
+-- job), so low priorities never starve. Shards whose sequences say they are drained are skipped
+-- without an index probe. next_head is the head of the next shard of the same (effective) priority:
+-- a walk stops at a segment boundary when the next segment's jobs are younger than it, and the claim
+-- continues from the oldest head again (a merge across shards at segment granularity).
+-- The cursors are read once, in a materialized CTE: pg_sequence_last_value is volatile, and used
+-- directly in the head probe it could not bound the index scan (the probe would walk every
+-- already-claimed row of the shard). A SQL function the planner inlines into the claim's loop, so
+-- its plan is cached with the claim's (a SQL function that is not inlined is planned at every call).
+CREATE OR REPLACE FUNCTION __S__.claim_lane_order(p_queue text, p_now timestamptz, p_aging interval)
+RETURNS TABLE (lane_id int, cursor_seq regclass, next_head timestamptz)
+LANGUAGE sql STABLE AS $$
+    WITH lanes AS MATERIALIZED (
+        SELECT l.lane_id, l.cursor_seq, l.priority,
+               coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
+               pg_sequence_last_value(l.segment_seq) AS last_segment
+        FROM __S__.queue_lanes l
+        WHERE l.queue = p_queue
+    ), heads AS (
+        SELECT l.lane_id, l.cursor_seq, l.priority, head.run_at AS head_at,
+               l.priority - coalesce(floor(extract(epoch FROM p_now - head.run_at)
+                                           / nullif(extract(epoch FROM p_aging), 0)), 0) AS effective
+        FROM lanes l
+        CROSS JOIN LATERAL (
+            SELECT e.run_at FROM __S__.ready_entries e
+            WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
+            ORDER BY e.lane_pos LIMIT 1
+        ) head
+        WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
+    )
+    SELECT h.lane_id, h.cursor_seq,
+           lead(h.head_at) OVER (PARTITION BY h.effective, h.priority ORDER BY h.head_at, h.lane_id) AS next_head
+    FROM heads h
+    ORDER BY h.effective, h.priority, h.head_at, h.lane_id
+$$;
+
+-- What a claim writes once, after its walk: the claimed count in the queue's rate window, one row per
+-- key claimed for the keys' rate windows (migration 0013), and the claim batch that holds the compact
+-- members' evidence (p_receipts: the receipts that are compact members; the arrays are positional,
+-- receipt ordinal = array index - 1, and include the row-local claims' entries).
+CREATE OR REPLACE FUNCTION __S__.record_claim_batch(p_queue text, p_claim_slot int, p_batch bigint,
+                                                    p_claimed_at timestamptz, p_deadline_at timestamptz,
+                                                    p_rate_limited boolean, p_claimed int, p_key_claimed jsonb,
+                                                    p_job_ids bigint[], p_leases bigint[], p_ready_slots int[],
+                                                    p_lane_ids int[], p_attempts int[], p_max_attempts int[],
+                                                    p_receipts int8multirange)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_rate_limited AND p_claimed > 0 THEN
+        INSERT INTO __S__.rate_limit_claims (queue, claimed_at, claimed) VALUES (p_queue, p_claimed_at, p_claimed);
+    END IF;
+    IF p_key_claimed <> '{}' THEN
+        INSERT INTO __S__.rate_limit_claims (queue, claimed_at, claimed, key)
+        SELECT p_queue, p_claimed_at, c.value::int, c.key FROM jsonb_each_text(p_key_claimed) c;
+    END IF;
+    IF NOT isempty(p_receipts) THEN
+        INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,
+                                               lane_ids, attempts, max_attempts, receipt_ranges,
+                                               claimed_count, claimed_at, deadline_at)
+        VALUES (p_claim_slot, p_batch, p_queue, p_job_ids, p_leases, p_ready_slots, p_lane_ids, p_attempts,
+                p_max_attempts, p_receipts, __S__.multirange_size(p_receipts), p_claimed_at, p_deadline_at);
+    END IF;
+END
+$$;
+
+-- Claim up to p_max jobs of the queue: the room its limits leave (claim_room), then a walk of its
+-- shards in claim_lane_order, each locked without waiting, from its cursor; each claimed job is a
+-- returned row and, for the walk, a ledger row per shard (ready_claim_attempt_batches: the cursor
+-- is never updated in place); the evidence is written once (record_claim_batch). p_deadline is the
+-- batch's lease; a job with a timeout of its own gets a row-local claim (lease_claims) instead.
+CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,
+                            p_aging interval DEFAULT NULL)
+RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
+               attempt int, max_attempts int, priority smallint, created_at timestamptz,
+               deadline_at timestamptz, traceparent text)
+-- jit off: a claim's statements are short, and a generic plan's estimate (a key limit's walk of
+-- open claims estimates thousands of rows) can pass jit_above_cost: compiling would take over a
+-- second per claim on a server with the default jit = on, for a walk that runs in milliseconds
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+DECLARE
+    v_claim_slot int;
+    v_batch bigint;
+    -- the engine's clock (clock.sql): the claim's time and deadline, and its rate windows
+    v_clock_offset interval := __S__.clock_offset();
+    v_now timestamptz := now() + v_clock_offset;
+    v_batch_deadline timestamptz := v_now + p_deadline;
+    v_own_deadline timestamptz;
+    v_lane record;
+    v_cursor bigint;
+    v_new_cursor bigint;
+    v_last_slot int;
+    v_row record;
+    v_n int := 0;
+    v_job_ids bigint[] := '{}';
+    v_leases bigint[] := '{}';
+    v_ready_slots int[] := '{}';
+    v_lane_ids int[] := '{}';
+    v_attempts int[] := '{}';
+    v_max_attempts int[] := '{}';
+    v_receipts int8multirange := '{}';
+    v_pass int := 0;
+    v_cut boolean;
+    v_stopped boolean;
+    v_prev_seg bigint;
+    v_walked int;
+    v_limit int;
+    v_seg_slot int;
+    v_paused boolean;
+    v_any_parked boolean;
+    v_parked boolean;
+    v_max_running int;
+    v_rate_limit int;
+    v_rate_period interval;
+    v_mark_seq regclass;
+    v_key_path text[];
+    v_key_max int;
+    v_key_rate int;
+    v_key_rate_period interval;
+    v_key_default_room int;
+    v_key_room jsonb := '{}';
+    v_key_claimed jsonb := '{}';
+    v_key text;
+BEGIN
+    IF p_max < 1 OR p_max > 4096 THEN
+        RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
+    END IF;
+    -- A claim's commit need not wait for its WAL flush: the shard lock is held until commit, so the
+    -- flush wait would serialise every claimer of the shard behind the disk. A claim lost in a
+    -- server crash only makes its jobs claimable again (at-least-once: they may run twice); it
+    -- cannot lose a job, because WAL is flushed in order: any later durable record (a completion,
+    -- or the next claimer's cursor setval past these rows) makes this commit durable first.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    v_claim_slot := __S__.current_claim_slot();
+
+    -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql).
+    -- One statement for both questions: a claim's fixed cost is counted in statements.
+    SELECT q.paused, EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.queue = p_queue),
+           q.max_running, q.rate_limit, q.rate_period, q.running_mark_seq, q.key_path, q.key_max_running,
+           q.key_rate_limit, q.key_rate_period
+    INTO v_paused, v_any_parked, v_max_running, v_rate_limit, v_rate_period, v_mark_seq, v_key_path, v_key_max,
+         v_key_rate, v_key_rate_period
+    FROM __S__.queues q WHERE q.queue = p_queue;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+    -- Fleet-wide limits (control.sql set_queue_limits).
+    IF v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL OR v_key_path IS NOT NULL THEN
+        SELECT r.room, r.batch, r.decided_at, r.key_room, r.key_default_room
+        INTO p_max, v_batch, v_now, v_key_room, v_key_default_room
+        FROM __S__.claim_room(p_queue, p_max, v_clock_offset, v_max_running, v_rate_limit, v_rate_period,
+                              v_mark_seq, v_key_path, v_key_max, v_key_rate, v_key_rate_period) r;
+        IF p_max < 1 THEN
+            RETURN;
+        END IF;
+    END IF;
+    v_batch := coalesce(v_batch, nextval('__S__.claim_batch_ids'));
+    IF v_any_parked THEN
+        PERFORM __S__.unpark_queue(p_queue);
+    END IF;
+    -- The walk: shards in claim_lane_order, at most four passes (a pass ends early where the merge
+    -- across shards cuts a walk at a segment boundary).
+    LOOP
+        v_pass := v_pass + 1;
+        v_cut := false;
+        FOR v_lane IN SELECT o.lane_id, o.cursor_seq, o.next_head
+                      FROM __S__.claim_lane_order(p_queue, v_now, p_aging) o LOOP
+            EXIT WHEN v_n >= p_max;
+            -- Never wait for a shard: another claimer holds it for a few milliseconds, and the
+            -- other shards (or, with every shard busy, the dispatcher's short backoff) serve this
+            -- one. Holding shards while skipping others is deadlock-free because nothing waits.
+            PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            -- Parked after this claim looked? This statement starts after our lock, so its snapshot
+            -- sees a park that committed before it (the park held the lane until its commit). The
+            -- rows must be back before the walk, or it would step over them as a gap; unparking
+            -- does not move the cursor.
+            SELECT __S__.lane_cursor(v_lane.lane_id),
+                   EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id)
+            INTO v_cursor, v_parked;
+            IF v_parked THEN
+                PERFORM __S__.unpark_lane(v_lane.lane_id);
+            END IF;
+            IF v_cursor > coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0) THEN
+                PERFORM setval(v_lane.cursor_seq, v_cursor, true);
+            END IF;
+            v_new_cursor := v_cursor;
+            v_last_slot := NULL;
+            v_prev_seg := NULL;
+            v_walked := 0;
+            v_stopped := false;
+            v_limit := (p_max - v_n) + 64;
+
+            -- No gap check: a shard is written by one open transaction at a time (enqueue_segment),
+            -- so a segment missing below a visible one was rolled back or lost for good.
+            FOR v_row IN
+                SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                       e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                       EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                               WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
+                                 AND t.run_lease = e.run_lease) AS spent
+                FROM __S__.ready_entries e
+                WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                ORDER BY e.lane_pos
+                LIMIT v_limit
+            LOOP
+                v_walked := v_walked + 1;
+                -- a new segment (the first row too, unless it continues the cursor's segment)
+                IF (v_row.lane_pos >> 20) <> coalesce(v_prev_seg, v_cursor >> 20)
+                   AND v_row.run_at > v_lane.next_head THEN
+                    v_cut := true;
+                    v_stopped := true;
+                    EXIT;
+                END IF;
+                IF NOT v_row.spent AND v_n >= p_max THEN
+                    v_stopped := true;
+                    EXIT;
+                END IF;
+                v_prev_seg := v_row.lane_pos >> 20;
+                v_new_cursor := v_row.lane_pos;
+                v_last_slot := v_row.ready_slot;
+                CONTINUE WHEN v_row.spent;
+                IF v_key_path IS NOT NULL THEN
+                    v_key := v_row.args #>> v_key_path;
+                    IF v_key IS NOT NULL AND coalesce((v_key_room ->> v_key)::int, v_key_default_room) <= 0 THEN
+                        -- its key is at its limit: held out of the ring (the cursor passes over it)
+                        -- until a claim finds room for the key (migration 0012, release_held)
+                        INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease,
+                                                         max_attempts, run_at, created_at, timeout_ms, traceparent,
+                                                         held_key)
+                        VALUES (v_row.job_id, v_row.queue, v_row.kind, v_row.args, v_row.priority, v_row.attempt,
+                                v_row.run_lease + 1, v_row.max_attempts, '9999-01-01 00:00:00+00', v_row.created_at,
+                                v_row.timeout_ms, v_row.traceparent, v_key);
+                        CONTINUE;
+                    ELSIF v_key IS NOT NULL THEN
+                        v_key_room := jsonb_set(v_key_room, ARRAY[v_key],
+                                                to_jsonb(coalesce((v_key_room ->> v_key)::int, v_key_default_room) - 1));
+                        IF v_key_rate IS NOT NULL THEN
+                            v_key_claimed := jsonb_set(v_key_claimed, ARRAY[v_key],
+                                                       to_jsonb(coalesce((v_key_claimed ->> v_key)::int, 0) + 1));
+                        END IF;
+                    END IF;
+                END IF;
+
+                job_id := v_row.job_id;
+                run_lease := v_row.run_lease + 1;
+                claim_slot := v_claim_slot;
+                receipt_id := v_batch * 4096 + v_n;
+                kind := v_row.kind;
+                args := v_row.args;
+                attempt := v_row.attempt + 1;
+                max_attempts := v_row.max_attempts;
+                priority := v_row.priority;
+                created_at := v_row.created_at;
+                -- the text form, as before the row stored bytes (migration 0017): a process of the
+                -- previous build reads claims as text until it is replaced
+                traceparent := __S__.traceparent_text(v_row.traceparent);
+                v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
+                IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
+                    deadline_at := v_own_deadline;
+                    INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
+                                                    lane_id, attempt, max_attempts, claimed_at, deadline_at)
+                    VALUES (v_claim_slot, v_batch * 4096 + v_n, v_row.job_id, v_row.run_lease + 1, v_row.queue,
+                            v_row.ready_slot, v_lane.lane_id, v_row.attempt + 1, v_row.max_attempts, v_now,
+                            v_own_deadline);
+                ELSE
+                    deadline_at := v_batch_deadline;
+                    v_receipts := v_receipts + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
+                END IF;
+                RETURN NEXT;
+                -- the compact arrays stay positional (receipt ordinal = array index - 1) over both
+                -- shapes; the multirange, not the arrays, says which ordinals are compact members
+                v_job_ids := v_job_ids || v_row.job_id;
+                v_leases := v_leases || (v_row.run_lease + 1);
+                v_ready_slots := v_ready_slots || v_row.ready_slot;
+                v_lane_ids := v_lane_ids || v_lane.lane_id;
+                v_attempts := v_attempts || (v_row.attempt + 1);
+                v_max_attempts := v_max_attempts || v_row.max_attempts;
+                v_n := v_n + 1;
+            END LOOP;
+
+            -- Walked every visible row of the shard: if that ended its last segment, move the cursor
+            -- to the segment's end, so the shard reads as drained from its sequences alone and later
+            -- claims, producers and counts skip it without a probe.
+            IF NOT v_stopped AND v_walked < v_limit AND (v_new_cursor & 1048575) <> 1048575 THEN
+                SELECT g.ready_slot INTO v_seg_slot FROM __S__.ready_segments g
+                WHERE g.lane_id = v_lane.lane_id AND g.segment_no = v_new_cursor >> 20
+                  AND g.job_count = (v_new_cursor & 1048575) + 1;
+                IF FOUND THEN
+                    v_new_cursor := v_new_cursor | 1048575;
+                    v_last_slot := coalesce(v_last_slot, v_seg_slot);
+                END IF;
+            END IF;
+
+            IF v_new_cursor > v_cursor THEN
+                INSERT INTO __S__.ready_claim_attempt_batches (ready_slot, lane_id, lane_range, claim_slot, claim_batch_id,
+                                                               attempted_at)
+                VALUES (v_last_slot, v_lane.lane_id, int8range(v_cursor + 1, v_new_cursor + 1), v_claim_slot, v_batch,
+                        v_now);
+            END IF;
+        END LOOP;
+        EXIT WHEN v_n >= p_max OR NOT v_cut OR v_pass >= 4;
+    END LOOP;
+
+    IF v_n > 0 THEN
+        PERFORM __S__.record_claim_batch(p_queue, v_claim_slot, v_batch, v_now, v_batch_deadline,
+                                         v_rate_limit IS NOT NULL, v_n, v_key_claimed, v_job_ids, v_leases,
+                                         v_ready_slots, v_lane_ids, v_attempts, v_max_attempts, v_receipts);
+    END IF;
+END
+$$;

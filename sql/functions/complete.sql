@@ -1,0 +1,235 @@
+-- Completion plane (seed ADR-023): the open-claim evidence of an attempt, and batched completion,
+-- close and heartbeats, each guarded by (job_id, run_lease) and the attempt's claim slot and receipt.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+-- ---------------------------------------------------------------------------------------------
+-- Open-claim evidence by shape. Compact: a batch item with no covering closure batch. Row-local:
+-- a lease_claims row with no lease_claim_closures row. Both lookups name the claim slot.
+-- ---------------------------------------------------------------------------------------------
+-- The attempts of a batch (a completion, close or heartbeat batch) that are still open, with their
+-- evidence's shape and where their job lives. A compact claim batch is looked up once, however many of its attempts the input
+-- names: its row, and the closure batches that overlap it (one GiST probe), give its still-open
+-- receipts, and each attempt is checked against them in memory. A completion batch of 27 attempts
+-- from 3 claim batches costs 3 probes of each kind instead of 27 (and 27 of the row-local kind).
+-- Only attempts that are not compact members of their claim batch probe the row-local evidence.
+-- The LATERAL subqueries end in LIMIT/OFFSET so that they stay parameterized index probes under
+-- the callers' generic plans (a hash join would read every claim batch of the ring).
+CREATE OR REPLACE FUNCTION __S__.open_attempts(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                               p_run_leases bigint[])
+RETURNS TABLE (claim_slot int, receipt_id bigint, job_id bigint, run_lease bigint, shape text, ready_slot int,
+               attempt int, max_attempts int, queue text)
+LANGUAGE sql STABLE AS $$
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases)
+               AS i(claim_slot, receipt_id, job_id, run_lease)
+    ), batches AS MATERIALIZED (
+        SELECT k.claim_slot, k.batch_id, b.job_ids, b.run_leases, b.ready_slots, b.attempts, b.max_attempts,
+               b.queue, b.receipt_ranges,
+               b.receipt_ranges - coalesce(x.closed, '{}'::int8multirange) AS open_receipts
+        FROM (SELECT DISTINCT i.claim_slot, i.receipt_id / 4096 AS batch_id FROM input i) k
+        CROSS JOIN LATERAL (
+            SELECT b.* FROM __S__.lease_claim_batches b
+            WHERE b.claim_slot = k.claim_slot AND b.batch_id = k.batch_id
+            LIMIT 1
+        ) b
+        CROSS JOIN LATERAL (
+            SELECT range_agg(c.receipt_ranges) AS closed
+            FROM __S__.lease_claim_closure_batches c
+            WHERE c.claim_slot = k.claim_slot AND c.receipt_ranges && b.receipt_ranges
+        ) x
+    )
+    SELECT i.claim_slot, i.receipt_id, i.job_id, i.run_lease, 'compact', b.ready_slots[o.i], b.attempts[o.i],
+           b.max_attempts[o.i], b.queue
+    FROM input i
+    JOIN batches b ON b.claim_slot = i.claim_slot AND b.batch_id = i.receipt_id / 4096
+    CROSS JOIN LATERAL (SELECT (i.receipt_id - b.batch_id * 4096 + 1)::int AS i) o
+    WHERE b.job_ids[o.i] = i.job_id AND b.run_leases[o.i] = i.run_lease AND b.open_receipts @> i.receipt_id
+    UNION ALL
+    SELECT i.claim_slot, i.receipt_id, i.job_id, i.run_lease, 'row', l.ready_slot, l.attempt, l.max_attempts, l.queue
+    FROM input i
+    CROSS JOIN LATERAL (
+        SELECT l.* FROM __S__.lease_claims l
+        WHERE l.claim_slot = i.claim_slot AND l.receipt_id = i.receipt_id
+          AND l.job_id = i.job_id AND l.run_lease = i.run_lease
+          AND NOT EXISTS (SELECT 1 FROM __S__.lease_claim_closures c
+                          WHERE c.claim_slot = i.claim_slot AND c.receipt_id = i.receipt_id)
+        OFFSET 0
+    ) l
+    WHERE NOT EXISTS (SELECT 1 FROM batches b
+                      WHERE b.claim_slot = i.claim_slot AND b.batch_id = i.receipt_id / 4096
+                        AND b.receipt_ranges @> i.receipt_id)
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.complete_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                     p_run_leases bigint[])
+RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases)
+               AS i(claim_slot, receipt_id, job_id, run_lease)
+    ), open AS MATERIALIZED (
+        -- DISTINCT: an attempt listed twice must be closed (and counted) once
+        SELECT DISTINCT ON (o.claim_slot, o.receipt_id) o.claim_slot, o.receipt_id, o.job_id, o.run_lease,
+               o.shape, o.ready_slot, o.queue
+        FROM __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases) o
+    ), closure AS (
+        INSERT INTO __S__.lease_claim_closure_batches (claim_slot, batch_id, receipt_ranges, closed_count, outcome)
+        SELECT o.claim_slot, nextval('__S__.evidence_batch_ids'), range_agg(int8range(o.receipt_id, o.receipt_id + 1)),
+               count(*), 'completed'
+        FROM open o WHERE o.shape = 'compact' GROUP BY o.claim_slot ORDER BY o.claim_slot
+        RETURNING 1
+    ), row_closure AS (
+        INSERT INTO __S__.lease_claim_closures (claim_slot, receipt_id, job_id, run_lease, outcome)
+        SELECT o.claim_slot, o.receipt_id, o.job_id, o.run_lease, 'completed'
+        FROM open o WHERE o.shape = 'row' ORDER BY o.claim_slot, o.job_id, o.run_lease
+        RETURNING 1
+    ), history AS (
+        INSERT INTO __S__.receipt_completion_batches (ready_slot, batch_id, job_ids, run_leases, completed_count, queue)
+        SELECT o.ready_slot, nextval('__S__.evidence_batch_ids'), array_agg(o.job_id), array_agg(o.run_lease),
+               count(*), o.queue
+        FROM open o GROUP BY o.ready_slot, o.queue
+        RETURNING 1
+    ), heartbeat AS (
+        -- the job is done: its heartbeat row and the progress its earlier attempts left go with it
+        DELETE FROM __S__.attempt_state a USING open o
+        WHERE a.job_id = o.job_id
+        RETURNING 1
+    )
+    SELECT i.job_id, i.run_lease,
+           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot
+                          AND o.job_id = i.job_id AND o.run_lease = i.run_lease)
+    FROM input i;
+END
+$$;
+
+-- Outcomes now also: 'snoozed' (back to deferred_jobs at p_retry_at without using an attempt), and
+-- terminal failures of a dead-letter queue go to dlq_entries instead of done_entries.
+CREATE OR REPLACE FUNCTION __S__.close_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                  p_run_leases bigint[], p_outcomes text[], p_retry_at timestamptz[],
+                                  p_errors text[])
+RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_max_error bigint := __S__.setting('max_error_chars');
+BEGIN
+    PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    RETURN QUERY
+    WITH input AS (
+        SELECT i.claim_slot, i.receipt_id, i.job_id, i.run_lease, i.outcome, i.retry_at,
+               __S__.bounded_text(i.error, v_max_error) AS error
+        FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, p_outcomes, p_retry_at, p_errors)
+             AS i(claim_slot, receipt_id, job_id, run_lease, outcome, retry_at, error)
+    ), open AS MATERIALIZED (
+        -- DISTINCT: an attempt listed twice must be closed (and counted) once
+        SELECT DISTINCT ON (i.claim_slot, i.receipt_id) i.*, o.shape, o.ready_slot, o.attempt, e.queue, e.kind, e.args, e.priority, e.max_attempts,
+               e.created_at, e.timeout_ms, e.traceparent,
+               CASE WHEN i.outcome = 'cancelled' THEN 'cancelled'
+                    WHEN i.outcome = 'snoozed' THEN 'snoozed'
+                    WHEN i.outcome <> 'failed' AND i.retry_at IS NOT NULL THEN 'retry'
+                    WHEN q.dlq_enabled THEN 'dlq'
+                    ELSE 'failed' END AS route
+        FROM input i
+        JOIN __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases) o
+          ON o.claim_slot = i.claim_slot AND o.receipt_id = i.receipt_id AND o.job_id = i.job_id
+         AND o.run_lease = i.run_lease
+        JOIN __S__.ready_entries e
+          ON e.ready_slot = o.ready_slot AND e.job_id = i.job_id AND e.run_lease = i.run_lease - 1
+        JOIN __S__.queues q ON q.queue = e.queue
+    ), closure AS (
+        INSERT INTO __S__.lease_claim_closure_batches (claim_slot, batch_id, receipt_ranges, closed_count, outcome)
+        SELECT g.claim_slot, nextval('__S__.evidence_batch_ids'), g.ranges, g.n, g.outcome
+        FROM (SELECT o.claim_slot, o.outcome, range_agg(int8range(o.receipt_id, o.receipt_id + 1)) AS ranges,
+                     count(*) AS n, min(o.job_id) AS first_job
+              FROM open o WHERE o.shape = 'compact' GROUP BY o.claim_slot, o.outcome) g
+        ORDER BY g.claim_slot, g.first_job
+        RETURNING 1
+    ), row_closure AS (
+        INSERT INTO __S__.lease_claim_closures (claim_slot, receipt_id, job_id, run_lease, outcome)
+        SELECT o.claim_slot, o.receipt_id, o.job_id, o.run_lease, o.outcome
+        FROM open o WHERE o.shape = 'row' ORDER BY o.claim_slot, o.job_id, o.run_lease
+        RETURNING 1
+    ), retried AS (
+        INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
+                                         run_at, created_at, last_error, timeout_ms, traceparent)
+        -- a snooze does not use an attempt: the next claim counts this attempt again
+        SELECT o.job_id, o.queue, o.kind, o.args, o.priority,
+               CASE WHEN o.route = 'snoozed' THEN o.attempt - 1 ELSE o.attempt END, o.run_lease, o.max_attempts,
+               o.retry_at, o.created_at, o.error, o.timeout_ms, o.traceparent
+        FROM open o WHERE o.route IN ('retry', 'snoozed')
+        RETURNING 1
+    ), dead_lettered AS (
+        INSERT INTO __S__.dlq_entries (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
+                                       error, created_at, timeout_ms, traceparent)
+        SELECT o.job_id, o.queue, o.kind, o.args, o.priority, o.attempt, o.run_lease, o.max_attempts,
+               o.error, o.created_at, o.timeout_ms, o.traceparent
+        FROM open o WHERE o.route = 'dlq'
+        RETURNING 1
+    ), finished AS (
+        INSERT INTO __S__.done_entries (ready_slot, job_id, run_lease, queue, kind, args, priority, attempt,
+                                        max_attempts, state, error, created_at)
+        SELECT o.ready_slot, o.job_id, o.run_lease, o.queue, o.kind, o.args, o.priority, o.attempt,
+               o.max_attempts, o.route, o.error, o.created_at
+        FROM open o WHERE o.route IN ('failed', 'cancelled')
+        RETURNING 1
+    ), heartbeat AS (
+        -- A job that runs again (retry, snooze, rescue) keeps the last progress an attempt recorded,
+        -- for the next attempt to resume from; a job that ends takes all of its rows with it. So the
+        -- table holds at most one kept row per pending job plus one per running long attempt.
+        DELETE FROM __S__.attempt_state a USING open o
+        WHERE a.job_id = o.job_id
+          AND (o.route NOT IN ('retry', 'snoozed')
+               OR (a.run_lease = o.run_lease AND a.progress IS NULL AND a.callback IS NULL))
+        RETURNING 1
+    )
+    SELECT i.job_id, i.run_lease,
+           EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot
+                          AND o.job_id = i.job_id AND o.run_lease = i.run_lease)
+    FROM input i;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Heartbeats (long jobs only): upsert attempt_state while the attempt is open, under the same
+-- per-attempt lock as completion and rescue, so a heartbeat never recreates a closed attempt's row.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.heartbeat_batch(p_claim_slots int[], p_receipt_ids bigint[], p_job_ids bigint[],
+                                      p_run_leases bigint[], p_progress jsonb[])
+RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, p_progress)
+               AS i(claim_slot, receipt_id, job_id, run_lease, progress)
+    ), open AS MATERIALIZED (
+        SELECT DISTINCT ON (i.job_id, i.run_lease) i.* FROM input i
+        JOIN __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases) o
+          ON o.claim_slot = i.claim_slot AND o.receipt_id = i.receipt_id AND o.job_id = i.job_id
+         AND o.run_lease = i.run_lease
+    ), upsert AS (
+        INSERT INTO __S__.attempt_state AS a (job_id, run_lease, heartbeat_at, progress)
+        SELECT o.job_id, o.run_lease, __S__.engine_now(), o.progress FROM open o
+        ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE
+            SET heartbeat_at = excluded.heartbeat_at, progress = coalesce(excluded.progress, a.progress)
+        RETURNING 1
+    ), superseded AS (
+        -- new progress replaces what an earlier attempt of the job left
+        DELETE FROM __S__.attempt_state a USING open o
+        WHERE o.progress IS NOT NULL AND a.job_id = o.job_id AND a.run_lease < o.run_lease
+          -- a resume's payload stays for every later attempt (callbacks.sql, callback_payload)
+          AND a.callback IS NULL
+        RETURNING 1
+    )
+    SELECT i.job_id, i.run_lease,
+           EXISTS (SELECT 1 FROM open o WHERE o.job_id = i.job_id AND o.run_lease = i.run_lease
+                                            AND o.claim_slot = i.claim_slot AND o.receipt_id = i.receipt_id)
+    FROM input i;
+END
+$$;

@@ -50,6 +50,8 @@ pub struct CheckOptions {
 /// One round: the ceiling, ringwork, the ceiling again.
 struct Round {
     rate: f64,
+    /// None when the server is not on this host.
+    server_cpu_ms_per_1k_jobs: Option<f64>,
     ceiling_before: f64,
     ceiling_after: f64,
     server: String,
@@ -108,16 +110,18 @@ async fn measure_round(
             run_result.lost
         )));
     }
-    let rate = run_result
+    let phase = run_result
         .phases
         .iter()
         .find(|p| p.name == "saturation")
-        .map(|p| p.completed_per_s.median)
         .ok_or_else(|| Error::Config("the round has no saturation phase".into()))?;
+    let rate = phase.completed_per_s.median;
+    let server_cpu_ms_per_1k_jobs = phase.server_cpu_ms_per_1k_jobs;
     checkpoint(url).await?;
     let ceiling_after = ceiling(url, ceiling_secs)?;
     Ok(Round {
         rate,
+        server_cpu_ms_per_1k_jobs,
         ceiling_before,
         ceiling_after,
         server: run_result.server.clone(),
@@ -219,8 +223,14 @@ pub async fn check(options: CheckOptions) -> Result<()> {
     for round in 1..=rounds {
         let r = measure_round(&url, &profile, phase_secs, ceiling_secs).await?;
         println!(
-            "\nround {round}/{rounds}: ringwork {profile} saturation {:.0} jobs/s; ceiling {:.0} before, {:.0} after",
-            r.rate, r.ceiling_before, r.ceiling_after
+            "\nround {round}/{rounds}: ringwork {profile} saturation {:.0} jobs/s ({}); ceiling {:.0} before, {:.0} after",
+            r.rate,
+            r.server_cpu_ms_per_1k_jobs.map_or_else(
+                || "PostgreSQL CPU not readable: the server is not on this host".into(),
+                |ms| format!("PostgreSQL CPU {ms:.1} ms per 1,000 jobs")
+            ),
+            r.ceiling_before,
+            r.ceiling_after
         );
         rate = rate.max(r.rate);
         ceiling_rate = ceiling_rate.max(r.ceiling_before).max(r.ceiling_after);

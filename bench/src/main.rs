@@ -15,6 +15,7 @@
 
 mod check;
 mod counts;
+mod cpu;
 mod disturbances;
 mod processes;
 mod report;

@@ -37,6 +37,18 @@ pub struct PhaseResult {
     pub pickup_ms_p99: f64,
     pub wal_bytes_per_job: f64,
     pub commits_per_job: f64,
+    /// CPU ms the PostgreSQL server spent per 1,000 completed jobs (its backends and background
+    /// processes, read from /proc), and the cores that is; None when the server is not on this host.
+    #[serde(default)]
+    pub server_cpu_ms_per_1k_jobs: Option<f64>,
+    #[serde(default)]
+    pub server_cores: Option<f64>,
+    /// CPU ms the worker and producer processes spent per 1,000 completed jobs.
+    #[serde(default)]
+    pub client_cpu_ms_per_1k_jobs: Option<f64>,
+    /// The host's busy share over the phase, all processes, percent of all cores.
+    #[serde(default)]
+    pub host_busy_pct: Option<f64>,
     /// Highest dead-tuple count of any ring table seen in any sample (ringwork only).
     pub ring_dead_peak: Option<i64>,
     /// Dead tuples of the whole schema at the end of the phase, and the peak over its samples.
@@ -195,13 +207,13 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
     }
     out.push('\n');
     out.push_str(
-        "| system | profile | scenario | phase | completed/s median (peak) | enqueued/s median | depth median | pickup p50 / p95 / p99 ms | WAL B/job | commits/job | ring dead peak | schema dead end (peak) | rotations / prunes | recovery s |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | profile | scenario | phase | completed/s median (peak) | enqueued/s median | depth median | pickup p50 / p95 / p99 ms | WAL B/job | commits/job | PostgreSQL CPU ms / 1k jobs (cores) | client CPU ms / 1k jobs | host busy % | ring dead peak | schema dead end (peak) | rotations / prunes | recovery s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         for p in &r.phases {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {:.0} ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {:.0} | {:.3} | {} | {} ({}) | {} / {} | {} |\n",
+                "| {} | {} | {} | {} | {:.0} ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {:.0} | {:.3} | {} | {} | {} | {} | {} ({}) | {} / {} | {} |\n",
                 r.system,
                 r.profile,
                 r.scenario,
@@ -215,6 +227,14 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
                 p.pickup_ms_p99,
                 p.wal_bytes_per_job,
                 p.commits_per_job,
+                match (p.server_cpu_ms_per_1k_jobs, p.server_cores) {
+                    (Some(ms), Some(cores)) => format!("{ms:.0} ({cores:.2})"),
+                    _ => "–".into(),
+                },
+                p.client_cpu_ms_per_1k_jobs
+                    .map_or_else(|| "–".into(), |ms| format!("{ms:.0}")),
+                p.host_busy_pct
+                    .map_or_else(|| "–".into(), |pct| format!("{pct:.0}")),
                 fmt_opt(p.ring_dead_peak),
                 p.schema_dead_end,
                 p.schema_dead_peak,

@@ -10,6 +10,7 @@ use ringwork::schema::churn_class;
 use ringwork::Result;
 use ringwork::Storage;
 
+use crate::cpu;
 use crate::processes::Processes;
 use crate::report::{PhaseResult, RingPoint, Spread, TableStat};
 use crate::scenario::System;
@@ -25,6 +26,12 @@ pub(crate) struct Sample {
     pub(crate) tables: BTreeMap<String, TableStat>,
     pub(crate) rotations: i64,
     pub(crate) sealed: i64,
+    /// The server's postmaster and its CPU ms so far, when the server runs on this host.
+    pub(crate) server_cpu: Option<(u32, f64)>,
+    /// CPU ms the worker and producer processes have used so far.
+    pub(crate) client_cpu_ms: Option<f64>,
+    /// The host's (busy, total) clock ticks.
+    pub(crate) host_ticks: Option<(u64, u64)>,
 }
 
 pub(crate) async fn sample(
@@ -33,12 +40,24 @@ pub(crate) async fn sample(
     storage: Option<&Storage>,
     started: Instant,
 ) -> Result<Sample> {
-    let (wal_lsn, commits): (i64, i64) = sqlx::query_as(
+    let (wal_lsn, commits, backend): (i64, i64, i32) = sqlx::query_as(
         "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8,
-                (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())",
+                (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                pg_backend_pid()",
     )
     .fetch_one(admin)
     .await?;
+    let server_cpu = u32::try_from(backend)
+        .ok()
+        .and_then(cpu::postmaster_of)
+        .and_then(|postmaster| Some((postmaster, cpu::server_ms(postmaster)?)));
+    let client_cpu_ms = cpu::processes_ms(
+        processes
+            .workers
+            .iter()
+            .chain(processes.producer.as_ref())
+            .filter_map(|child| child.id()),
+    );
     let schema = processes.system.schema().to_string();
     let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
         "SELECT relname::text, n_live_tup, n_dead_tup, pg_total_relation_size(relid)
@@ -87,6 +106,9 @@ pub(crate) async fn sample(
         tables,
         rotations,
         sealed,
+        server_cpu,
+        client_cpu_ms,
+        host_ticks: cpu::host_ticks(),
     })
 }
 
@@ -144,6 +166,24 @@ pub(crate) fn summarise(
             .unwrap_or(0)
     };
     let rotations = last.rotations - first.rotations;
+    let seconds = last.at - first.at;
+    // per 1,000 completed jobs; the server's only while one postmaster ran the whole phase (a
+    // restart resets its counters)
+    let per_1k_jobs = |ms: f64| (completed > 0).then(|| ms * 1000.0 / completed as f64);
+    let server_cpu_ms = match (first.server_cpu, last.server_cpu) {
+        (Some((a, from)), Some((b, to))) if a == b => Some(to - from),
+        _ => None,
+    };
+    let client_cpu_ms = match (first.client_cpu_ms, last.client_cpu_ms) {
+        (Some(from), Some(to)) if to >= from => Some(to - from),
+        _ => None,
+    };
+    let host_busy_pct = match (first.host_ticks, last.host_ticks) {
+        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+            Some((b1 - b0) as f64 * 100.0 / (t1 - t0) as f64)
+        }
+        _ => None,
+    };
     PhaseResult {
         name: name.to_string(),
         seconds: last.at - first.at,
@@ -162,6 +202,12 @@ pub(crate) fn summarise(
         pickup_ms_p99: percentile(&pickups, 0.99),
         wal_bytes_per_job: per_job(last.wal_lsn - first.wal_lsn),
         commits_per_job: per_job(last.commits - first.commits),
+        server_cpu_ms_per_1k_jobs: server_cpu_ms.and_then(per_1k_jobs),
+        server_cores: server_cpu_ms
+            .filter(|_| seconds > 0.0)
+            .map(|ms| ms / 1000.0 / seconds),
+        client_cpu_ms_per_1k_jobs: client_cpu_ms.and_then(per_1k_jobs),
+        host_busy_pct,
         ring_dead_peak: ringwork.then(|| samples.iter().map(ring_dead).max().unwrap_or(0)),
         schema_dead_end: schema_dead(&last),
         schema_dead_peak: samples.iter().map(schema_dead).max().unwrap_or(0),

@@ -261,3 +261,33 @@ async fn the_shard_order_is_inlined_into_the_claim() {
     drop(conn);
     db.cleanup().await;
 }
+
+/// Functions the hot paths call once or more per statement whose SQL body the planner cannot
+/// inline (a subquery, several statements): as LANGUAGE sql they were parsed and planned at every
+/// call (clock_offset cost a claim about 60 us that way), so they are PL/pgSQL, which keeps its
+/// plans for the session.
+#[tokio::test]
+async fn per_call_helpers_keep_their_plans_for_the_session() {
+    let db = TestDb::new().await;
+    for name in [
+        "clock_offset",
+        "setting",
+        "lane_cursor",
+        "current_claim_slot",
+        "queue_has_backlog",
+        "count_running_from",
+        "claimed_since",
+    ] {
+        let language: String = sqlx::query_scalar(
+            "SELECT l.lanname::text FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang \
+             WHERE p.pronamespace = $1::regnamespace AND p.proname = $2",
+        )
+        .bind(db.schema.as_str())
+        .bind(name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(language, "plpgsql", "{name}");
+    }
+    db.cleanup().await;
+}

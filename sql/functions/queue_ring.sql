@@ -297,10 +297,14 @@ $$;
 -- The schema's limits on what a job carries: its arguments' JSON text in bytes (default 1 MiB) and
 -- a recorded error or cancel reason in characters (default 16,384; longer text is cut with a
 -- marker, since a failing job must never be refused its failure). Set with set_setting.
+-- PL/pgSQL for the reason clock_offset is (clock.sql): a SQL body with a subquery is planned at
+-- every call; close_batch and every insert read it.
 CREATE OR REPLACE FUNCTION __S__.setting(p_name text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT s.value FROM __S__.settings s WHERE s.name = p_name),
-                    CASE p_name WHEN 'max_args_bytes' THEN 1048576 WHEN 'max_error_chars' THEN 16384 END)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT s.value FROM __S__.settings s WHERE s.name = p_name),
+                    CASE p_name WHEN 'max_args_bytes' THEN 1048576 WHEN 'max_error_chars' THEN 16384 END);
+END
 $$;
 
 -- A recorded error or reason no longer than the schema's max_error_chars.

@@ -84,7 +84,8 @@ impl Default for QueueConfig {
             claim_batch: 128,
             poll_interval: Duration::from_millis(250),
             claim_linger: Duration::from_millis(2),
-            claim_ahead: 96,
+            // with 32 workers: hold 256, so claims under a backlog take a whole claim_batch
+            claim_ahead: 224,
             deadline: None,
             priority_aging: Some(Duration::from_secs(60)),
             dead_letter: false,

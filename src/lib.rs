@@ -45,6 +45,8 @@ pub mod periodic;
 pub mod roles;
 mod runtime;
 pub mod schema;
+// Some statements exist for the engine's own tests and benchmark lab (feature `testing`) only.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 mod storage;
 pub mod telemetry;
 #[cfg(feature = "testing")]

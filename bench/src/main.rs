@@ -22,6 +22,7 @@ mod report;
 mod runner;
 mod sampler;
 mod scenario;
+mod statements;
 mod worker;
 
 use std::time::Duration;

@@ -65,6 +65,10 @@ pub struct PhaseResult {
     /// ringwork only: the ring over the phase, one point per sample.
     #[serde(default)]
     pub ring_over_time: Vec<RingPoint>,
+    /// The statements that took the most execution time in the phase (`pg_stat_statements`, when
+    /// the server has it loaded).
+    #[serde(default)]
+    pub top_statements: Vec<crate::statements::StatementCost>,
     /// paused-queue phase: what became of the paused queue's jobs.
     #[serde(default)]
     pub paused_queue: Option<PausedQueueResult>,
@@ -259,6 +263,24 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
             r.lost,
             r.extra_completions
         ));
+    }
+    for r in results {
+        for p in r.phases.iter().filter(|p| !p.top_statements.is_empty()) {
+            out.push_str(&format!(
+                "\n### Statements by execution time: {} {} {}, phase {}\n\n| top level | calls | ms | ms per 1,000 jobs | statement |\n|---|---|---|---|---|\n",
+                r.system, r.profile, r.scenario, p.name
+            ));
+            for s in &p.top_statements {
+                out.push_str(&format!(
+                    "| {} | {} | {:.0} | {:.1} | `{}` |\n",
+                    if s.toplevel { "yes" } else { "no" },
+                    s.calls,
+                    s.total_ms,
+                    s.ms_per_1k_jobs,
+                    s.query.replace('|', "\\|").replace('`', "'")
+                ));
+            }
+        }
     }
     for r in results
         .iter()

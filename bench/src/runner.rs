@@ -128,7 +128,13 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
         None => {
             eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster…");
             let autovacuum = if config.autovacuum { "on" } else { "off" };
-            let pg = EmbeddedPostgres::start_with(&[("autovacuum", autovacuum)])
+            let mut settings = vec![("autovacuum", autovacuum)];
+            // what each statement costs per phase (its own CPU is part of what the phase measures)
+            if crate::statements::library_installed() {
+                settings.push(("shared_preload_libraries", "pg_stat_statements"));
+                settings.push(("pg_stat_statements.track", "all"));
+            }
+            let pg = EmbeddedPostgres::start_with(&settings)
                 .map_err(|e| Error::Config(e.to_string()))?;
             Server {
                 url: pg.url(),
@@ -448,6 +454,7 @@ pub(crate) async fn run_phase(
         },
         _ => {}
     }
+    let statements = crate::statements::reset(admin).await;
     let phase_start = Instant::now();
     let disturb_at = Duration::from_secs(3).min(phase.duration / 4);
     let mut disturbed = false;
@@ -555,6 +562,9 @@ pub(crate) async fn run_phase(
         .map(|mut s| std::mem::take(&mut *s))
         .unwrap_or_default();
     let mut result = summarise(phase.name, &samples, pickups, recovery_s, ringwork);
+    if statements {
+        result.top_statements = crate::statements::top(admin, result.completed, 15).await;
+    }
     if let (Some(trickle), Some(storage)) = (trickle, storage) {
         // stop_holders was set above; the trickle has stopped enqueuing
         let trickled = trickle

@@ -222,6 +222,7 @@ pub(crate) fn summarise(
         } else {
             Vec::new()
         },
+        top_statements: Vec::new(),
         paused_queue: None,
     }
 }

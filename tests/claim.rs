@@ -179,3 +179,65 @@ async fn a_claim_does_not_wait_for_shards_held_by_an_open_transaction() {
     assert_eq!(storage.claim("default", 10, None).await.unwrap().len(), 1);
     db.cleanup().await;
 }
+
+/// The claims of `queue`, up to `max`, straight from SQL: (job ids, `more` of the rows).
+async fn claim_with_more(db: &TestDb, queue: &str, max: i32) -> (Vec<i64>, Vec<Option<bool>>) {
+    let rows: Vec<(i64, Option<bool>)> = sqlx::query_as(&format!(
+        "SELECT job_id, more FROM {}.claim($1, $2, NULL, NULL)",
+        db.schema
+    ))
+    .bind(queue)
+    .bind(max)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    rows.into_iter().unzip()
+}
+
+/// A claim that takes fewer jobs than asked says whether it may have left work behind: not when it
+/// saw every visible job (the dispatcher then waits for a NOTIFY instead of claiming again for
+/// nothing), but when it skipped a shard another claimer held (the other transaction here, which
+/// holds the priority-1 lane as a claimer would) or when the queue is limited.
+#[tokio::test]
+async fn a_short_claim_says_whether_it_left_work_behind() {
+    let db = TestDb::new().await;
+    enqueue(&db, vec![job(1), job(2), job(3)]).await;
+    let (ids, more) = claim_with_more(&db, "default", 10).await;
+    assert_eq!(ids.len(), 3);
+    assert!(more.iter().all(|m| *m == Some(false)), "{more:?}");
+
+    enqueue(&db, vec![job(4).priority(1), job(5).priority(2)]).await;
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {}.queue_lanes WHERE queue = 'default' AND priority = 1 FOR UPDATE",
+        db.schema
+    ))
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let (ids, more) = claim_with_more(&db, "default", 10).await;
+    assert_eq!(ids.len(), 1, "the priority-2 job, beside the held lane");
+    assert_eq!(more, [Some(true)]);
+    holder.rollback().await.unwrap();
+    let (ids, more) = claim_with_more(&db, "default", 10).await;
+    assert_eq!(ids.len(), 1, "the priority-1 job, once its lane is free");
+    assert_eq!(more, [Some(false)]);
+
+    // a limited queue always says so: its limits may have cut the claim
+    db.storage()
+        .set_queue_limits(
+            "default",
+            ringwork::QueueLimits {
+                max_running: Some(100),
+                rate: None,
+                per_key: None,
+            },
+        )
+        .await
+        .unwrap();
+    enqueue(&db, vec![job(6)]).await;
+    let (ids, more) = claim_with_more(&db, "default", 10).await;
+    assert_eq!(ids.len(), 1);
+    assert_eq!(more, [Some(true)]);
+    db.cleanup().await;
+}

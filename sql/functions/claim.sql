@@ -324,7 +324,7 @@ CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline inter
                             p_aging interval DEFAULT NULL)
 RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
                attempt int, max_attempts int, priority smallint, created_at timestamptz,
-               deadline_at timestamptz, traceparent text)
+               deadline_at timestamptz, traceparent text, more boolean)
 -- jit off: a claim's statements are short, and a generic plan's estimate (a key limit's walk of
 -- open claims estimates thousands of rows) can pass jit_above_cost: compiling would take over a
 -- second per claim on a server with the default jit = on, for a walk that runs in milliseconds
@@ -372,6 +372,17 @@ DECLARE
     v_key_room jsonb := '{}';
     v_key_claimed jsonb := '{}';
     v_key text;
+    -- the rows to return, positional like the evidence arrays (returned at the end, when more is known)
+    v_kinds text[] := '{}';
+    v_args jsonb[] := '{}';
+    v_priorities smallint[] := '{}';
+    v_created timestamptz[] := '{}';
+    v_deadlines timestamptz[] := '{}';
+    v_traceparents text[] := '{}';
+    -- whether the claim may have left claimable work behind: a shard it skipped as locked by
+    -- another claimer, a walk cut short by its row limit or a segment cut it did not follow, or a
+    -- limit (held jobs, a room the limits cut). A short claim without it saw every visible job.
+    v_more boolean := false;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -404,6 +415,7 @@ BEGIN
         IF p_max < 1 THEN
             RETURN;
         END IF;
+        v_more := true;
     END IF;
     v_batch := coalesce(v_batch, nextval('__S__.claim_batch_ids'));
     IF v_any_parked THEN
@@ -421,7 +433,10 @@ BEGIN
             -- other shards (or, with every shard busy, the dispatcher's short backoff) serve this
             -- one. Holding shards while skipping others is deadlock-free because nothing waits.
             PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND;
+            IF NOT FOUND THEN
+                v_more := true;
+                CONTINUE;
+            END IF;
             -- Parked after this claim looked? This statement starts after our lock, so its snapshot
             -- sees a park that committed before it (the park held the lane until its commit). The
             -- rows must be back before the walk, or it would step over them as a gap; unparking
@@ -447,6 +462,9 @@ BEGIN
             FOR v_row IN
                 SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
                        e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                       -- the text form, as before the row stored bytes (migration 0017): a process
+                       -- of the previous build reads claims as text until it is replaced
+                       __S__.traceparent_text(e.traceparent) AS traceparent_text,
                        EXISTS (SELECT 1 FROM __S__.ready_tombstones t
                                WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
                                  AND t.run_lease = e.run_lease) AS spent
@@ -493,34 +511,25 @@ BEGIN
                     END IF;
                 END IF;
 
-                job_id := v_row.job_id;
-                run_lease := v_row.run_lease + 1;
-                claim_slot := v_claim_slot;
-                receipt_id := v_batch * 4096 + v_n;
-                kind := v_row.kind;
-                args := v_row.args;
-                attempt := v_row.attempt + 1;
-                max_attempts := v_row.max_attempts;
-                priority := v_row.priority;
-                created_at := v_row.created_at;
-                -- the text form, as before the row stored bytes (migration 0017): a process of the
-                -- previous build reads claims as text until it is replaced
-                traceparent := __S__.traceparent_text(v_row.traceparent);
                 v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
                 IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
-                    deadline_at := v_own_deadline;
+                    v_deadlines := v_deadlines || v_own_deadline;
                     INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
                                                     lane_id, attempt, max_attempts, claimed_at, deadline_at)
                     VALUES (v_claim_slot, v_batch * 4096 + v_n, v_row.job_id, v_row.run_lease + 1, v_row.queue,
                             v_row.ready_slot, v_lane.lane_id, v_row.attempt + 1, v_row.max_attempts, v_now,
                             v_own_deadline);
                 ELSE
-                    deadline_at := v_batch_deadline;
+                    v_deadlines := v_deadlines || v_batch_deadline;
                     v_receipts := v_receipts + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
                 END IF;
-                RETURN NEXT;
-                -- the compact arrays stay positional (receipt ordinal = array index - 1) over both
-                -- shapes; the multirange, not the arrays, says which ordinals are compact members
+                -- the arrays stay positional (receipt ordinal = array index - 1) over both shapes;
+                -- the multirange, not the arrays, says which ordinals are compact members
+                v_kinds := v_kinds || v_row.kind;
+                v_args := v_args || v_row.args;
+                v_priorities := v_priorities || v_row.priority;
+                v_created := v_created || v_row.created_at;
+                v_traceparents := v_traceparents || v_row.traceparent_text;
                 v_job_ids := v_job_ids || v_row.job_id;
                 v_leases := v_leases || (v_row.run_lease + 1);
                 v_ready_slots := v_ready_slots || v_row.ready_slot;
@@ -529,6 +538,10 @@ BEGIN
                 v_max_attempts := v_max_attempts || v_row.max_attempts;
                 v_n := v_n + 1;
             END LOOP;
+            -- stopped by its row limit (spent rows between unclaimed ones): the shard has more
+            IF NOT v_stopped AND v_walked >= v_limit THEN
+                v_more := true;
+            END IF;
 
             -- Walked every visible row of the shard: if that ended its last segment, move the cursor
             -- to the segment's end, so the shard reads as drained from its sequences alone and later
@@ -552,11 +565,20 @@ BEGIN
         END LOOP;
         EXIT WHEN v_n >= p_max OR NOT v_cut OR v_pass >= 4;
     END LOOP;
+    -- the last pass was cut at a segment boundary and no further pass followed
+    IF v_cut THEN
+        v_more := true;
+    END IF;
 
     IF v_n > 0 THEN
         PERFORM __S__.record_claim_batch(p_queue, v_claim_slot, v_batch, v_now, v_batch_deadline,
                                          v_rate_limit IS NOT NULL, v_n, v_key_claimed, v_job_ids, v_leases,
                                          v_ready_slots, v_lane_ids, v_attempts, v_max_attempts, v_receipts);
+        -- column aliases apart from the output names, which are variables here
+        RETURN QUERY
+        SELECT u.j, u.l, v_claim_slot, v_batch * 4096 + u.o - 1, u.k, u.a, u.att, u.ma, u.p, u.c, u.d, u.t, v_more
+        FROM unnest(v_job_ids, v_leases, v_kinds, v_args, v_attempts, v_max_attempts, v_priorities, v_created,
+                    v_deadlines, v_traceparents) WITH ORDINALITY AS u(j, l, k, a, att, ma, p, c, d, t, o);
     END IF;
 END
 $$;

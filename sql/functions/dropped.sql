@@ -13,12 +13,13 @@ DROP FUNCTION IF EXISTS __S__.enqueue_jobs(text, smallint, text[], jsonb[], int[
 DROP FUNCTION IF EXISTS __S__.schedule_jobs(text, smallint, text[], jsonb[], int[], timestamptz[], int[]);
 DROP FUNCTION IF EXISTS __S__.insert_unique(text, text[], text, smallint, text, jsonb, int, timestamptz, int);
 DROP FUNCTION IF EXISTS __S__.enqueue(text, text, jsonb, int, int, timestamptz);
--- a changed result row cannot be replaced in place; drop claim only while it lacks the column
+-- a changed result row cannot be replaced in place; drop claim only while it lacks its newest
+-- column (traceparent, migration 0007; then more: whether a short claim left work behind)
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_proc p
                WHERE p.oid = to_regprocedure('__S__.claim(text, int, interval, interval)')
-                 AND NOT ('traceparent' = ANY (p.proargnames))) THEN
+                 AND NOT ('more' = ANY (p.proargnames))) THEN
         DROP FUNCTION __S__.claim(text, int, interval, interval);
     END IF;
 END

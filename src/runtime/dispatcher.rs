@@ -236,11 +236,14 @@ impl Dispatcher {
                         .telemetry
                         .finished(&self.queue, &job.kind, "failed", Duration::ZERO);
                 }
-                (c.jobs, c.failed.len())
+                (c.jobs, c.failed.len(), c.more)
             });
             match claimed {
-                Ok((jobs, failed)) if !jobs.is_empty() || failed > 0 => {
+                Ok((jobs, failed, more)) if !jobs.is_empty() || failed > 0 => {
                     last_full = jobs.len() + failed == asked;
+                    // short, and it saw every visible job: nothing is left to claim until a NOTIFY
+                    // (another claim now would come back empty, at a claim's fixed cost)
+                    let drained = !last_full && !more && failed == 0;
                     last_busy = false;
                     failures = 0;
                     busy_rounds = 0;
@@ -279,6 +282,15 @@ impl Dispatcher {
                         });
                     }
                     self.after_claim(!last_full);
+                    if drained {
+                        last_busy = false;
+                        busy_rounds = 0;
+                        tokio::select! {
+                            _ = self.wake.notified() => {}
+                            _ = tokio::time::sleep(self.config.poll_interval) => {}
+                            _ = stop.changed() => return,
+                        }
+                    }
                 }
                 Ok(_) => {
                     drop(permits);

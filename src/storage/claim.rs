@@ -25,7 +25,7 @@ impl Statements {
         Self {
             claim: format!(
                 "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args::text AS args, attempt, max_attempts, \
-                 priority, created_at, deadline_at, traceparent FROM {s}.claim($1, $2, make_interval(secs => $3), \
+                 priority, created_at, deadline_at, traceparent, more FROM {s}.claim($1, $2, make_interval(secs => $3), \
                  make_interval(secs => $4))"
             ),
             queue_has_backlog: format!("SELECT {s}.queue_has_backlog($1)"),
@@ -70,6 +70,10 @@ pub struct ClaimedJob {
 pub(crate) struct Claimed {
     pub(crate) jobs: Vec<ClaimedJob>,
     pub(crate) failed: Vec<(ClaimedJob, String)>,
+    /// Whether the claim may have left claimable jobs behind (a shard another claimer held, a walk
+    /// cut short, a limit). A claim that took fewer jobs than asked without it saw every job that
+    /// was visible: what comes next arrives with a NOTIFY.
+    pub(crate) more: bool,
 }
 impl ClaimedJob {
     /// The identity every write on behalf of this attempt names.
@@ -153,9 +157,15 @@ impl Storage {
         if !undecodable.is_empty() {
             self.fail_undecodable(queue, &undecodable).await;
         }
+        // every row carries the same value; no row: nothing was taken, and the caller asks
+        let more = match rows.first() {
+            Some(row) => row.try_get::<Option<bool>, _>("more")?.unwrap_or(true),
+            None => true,
+        };
         Ok(Claimed {
             jobs,
             failed: undecodable,
+            more,
         })
     }
 

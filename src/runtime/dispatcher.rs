@@ -282,14 +282,12 @@ impl Dispatcher {
                         });
                     }
                     self.after_claim(!last_full);
-                    if drained {
-                        last_busy = false;
-                        busy_rounds = 0;
-                        tokio::select! {
-                            _ = self.wake.notified() => {}
-                            _ = tokio::time::sleep(self.config.poll_interval) => {}
-                            _ = stop.changed() => return,
-                        }
+                    if drained
+                        && !self
+                            .wait_for_work(self.config.poll_interval, &mut stop)
+                            .await
+                    {
+                        return;
                     }
                 }
                 Ok(_) => {
@@ -320,10 +318,8 @@ impl Dispatcher {
                     } else {
                         self.config.poll_interval
                     };
-                    tokio::select! {
-                        _ = self.wake.notified() => {}
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => return,
+                    if !self.wait_for_work(wait, &mut stop).await {
+                        return;
                     }
                 }
                 Err(e) => {
@@ -350,6 +346,15 @@ impl Dispatcher {
     /// for every worker (a claim cut short by other claimers' shards, under a backlog) keeps the
     /// flush pace: flushing at every such claim made as many flushes per job as before pacing at
     /// 8x4.
+    /// Wait for a NOTIFY of new work in the queue, or `wait`; false when the client stops.
+    async fn wait_for_work(&self, wait: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+        tokio::select! {
+            _ = self.wake.notified() => true,
+            _ = tokio::time::sleep(wait) => true,
+            _ = stop.changed() => false,
+        }
+    }
+
     fn after_claim(&self, short: bool) {
         let dry = short && self.held() < self.config.max_workers;
         self.dry.store(dry, Ordering::Relaxed);

@@ -23,7 +23,8 @@ pub struct Args {
     #[arg(long, default_value = "10", value_parser = duration, allow_hyphen_values = true)]
     horizon_min_secs: Duration,
     /// Name the queues whose available jobs have waited this long while nobody claimed from them
-    /// (seconds, or 30s, 5m).
+    /// (seconds, or 30s, 5m). The default is the bound of the `ringwork_queue_unworked` metric
+    /// (`ringwork::telemetry::UNWORKED_AFTER`).
     #[arg(long, default_value = "60", value_parser = duration, allow_hyphen_values = true)]
     unworked_after: Duration,
     #[command(flatten)]

@@ -248,3 +248,102 @@ async fn a_claim_linger_over_a_second_is_refused() {
     }
     db.cleanup().await;
 }
+
+/// The backend of the client's LISTEN session on the schema's channel, once it has issued it.
+async fn listener_pid(db: &TestDb) -> Option<i32> {
+    for _ in 0..100 {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0 LIMIT 1",
+        )
+        .bind(format!("ringwork_{}", db.schema))
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap();
+        if pid.is_some() {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// An idle dispatcher claims again when an insert's NOTIFY arrives, not when its poll says so
+/// (here a minute: every pickup below within seconds is the NOTIFY's, or the listener's), and a
+/// job inserted as the listener's connection is lost is claimed when the listener wakes every
+/// dispatcher, instead of waiting out the poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_dispatcher_is_woken_by_notifications_and_by_a_lost_listener() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .queue(
+            "default",
+            QueueConfig {
+                max_workers: 2,
+                poll_interval: Duration::from_secs(60),
+                ..QueueConfig::default()
+            },
+        )
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let running = client.start().await.unwrap();
+    let done = |n: u64| {
+        let metrics = Arc::clone(&metrics);
+        eventually(Duration::from_secs(10), move || {
+            let metrics = Arc::clone(&metrics);
+            async move { metrics.completed() >= n }
+        })
+    };
+    let listener = listener_pid(&db).await.expect("the client never listened");
+    // the start's claims are over: the dispatcher waits with nothing to do
+    client
+        .insert(NewJob::new(&Count { n: 1 }).unwrap())
+        .await
+        .unwrap();
+    assert!(done(1).await, "the first job was not run");
+    client
+        .insert(NewJob::new(&Count { n: 2 }).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        done(2).await,
+        "a job inserted at an idle dispatcher waited for the poll"
+    );
+
+    // the listener's session ends: its loss wakes every dispatcher, and it reconnects (a job
+    // inserted meanwhile sends its NOTIFY to nobody; its claim is the loss's or the reconnect's)
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(listener)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(terminated);
+    client
+        .insert(NewJob::new(&Count { n: 3 }).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        done(3).await,
+        "a job inserted while the listener was down waited for the poll"
+    );
+    // and the listener is back: the next insert is a NOTIFY's again
+    let again = listener_pid(&db)
+        .await
+        .expect("the listener did not come back");
+    assert_ne!(again, listener);
+    client
+        .insert(NewJob::new(&Count { n: 4 }).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        done(4).await,
+        "a job inserted after the reconnect waited for the poll"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}

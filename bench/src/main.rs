@@ -98,7 +98,8 @@ enum Command {
         /// Comma-separated: saturation, fixed-rate, idle-in-tx, active-readers, crash-under-load,
         /// pg-restart, soak, open-producer-tx, paused-queue, long-hold (fixed rate, horizon held),
         /// pg-dump (saturation, pg_dump in a loop, then a clean phase), held-reader (saturation, one
-        /// idle REPEATABLE READ transaction holding ACCESS SHARE on every table, then a clean phase).
+        /// idle REPEATABLE READ transaction holding ACCESS SHARE on every table, then a clean phase),
+        /// idle (one job a second, then none: what the processes cost with nothing to do).
         #[arg(long, default_value = "saturation")]
         scenarios: String,
         /// Seconds per phase.

@@ -37,6 +37,12 @@ pub struct PhaseResult {
     pub pickup_ms_p99: f64,
     pub wal_bytes_per_job: f64,
     pub commits_per_job: f64,
+    /// The whole server's WAL bytes and commits per second over the phase: what an idle fleet
+    /// costs, where per-job figures divide by nothing.
+    #[serde(default)]
+    pub wal_bytes_per_s: f64,
+    #[serde(default)]
+    pub commits_per_s: f64,
     /// CPU ms the PostgreSQL server spent per 1,000 completed jobs (its backends and background
     /// processes, read from /proc), and the cores that is; None when the server is not on this host.
     #[serde(default)]
@@ -211,13 +217,13 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
     }
     out.push('\n');
     out.push_str(
-        "| system | profile | scenario | phase | completed/s median (peak) | enqueued/s median | depth median | pickup p50 / p95 / p99 ms | WAL B/job | commits/job | PostgreSQL CPU ms / 1k jobs (cores) | client CPU ms / 1k jobs | host busy % | ring dead peak | schema dead end (peak) | rotations / prunes | recovery s |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | profile | scenario | phase | completed/s median (peak) | enqueued/s median | depth median | pickup p50 / p95 / p99 ms | WAL B/job | commits/job | commits/s, WAL kB/s | PostgreSQL CPU ms / 1k jobs (cores) | client CPU ms / 1k jobs | host busy % | ring dead peak | schema dead end (peak) | rotations / prunes | recovery s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         for p in &r.phases {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {:.0} ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {:.0} | {:.3} | {} | {} | {} | {} | {} ({}) | {} / {} | {} |\n",
+                "| {} | {} | {} | {} | {:.0} ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {:.0} | {:.3} | {:.1}, {:.1} | {} | {} | {} | {} | {} ({}) | {} / {} | {} |\n",
                 r.system,
                 r.profile,
                 r.scenario,
@@ -231,8 +237,11 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
                 p.pickup_ms_p99,
                 p.wal_bytes_per_job,
                 p.commits_per_job,
+                p.commits_per_s,
+                p.wal_bytes_per_s / 1000.0,
                 match (p.server_cpu_ms_per_1k_jobs, p.server_cores) {
                     (Some(ms), Some(cores)) => format!("{ms:.0} ({cores:.2})"),
+                    (None, Some(cores)) => format!("– ({cores:.3})"),
                     _ => "–".into(),
                 },
                 p.client_cpu_ms_per_1k_jobs
@@ -267,16 +276,17 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
     for r in results {
         for p in r.phases.iter().filter(|p| !p.top_statements.is_empty()) {
             out.push_str(&format!(
-                "\n### Statements by execution time: {} {} {}, phase {}\n\n| top level | calls | ms | ms per 1,000 jobs | statement |\n|---|---|---|---|---|\n",
+                "\n### Statements by execution time: {} {} {}, phase {}\n\n| top level | calls | ms | ms per 1,000 jobs | WAL bytes | statement |\n|---|---|---|---|---|---|\n",
                 r.system, r.profile, r.scenario, p.name
             ));
             for s in &p.top_statements {
                 out.push_str(&format!(
-                    "| {} | {} | {:.0} | {:.1} | `{}` |\n",
+                    "| {} | {} | {:.0} | {:.1} | {} | `{}` |\n",
                     if s.toplevel { "yes" } else { "no" },
                     s.calls,
                     s.total_ms,
                     s.ms_per_1k_jobs,
+                    s.wal_bytes,
                     s.query.replace('|', "\\|").replace('`', "'")
                 ));
             }

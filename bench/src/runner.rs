@@ -249,7 +249,13 @@ pub(crate) async fn run_one(
     for _ in 0..processes_n {
         processes.spawn_worker()?;
     }
-    let fixed_rate = scenario.fixed_rate().then_some(config.rate);
+    // the idle scenario's jobs come one a second
+    let rate = if scenario == Scenario::Idle {
+        1
+    } else {
+        config.rate
+    };
+    let fixed_rate = scenario.fixed_rate().then_some(rate);
     processes.spawn_producer(fixed_rate, config.depth)?;
 
     let server_note = describe_server(&admin, config).await?;
@@ -370,6 +376,11 @@ pub(crate) async fn run_phase(
     let mut held_child: Option<Child> = None;
     let mut trickle = None;
     match phase.disturbance {
+        Disturbance::NoJobs => {
+            if let Some(mut producer) = processes.producer.take() {
+                stop_child(&mut producer).await;
+            }
+        }
         Disturbance::HoldHorizon => {
             let mut tx = admin.begin().await?;
             sqlx::query("SELECT txid_current()")

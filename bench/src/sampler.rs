@@ -32,6 +32,9 @@ pub(crate) struct Sample {
     pub(crate) client_cpu_ms: Option<f64>,
     /// The host's (busy, total) clock ticks.
     pub(crate) host_ticks: Option<(u64, u64)>,
+    /// Commits this sample made itself (its statements, the counters' read among them): left
+    /// out of the phase's commits, which an idle fleet's few would otherwise drown in.
+    pub(crate) own_commits: i64,
 }
 
 pub(crate) async fn sample(
@@ -109,6 +112,12 @@ pub(crate) async fn sample(
         server_cpu,
         client_cpu_ms,
         host_ticks: cpu::host_ticks(),
+        // the counters, the tables, and for ringwork the ring's generations and the depth (one
+        // statement each); an adapter's depth, in a process of its own, is counted with awa's
+        own_commits: match processes.system {
+            System::Ringwork => 4,
+            System::Awa { .. } => 2,
+        },
     })
 }
 
@@ -167,6 +176,13 @@ pub(crate) fn summarise(
     };
     let rotations = last.rotations - first.rotations;
     let seconds = last.at - first.at;
+    // every sample but the last committed its statements after its read of the counter
+    let own_commits: i64 = samples
+        .iter()
+        .take(samples.len().saturating_sub(1))
+        .map(|s| s.own_commits)
+        .sum();
+    let per_s = |delta: f64| if seconds > 0.0 { delta / seconds } else { 0.0 };
     // per 1,000 completed jobs; the server's only while one postmaster ran the whole phase (a
     // restart resets its counters)
     let per_1k_jobs = |ms: f64| (completed > 0).then(|| ms * 1000.0 / completed as f64);
@@ -201,7 +217,9 @@ pub(crate) fn summarise(
         pickup_ms_p95: percentile(&pickups, 0.95),
         pickup_ms_p99: percentile(&pickups, 0.99),
         wal_bytes_per_job: per_job(last.wal_lsn - first.wal_lsn),
-        commits_per_job: per_job(last.commits - first.commits),
+        commits_per_job: per_job(last.commits - first.commits - own_commits),
+        wal_bytes_per_s: per_s((last.wal_lsn - first.wal_lsn) as f64),
+        commits_per_s: per_s((last.commits - first.commits - own_commits) as f64),
         server_cpu_ms_per_1k_jobs: server_cpu_ms.and_then(per_1k_jobs),
         server_cores: server_cpu_ms
             .filter(|_| seconds > 0.0)
@@ -259,7 +277,8 @@ mod tests {
             at: t,
             completed,
             wal_lsn: wal,
-            commits: completed as i64 / 10,
+            commits: completed as i64 / 10 + (t as i64) * 2,
+            own_commits: 4,
             ..Sample::default()
         };
         let samples = vec![
@@ -271,6 +290,10 @@ mod tests {
         assert_eq!(p.completed, 6000);
         assert_eq!(p.completed_per_s.peak, 2000.0);
         assert_eq!(p.wal_bytes_per_job, 300.0);
+        assert_eq!(p.wal_bytes_per_s, 450_000.0);
+        // the 4 extra commits of every 2 s were the sampler's own
+        assert_eq!(p.commits_per_job, 0.1);
+        assert_eq!(p.commits_per_s, 150.0);
         assert_eq!(p.pickup_ms_p50, 2.0);
         assert_eq!(p.prunes, Some(0));
     }

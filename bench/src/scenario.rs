@@ -74,6 +74,7 @@ pub enum Scenario {
     LongHold,
     PgDump,
     HeldReader,
+    Idle,
 }
 
 impl Scenario {
@@ -91,11 +92,12 @@ impl Scenario {
             "long-hold" => Self::LongHold,
             "pg-dump" => Self::PgDump,
             "held-reader" => Self::HeldReader,
+            "idle" => Self::Idle,
             other => {
                 return Err(Error::Config(format!(
                     "unknown scenario {other:?}: saturation, fixed-rate, idle-in-tx, \
                      active-readers, crash-under-load, pg-restart, soak, open-producer-tx, \
-                     paused-queue, long-hold, pg-dump, held-reader"
+                     paused-queue, long-hold, pg-dump, held-reader, idle"
                 )))
             }
         })
@@ -115,6 +117,7 @@ impl Scenario {
             Self::LongHold => "long-hold",
             Self::PgDump => "pg-dump",
             Self::HeldReader => "held-reader",
+            Self::Idle => "idle",
         }
     }
 
@@ -178,6 +181,12 @@ impl Scenario {
             ],
             // a short clean phase: the paused one is the measurement, and it should be long
             Self::PausedQueue => vec![short("clean"), phase("paused", Disturbance::PausedQueue)],
+            // one job a second (each arrives at an idle fleet: its pickup is a first job's), then
+            // no jobs at all: what the processes cost with nothing to do
+            Self::Idle => vec![
+                phase("sparse", Disturbance::None),
+                phase("idle", Disturbance::NoJobs),
+            ],
             Self::Soak => vec![Phase {
                 name: "soak",
                 duration: config.soak,
@@ -189,7 +198,11 @@ impl Scenario {
     pub(crate) fn fixed_rate(self) -> bool {
         matches!(
             self,
-            Self::FixedRate | Self::OpenProducerTx | Self::PausedQueue | Self::LongHold
+            Self::FixedRate
+                | Self::OpenProducerTx
+                | Self::PausedQueue
+                | Self::LongHold
+                | Self::Idle
         )
     }
 }
@@ -197,6 +210,8 @@ impl Scenario {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Disturbance {
     None,
+    /// The producer stops as the phase starts (the idle scenario).
+    NoJobs,
     /// A session sits in `BEGIN; SELECT txid_current()` for the phase (pins the MVCC horizon).
     HoldHorizon,
     /// Sessions loop REPEATABLE READ transactions that scan every table of the schema.
@@ -292,6 +307,7 @@ mod tests {
             assert!(parse_profiles(bad).is_err(), "{bad:?} accepted");
         }
         assert_eq!(Scenario::parse("idle-in-tx").unwrap(), Scenario::IdleInTx);
-        assert!(Scenario::parse("idle").is_err());
+        assert_eq!(Scenario::parse("idle").unwrap(), Scenario::Idle);
+        assert!(Scenario::parse("idle-in").is_err());
     }
 }

@@ -13,6 +13,9 @@ pub struct StatementCost {
     pub calls: i64,
     pub total_ms: f64,
     pub ms_per_1k_jobs: f64,
+    /// WAL the statement wrote over the phase, bytes.
+    #[serde(default)]
+    pub wal_bytes: i64,
     /// The normalised text, whitespace collapsed, at most 160 characters.
     pub query: String,
 }
@@ -52,8 +55,8 @@ pub(crate) async fn reset(admin: &PgPool) -> bool {
 
 /// The `n` statements that took the most time since the reset, per 1,000 of `completed` jobs.
 pub(crate) async fn top(admin: &PgPool, completed: u64, n: i64) -> Vec<StatementCost> {
-    let rows: Vec<(bool, i64, f64, String)> = sqlx::query_as(
-        "SELECT toplevel, calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
+    let rows: Vec<(bool, i64, f64, i64, String)> = sqlx::query_as(
+        "SELECT toplevel, calls, total_exec_time, wal_bytes::int8, left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
          FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
          ORDER BY total_exec_time DESC LIMIT $1",
     )
@@ -62,16 +65,19 @@ pub(crate) async fn top(admin: &PgPool, completed: u64, n: i64) -> Vec<Statement
     .await
     .unwrap_or_default();
     rows.into_iter()
-        .map(|(toplevel, calls, total_ms, query)| StatementCost {
-            toplevel,
-            calls,
-            total_ms,
-            ms_per_1k_jobs: if completed > 0 {
-                total_ms * 1000.0 / completed as f64
-            } else {
-                0.0
+        .map(
+            |(toplevel, calls, total_ms, wal_bytes, query)| StatementCost {
+                toplevel,
+                calls,
+                total_ms,
+                ms_per_1k_jobs: if completed > 0 {
+                    total_ms * 1000.0 / completed as f64
+                } else {
+                    0.0
+                },
+                wal_bytes,
+                query,
             },
-            query,
-        })
+        )
         .collect()
 }

@@ -74,7 +74,6 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
             BENCH_QUEUE,
             QueueConfig {
                 max_workers: workers,
-                poll_interval: Duration::from_millis(50),
                 // RINGWORK_BENCH_CLAIM_AHEAD=N: the claim-ahead baseline (0 claims only for free
                 // workers, as before claim ahead existed)
                 claim_ahead: env_number("RINGWORK_BENCH_CLAIM_AHEAD")

@@ -202,15 +202,52 @@ impl TickReport {
     }
 }
 
+/// The services a pass runs besides promotion, which runs in every pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Services {
+    pub(crate) rotate: bool,
+    pub(crate) rescue: bool,
+    /// Prune also runs in any pass whose rotation sealed a slot.
+    pub(crate) prune: bool,
+    pub(crate) retention: bool,
+}
+
+impl Services {
+    pub(crate) const ALL: Self = Self {
+        rotate: true,
+        rescue: true,
+        prune: true,
+        retention: true,
+    };
+}
+
 /// One maintenance pass: every service once, in the order that lets each help the next. Operators
 /// and tests drive it by hand through [`crate::Admin::run_maintenance`] (`ringwork maintain`).
 pub(crate) async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickReport> {
+    pass(storage, config, Services::ALL).await
+}
+
+/// A pass of promotion and the given services, in the order that lets each help the next. The
+/// leader's loop chooses the services at each tick (runner.rs).
+pub(crate) async fn pass(
+    storage: &Storage,
+    config: &MaintenanceConfig,
+    services: Services,
+) -> Result<TickReport> {
     let mut report = TickReport::default();
-    rotate::run(storage, config, &mut report).await?;
+    if services.rotate {
+        rotate::run(storage, config, &mut report).await?;
+    }
     // Rescue before prune: an open claim blocks its slot until rescue closes it.
-    rescue::run(storage, config, &mut report).await?;
-    prune::run(storage, config, &mut report).await?;
-    retention::run(storage, config, &mut report).await?;
+    if services.rescue {
+        rescue::run(storage, config, &mut report).await?;
+    }
+    if services.prune || report.rotated_queue || report.rotated_claim {
+        prune::run(storage, config, &mut report).await?;
+    }
+    if services.retention {
+        retention::run(storage, config, &mut report).await?;
+    }
     promote::run(storage, config, &mut report).await?;
     Ok(report)
 }

@@ -1,8 +1,9 @@
 //! Leader election and the maintenance loop.
 //!
 //! Leadership is a session advisory lock held on a dedicated connection, kept out of the pool while
-//! this process leads. The leader touches that connection (`SELECT 1`) before every tick, so its
-//! backend's `state_change` in `pg_stat_activity` moves at least once per tick while it is alive.
+//! this process leads. The leader touches that connection (`SELECT 1`) every eighth of `stale_after`
+//! (at most once a tick), so its backend's `state_change` in `pg_stat_activity` moves that often
+//! while it is alive.
 //!
 //! A leader that stops making progress (a stopped process, a paused VM, a host that vanished
 //! without closing its socket) would otherwise keep the lock, and with it rescue, promotion,
@@ -12,9 +13,9 @@
 //! `pg_terminate_backend`, which ends the session and releases the lock; then it takes the lock
 //! itself. No row is written for any of this (nothing for a held horizon to turn into dead tuples).
 //!
-//! The fenced leader finds out before its next tick: its `SELECT 1` fails on the terminated
-//! connection and it steps down. A tick it was in the middle of when it froze may finish after it
-//! wakes, overlapping the new leader's: that is safe, because every maintenance step proves what it
+//! The fenced leader finds out at its next touch: its `SELECT 1` fails on the terminated connection
+//! and it steps down. A tick it was in the middle of when it froze, and those before that touch,
+//! may overlap the new leader's: that is safe, because every maintenance step proves what it
 //! needs under its own locks (rotation and prune lock the ring state row, rescue the attempt's
 //! advisory lock, promotion deletes the deferred row it moves) — a second runner costs work, not
 //! correctness.
@@ -27,12 +28,93 @@ use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::{tick, MaintenanceConfig};
+use super::{pass, MaintenanceConfig, Services, TickReport};
 use crate::storage::Storage;
 use crate::telemetry::Telemetry;
 
 /// How often the leader looks for horizon holders to warn about.
 const HORIZON_CHECK_EVERY: Duration = Duration::from_secs(30);
+
+/// Retention (dead letters, unique keys, archive buckets, totals folds) acts on hours and days; a
+/// pass every 10 s keeps every bound it promises (the shortest retention allowed is a minute).
+const RETENTION_EVERY: Duration = Duration::from_secs(10);
+
+/// Followers try the leader's lock at most this often (and at most once a tick): a leader that
+/// exits or dies is replaced within about a second, for one statement a second per follower.
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// When each service is next due on the leader. Promotion runs at every tick: a scheduled job is
+/// late by at most a tick. The other services' work appears slowly, or only after another's, and
+/// each of their statements every tick was most of an idle process's load (28 of its 36 statements
+/// a second):
+/// - rotation moves a slot only once it is `rotate_interval` old and holds something: a look
+///   every fifth of the interval makes a slot at most a fifth older than asked;
+/// - rescue closes attempts `stale_after` without a heartbeat: a look every twentieth of it (at
+///   most 5 s) adds at most that to a dead worker's jobs' wait;
+/// - prune has work only while sealed slots wait: after a rotation sealed one, and while the last
+///   prune left some (each tick then, as before: a prune gets in between a reader's transactions);
+/// - retention, `RETENTION_EVERY`.
+///
+/// A service whose pass filled its batch, or whose lock was busy, is due again at the next tick.
+struct Pacing {
+    rotate_at: Instant,
+    rescue_at: Instant,
+    retention_at: Instant,
+    prune: bool,
+}
+
+impl Pacing {
+    /// Everything due now: a new leader knows nothing of what its predecessor left.
+    fn new(now: Instant) -> Self {
+        Self {
+            rotate_at: now,
+            rescue_at: now,
+            retention_at: now,
+            prune: true,
+        }
+    }
+
+    fn due(&self, now: Instant) -> Services {
+        Services {
+            rotate: now >= self.rotate_at,
+            rescue: now >= self.rescue_at,
+            prune: self.prune,
+            retention: now >= self.retention_at,
+        }
+    }
+
+    fn after(
+        &mut self,
+        now: Instant,
+        ran: Services,
+        report: &TickReport,
+        config: &MaintenanceConfig,
+    ) {
+        let next = |every: Duration, again: bool| {
+            now + if again {
+                Duration::ZERO
+            } else {
+                every.max(config.tick)
+            }
+        };
+        if ran.rotate {
+            self.rotate_at = next(config.rotate_interval / 5, report.lease_ring == "busy");
+        }
+        if ran.rescue {
+            let full = report.rescued >= config.rescue_batch
+                || report.callbacks_timed_out >= config.rescue_batch;
+            self.rescue_at = next((config.stale_after / 20).min(Duration::from_secs(5)), full);
+        }
+        if ran.retention {
+            let full = report.dlq_expired >= config.promote_batch
+                || report.unique_keys_expired >= config.promote_batch;
+            self.retention_at = next(RETENTION_EVERY, full);
+        }
+        if ran.prune || report.rotated_queue || report.rotated_claim {
+            self.prune = !report.prune_skips.is_empty();
+        }
+    }
+}
 
 fn leader_key(storage: &Storage) -> i64 {
     crate::schema::leader_lock_key(storage.schema())
@@ -63,19 +145,34 @@ pub(crate) async fn run(
     // non-leaders look at the holder's liveness at most this often (a pg_locks scan)
     let check_every = (config.stale_after / 4).max(config.tick);
     let mut last_check: Option<Instant> = None;
+    let mut last_try: Option<Instant> = None;
+    let mut last_touch = Instant::now();
+    // the lock connection is touched this often while leading (see below)
+    let touch_every = (config.stale_after / 8).max(config.tick);
     let mut last_horizon_check: Option<Instant> = None;
+    let mut pacing = Pacing::new(Instant::now());
     loop {
         match leader.as_mut() {
+            None if last_try.is_some_and(|at| at.elapsed() < FOLLOW_EVERY) => {}
             None => {
+                last_try = Some(Instant::now());
                 let check_holder = last_check.is_none_or(|at| at.elapsed() >= check_every);
                 if check_holder {
                     last_check = Some(Instant::now());
                 }
                 leader = try_lead(&session, &config, key, check_holder).await;
+                if leader.is_some() {
+                    last_touch = Instant::now();
+                    pacing = Pacing::new(Instant::now());
+                }
             }
-            Some(conn) => {
-                // Still ours? A dead connection, or one terminated by a process that found this
-                // leader frozen, means the lock is gone: step down before acting.
+            // Still ours? A dead connection, or one terminated by a process that found this
+            // leader frozen, means the lock is gone: step down before acting. Looked at every
+            // eighth of `stale_after`, not every tick: the takeover bound is twice `stale_after`
+            // of idleness, and a fenced leader's passes overlapping its successor's for that long
+            // cost work, not correctness (see the module's comment).
+            Some(conn) if last_touch.elapsed() >= touch_every => {
+                last_touch = Instant::now();
                 if sqlx::query("SELECT 1").execute(&mut **conn).await.is_err() {
                     warn!(
                         "maintenance leader connection lost (or fenced as frozen); stepping down"
@@ -83,12 +180,14 @@ pub(crate) async fn run(
                     step_down(leader.take()).await;
                 }
             }
+            Some(_) => {}
         }
         if let Some(conn) = leader.as_mut() {
             // Touch the lock connection while the tick runs (every stale_after / 2), so that a
             // long tick (a deep promotion backlog, prune lock waits, a slow pool) never looks like
             // a frozen leader to the other processes; a failed touch means this leader was fenced.
-            let ticking = tick(&storage, &config);
+            let services = pacing.due(Instant::now());
+            let ticking = pass(&storage, &config, services);
             tokio::pin!(ticking);
             let outcome = loop {
                 tokio::select! {
@@ -101,7 +200,10 @@ pub(crate) async fn run(
                 }
             };
             match outcome {
-                Some(Ok(report)) => report.record(&telemetry),
+                Some(Ok(report)) => {
+                    pacing.after(Instant::now(), services, &report, &config);
+                    report.record(&telemetry);
+                }
                 Some(Err(e)) => warn!(error = %e, "maintenance tick failed"),
                 None => {
                     warn!("maintenance leader fenced during a tick; stepping down");
@@ -248,4 +350,110 @@ async fn take_lock(conn: &mut PgConnection, key: i64) -> bool {
         .await;
     }
     won
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quiet() -> TickReport {
+        TickReport::default()
+    }
+
+    #[test]
+    fn a_quiet_leader_promotes_every_tick_and_runs_the_rest_at_their_pace() {
+        let config = MaintenanceConfig::default(); // tick 500 ms, rotate 5 s, stale 60 s
+        let t0 = Instant::now();
+        let mut pacing = Pacing::new(t0);
+        // a new leader runs everything at once
+        assert_eq!(pacing.due(t0), Services::ALL);
+        pacing.after(t0, Services::ALL, &quiet(), &config);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let none = Services {
+            rotate: false,
+            rescue: false,
+            prune: false,
+            retention: false,
+        };
+        // nothing sealed, nothing rotated: no prune until a rotation seals a slot
+        assert_eq!(pacing.due(at(500)), none);
+        assert_eq!(
+            pacing.due(at(1000)),
+            Services {
+                rotate: true,
+                ..none
+            }
+        );
+        assert_eq!(
+            pacing.due(at(3000)),
+            Services {
+                rotate: true,
+                rescue: true,
+                ..none
+            }
+        );
+        assert_eq!(
+            pacing.due(at(10_000)),
+            Services {
+                rotate: true,
+                rescue: true,
+                prune: false,
+                retention: true,
+            }
+        );
+    }
+
+    #[test]
+    fn a_rotation_a_slot_left_sealed_or_a_full_batch_is_due_again_next_tick() {
+        let config = MaintenanceConfig::default();
+        let t0 = Instant::now();
+        let mut pacing = Pacing::new(t0);
+        pacing.after(t0, Services::ALL, &quiet(), &config);
+        let t1 = t0 + Duration::from_secs(1);
+        let ran = pacing.due(t1);
+        assert!(ran.rotate && !ran.prune);
+        // the rotation sealed a slot, prune (run in the same pass) could not take it yet
+        let sealed = TickReport {
+            rotated_queue: true,
+            prune_skips: vec![("queue", "claims_open".into())],
+            ..TickReport::default()
+        };
+        pacing.after(t1, ran, &sealed, &config);
+        let t2 = t1 + config.tick;
+        assert!(
+            pacing.due(t2).prune,
+            "a sealed slot waits: prune every tick"
+        );
+        // that prune took it: back to waiting for a rotation
+        pacing.after(
+            t2,
+            pacing.due(t2),
+            &TickReport {
+                pruned_queue_slots: vec![3],
+                ..TickReport::default()
+            },
+            &config,
+        );
+        assert!(!pacing.due(t2 + config.tick).prune);
+        // a rescue that filled its batch runs again at the next tick, not in 3 s
+        let t3 = t0 + Duration::from_secs(3);
+        let ran = pacing.due(t3);
+        assert!(ran.rescue);
+        let full = TickReport {
+            rescued: config.rescue_batch,
+            ..TickReport::default()
+        };
+        pacing.after(t3, ran, &full, &config);
+        assert!(pacing.due(t3 + config.tick).rescue);
+        // and a busy lease ring is rotated again at the next tick
+        let t4 = t0 + Duration::from_secs(4);
+        let ran = pacing.due(t4);
+        assert!(ran.rotate);
+        let busy = TickReport {
+            lease_ring: "busy".into(),
+            ..TickReport::default()
+        };
+        pacing.after(t4, ran, &busy, &config);
+        assert!(pacing.due(t4 + config.tick).rotate);
+    }
 }

@@ -429,9 +429,11 @@ impl Client {
         let wakers = Arc::new(wakers);
         let mut tasks = Vec::new();
 
+        let listening = Arc::new(AtomicBool::new(false));
         tasks.push(tokio::spawn(notifier::listen(
             Arc::clone(&self.inner),
             Arc::clone(&wakers),
+            Arc::clone(&listening),
             stop_rx.clone(),
         )));
         let flush_now = Arc::new(Notify::new());
@@ -454,6 +456,7 @@ impl Client {
                 claims: Arc::new(Semaphore::new(config.max_workers + config.claim_ahead)),
                 claims_total: config.max_workers + config.claim_ahead,
                 wake: Arc::clone(&wakers[queue]),
+                listening: Arc::clone(&listening),
                 done: done_tx.clone(),
                 flush_now: Arc::clone(&flush_now),
                 dry: Arc::new(AtomicBool::new(false)),

@@ -19,7 +19,9 @@ use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{warn, Instrument};
 
 use super::executor::{run_job, WorkerWait};
-use super::{Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW};
+use super::{
+    Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW, IDLE_POLL_MAX,
+};
 
 pub(super) struct Dispatcher {
     pub(super) inner: Arc<Inner>,
@@ -31,6 +33,8 @@ pub(super) struct Dispatcher {
     pub(super) claims: Arc<Semaphore>,
     pub(super) claims_total: usize,
     pub(super) wake: Arc<Notify>,
+    /// The process's LISTEN is in place (notifier.rs): an idle wait may be long.
+    pub(super) listening: Arc<AtomicBool>,
     pub(super) done: mpsc::UnboundedSender<Finished>,
     /// Rung while the queue runs dry: the completion batcher flushes what it holds now
     /// (completer.rs).
@@ -113,6 +117,8 @@ impl Dispatcher {
     pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut failures = 0_u32;
         let mut busy_rounds = 0_u32;
+        // empty claims in a row that found no work anywhere (`idle_wait`)
+        let mut idle_rounds = 0_u32;
         let mut last_full = false;
         // the last claim came back empty while other claimers held the queue's work
         let mut last_busy = false;
@@ -247,6 +253,7 @@ impl Dispatcher {
                     last_busy = false;
                     failures = 0;
                     busy_rounds = 0;
+                    idle_rounds = 0;
                     self.inner
                         .metrics
                         .claimed
@@ -313,10 +320,12 @@ impl Dispatcher {
                         0
                     };
                     let wait = if busy {
+                        idle_rounds = 0;
                         Duration::from_millis(2 << busy_rounds.min(3))
                             .min(self.config.poll_interval)
                     } else {
-                        self.config.poll_interval
+                        idle_rounds = idle_rounds.saturating_add(1);
+                        self.idle_wait(idle_rounds)
                     };
                     if !self.wait_for_work(wait, &mut stop).await {
                         return;
@@ -346,6 +355,18 @@ impl Dispatcher {
     /// for every worker (a claim cut short by other claimers' shards, under a backlog) keeps the
     /// flush pace: flushing at every such claim made as many flushes per job as before pacing at
     /// 8x4.
+    /// How long to wait for a NOTIFY after the `rounds`-th empty claim in a row that found no work:
+    /// `poll_interval` without a LISTEN (the poll is the only way to see new work), and with one,
+    /// twice as long at each round, up to `IDLE_POLL_MAX` (or `poll_interval` when longer).
+    fn idle_wait(&self, rounds: u32) -> Duration {
+        let poll = self.config.poll_interval;
+        if !self.listening.load(Ordering::Relaxed) {
+            return poll;
+        }
+        poll.saturating_mul(1 << rounds.saturating_sub(1).min(16))
+            .min(IDLE_POLL_MAX.max(poll))
+    }
+
     /// Wait for a NOTIFY of new work in the queue, or `wait`; false when the client stops.
     async fn wait_for_work(&self, wait: Duration, stop: &mut watch::Receiver<bool>) -> bool {
         tokio::select! {

@@ -2,6 +2,7 @@
 //! running attempt's handler.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,12 +26,19 @@ pub(super) fn signal_cancel(inner: &Inner, payload: &str) {
 
 /// LISTEN for enqueue notifications and wake the matching dispatcher. Reconnects on failure; the
 /// dispatchers' poll interval covers the gap (and PgBouncer transaction pooling, where LISTEN
-/// does not work at all).
+/// does not work at all). `listening` is true while the LISTEN is in place: idle dispatchers then
+/// wait longer between claims (`IDLE_POLL_MAX`).
 pub(super) async fn listen(
     inner: Arc<Inner>,
     wakers: Arc<HashMap<String, Arc<Notify>>>,
+    listening: Arc<AtomicBool>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let wake_all = || {
+        for w in wakers.values() {
+            w.notify_one();
+        }
+    };
     let storage = &inner.engine;
     // LISTEN needs a session of its own: none behind a transaction pooler without a direct pool
     let Some(session) = storage.session_pool() else {
@@ -60,6 +68,10 @@ pub(super) async fn listen(
                 _ = stop.changed() => return,
             }
         }
+        // Work enqueued before the LISTEN took effect sent its NOTIFY to nobody: every dispatcher
+        // claims once now, before it may wait long.
+        listening.store(true, Ordering::Relaxed);
+        wake_all();
         loop {
             tokio::select! {
                 message = listener.try_recv() => match message {
@@ -69,15 +81,18 @@ pub(super) async fn listen(
                             w.notify_one();
                         }
                     }
-                    // connection lost: wake everyone (notifications may have been missed), reconnect
+                    // connection lost: back to polling, and wake everyone (notifications may
+                    // have been missed); reconnect
                     Ok(None) | Err(_) => {
-                        for w in wakers.values() {
-                            w.notify_one();
-                        }
+                        listening.store(false, Ordering::Relaxed);
+                        wake_all();
                         break;
                     }
                 },
-                _ = stop.changed() => return,
+                _ = stop.changed() => {
+                    listening.store(false, Ordering::Relaxed);
+                    return;
+                }
             }
         }
     }

@@ -436,13 +436,13 @@ impl Client {
             Arc::clone(&listening),
             stop_rx.clone(),
         )));
-        let flush_now = Arc::new(Notify::new());
+        let flush = Arc::new(completer::FlushSignals::default());
         let batcher = tokio::spawn(completer::completion_batcher(
             self.inner.engine.clone(),
             self.inner.completion.clone(),
             Arc::clone(&self.inner.metrics),
             self.inner.telemetry.clone(),
-            Arc::clone(&flush_now),
+            Arc::clone(&flush),
             done_rx,
         ));
         let mut dispatchers = Vec::new();
@@ -458,7 +458,7 @@ impl Client {
                 wake: Arc::clone(&wakers[queue]),
                 listening: Arc::clone(&listening),
                 done: done_tx.clone(),
-                flush_now: Arc::clone(&flush_now),
+                flush: Arc::clone(&flush),
                 dry: Arc::new(AtomicBool::new(false)),
                 finished: Arc::new(Notify::new()),
             };

@@ -1,10 +1,11 @@
 //! The completion batcher: finished attempts are written in batches, one `complete_batch` for the
 //! successes and one `close_batch` for the rest per flush, retried across a lost connection.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tracing::{warn, Instrument};
@@ -21,42 +22,50 @@ use crate::telemetry::Telemetry;
 /// start at most once per `max_delay`, so a process's completions share one round trip and one
 /// commit per interval however few workers it has (with a fixed 5-ms gather, a process of 4
 /// workers made a flush per 26 jobs at saturation, one of 32 workers a flush per 105).
-/// `flush_now` ends a gather early: a dispatcher rings it when a claim of its queue came back short
-/// and left workers idle, and, until a claim fills them again, at every job of that queue that
-/// finishes (dispatcher.rs, `after_claim`): then the attempts waiting here may be what holds the
-/// queue back (a fleet `max_running` counts them as running until their flush commits), and a
-/// queue running dry has no load to share a flush with anyway.
+/// A gather ends early while a queue runs dry: when a claim of the queue came back short and left
+/// workers idle (`signals.now`, rung only while attempts wait here), and, until a claim fills its
+/// workers again, with each of the queue's finished attempts (`Finished::flush`): the last job the
+/// queue held asks for its flush now, an earlier one within `DRY_LINGER` (dispatcher.rs,
+/// `after_claim`). The attempts waiting here may then be what holds the queue back (a fleet
+/// `max_running` counts them as running until their flush commits), and a queue running dry has
+/// little load to share a flush with.
 pub(super) async fn completion_batcher(
     storage: Storage,
     config: CompletionConfig,
     metrics: Arc<Metrics>,
     telemetry: Telemetry,
-    flush_now: Arc<Notify>,
+    signals: Arc<FlushSignals>,
     mut rx: mpsc::UnboundedReceiver<Finished>,
 ) {
     let mut last_flush: Option<Instant> = None;
     loop {
         let Some(first) = rx.recv().await else { return };
-        let mut batch = vec![first];
+        signals.holding.store(true, Ordering::Relaxed);
+        // a ring from before this batch was for one already flushed
+        let _ = signals.now.notified().now_or_never();
         let now = Instant::now();
-        let deadline = last_flush.map_or(now, |at| at + config.max_delay);
+        let mut deadline = last_flush.map_or(now, |at| at + config.max_delay);
+        let mut flush_now = hurry(&first, &mut deadline);
+        let mut batch = vec![first];
         if deadline <= now {
             // after a quiet spell: what is waiting already, at once (no timer tick)
             take_waiting(&mut rx, &mut batch, config.max_batch);
         }
-        while batch.len() < config.max_batch && deadline > now {
+        while !flush_now && batch.len() < config.max_batch && deadline > Instant::now() {
             tokio::select! {
                 biased;
                 item = tokio::time::timeout_at(deadline, rx.recv()) => match item {
-                    Ok(Some(item)) => batch.push(item),
+                    Ok(Some(item)) => {
+                        flush_now = hurry(&item, &mut deadline);
+                        batch.push(item);
+                    }
                     Ok(None) | Err(_) => break,
                 },
-                _ = flush_now.notified() => {
-                    take_waiting(&mut rx, &mut batch, config.max_batch);
-                    break;
-                }
+                _ = signals.now.notified() => break,
             }
         }
+        take_waiting(&mut rx, &mut batch, config.max_batch);
+        signals.holding.store(false, Ordering::Relaxed);
         // a batch of attempts already settled writes nothing: it must not cost the next
         // completion its quiet-spell flush
         if batch.iter().any(|item| !item.settled) {
@@ -73,6 +82,46 @@ pub(super) async fn completion_batcher(
         );
         let stale = flush(&storage, &metrics, batch).instrument(span).await;
         telemetry.stale(stale);
+    }
+}
+
+/// How long a dry queue's completion waits for the jobs claimed with it before its flush: at a
+/// modest rate a claim takes a few jobs, which run at once and finish within milliseconds of each
+/// other; flushing at each of them cost a `complete_batch` round trip and commit per two jobs (at
+/// a fixed 400 jobs/s, 2 flushes per claim of 5). A longer job does not hold the others: the
+/// flush goes at this bound.
+pub(super) const DRY_LINGER: Duration = Duration::from_millis(5);
+
+/// How soon a finished attempt wants its flush, set by its dispatcher (dispatcher.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FlushHint {
+    /// At the pace (`max_delay`): its queue has work for every worker.
+    Paced,
+    /// Within `DRY_LINGER`: its queue runs dry, and other jobs it holds still run.
+    Soon,
+    /// Now: its queue runs dry, and it was the last job the queue held.
+    Now,
+}
+
+/// The dispatchers' signal to the batcher while their queue runs dry (dispatcher.rs).
+#[derive(Default)]
+pub(crate) struct FlushSignals {
+    /// Flush what is waiting now: a claim came back short.
+    pub(crate) now: Notify,
+    /// The batcher holds attempts: a short claim rings `now` only then (a ring stored while it
+    /// waited empty would flush the next attempt alone).
+    pub(crate) holding: AtomicBool,
+}
+
+/// Bring the gather's `deadline` forward as `item` asks; true when it asks for its flush now.
+fn hurry(item: &Finished, deadline: &mut Instant) -> bool {
+    match item.flush {
+        FlushHint::Paced => false,
+        FlushHint::Soon => {
+            *deadline = (*deadline).min(Instant::now() + DRY_LINGER);
+            false
+        }
+        FlushHint::Now => true,
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{warn, Instrument};
 
+use super::completer::{FlushHint, FlushSignals};
 use super::executor::{run_job, WorkerWait};
 use super::{
     Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW, IDLE_POLL_MAX,
@@ -36,11 +37,11 @@ pub(super) struct Dispatcher {
     /// The process's LISTEN is in place (notifier.rs): an idle wait may be long.
     pub(super) listening: Arc<AtomicBool>,
     pub(super) done: mpsc::UnboundedSender<Finished>,
-    /// Rung while the queue runs dry: the completion batcher flushes what it holds now
-    /// (completer.rs).
-    pub(super) flush_now: Arc<Notify>,
+    /// Rung when a claim comes back short while the completion batcher holds attempts: it
+    /// flushes them now (completer.rs).
+    pub(super) flush: Arc<FlushSignals>,
     /// The last claim came back short and left workers idle (`after_claim`): every job of the
-    /// queue that finishes rings `flush_now` until a claim fills the workers again.
+    /// queue that finishes rings `flush` until a claim fills the workers again.
     pub(super) dry: Arc<AtomicBool>,
     /// Rung by each job of the queue as it gives back its claim permit: a dispatcher holding all
     /// the jobs it may claim ahead right now waits for it (`room`).
@@ -267,7 +268,8 @@ impl Dispatcher {
                         let wait = Arc::clone(&wait);
                         let handler_us = Arc::clone(&handler_us);
                         let dry = Arc::clone(&self.dry);
-                        let flush_now = Arc::clone(&self.flush_now);
+                        let claims = Arc::clone(&self.claims);
+                        let claims_total = self.claims_total;
                         let finished = Arc::clone(&self.finished);
                         tokio::spawn(async move {
                             let Room { claim, worker } = room;
@@ -280,12 +282,19 @@ impl Dispatcher {
                             if let Some(took) = finished.handler_time {
                                 record_handler_time(&handler_us, took);
                             }
-                            let _ = done.send(finished);
-                            // sent first: the flush this rings takes it along
-                            if dry.load(Ordering::Relaxed) {
-                                flush_now.notify_one();
-                            }
+                            let mut finished = finished;
                             drop(claim);
+                            // running dry: the queue's last claimed job flushes now; an earlier
+                            // one lets the jobs claimed with it (which mostly finish within the
+                            // same few milliseconds) join its flush (completer.rs)
+                            if dry.load(Ordering::Relaxed) {
+                                finished.flush = if claims.available_permits() >= claims_total {
+                                    FlushHint::Now
+                                } else {
+                                    FlushHint::Soon
+                                };
+                            }
+                            let _ = done.send(finished);
                         });
                     }
                     self.after_claim(!last_full);
@@ -379,8 +388,8 @@ impl Dispatcher {
     fn after_claim(&self, short: bool) {
         let dry = short && self.held() < self.config.max_workers;
         self.dry.store(dry, Ordering::Relaxed);
-        if dry {
-            self.flush_now.notify_one();
+        if dry && self.flush.holding.load(Ordering::Relaxed) {
+            self.flush.now.notify_one();
         }
     }
 

@@ -16,6 +16,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::field::Empty;
 use tracing::Instrument;
 
+use super::completer::FlushHint;
 use super::handler::{
     retry_backoff, AttemptWrites, CancelSignal, JobContext, JobError, RetryPolicy,
 };
@@ -131,6 +132,7 @@ pub(super) async fn run_job(
             handler_time: None,
             completed_in_tx: false,
             settled: false,
+            flush: FlushHint::Paced,
         },
     };
     if let Ok(mut running) = inner.running.lock() {
@@ -298,6 +300,7 @@ pub(super) async fn run_handler(
         handler_time: Some(started.elapsed()),
         completed_in_tx: writes.completed_in_tx.load(Ordering::SeqCst),
         settled,
+        flush: FlushHint::Paced,
     }
 }
 

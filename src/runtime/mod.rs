@@ -381,4 +381,6 @@ pub(crate) struct Finished {
     pub(crate) completed_in_tx: bool,
     /// The attempt's outcome is written already (it waits for a callback): nothing to flush.
     pub(crate) settled: bool,
+    /// When its queue runs dry, how soon it wants its flush (completer.rs).
+    pub(crate) flush: completer::FlushHint,
 }

@@ -173,3 +173,73 @@ async fn the_last_jobs_of_a_draining_queue_are_written_as_they_finish() {
     running.shutdown(Duration::from_secs(5)).await;
     db.cleanup().await;
 }
+
+/// While a queue runs dry, the jobs of one claim share a flush: the last to finish flushes now, an
+/// earlier one waits at most a few milliseconds for the others (completer.rs, `DRY_LINGER`). A job
+/// that runs on must not hold the others' completions. With a 30-s pace and poll, three jobs
+/// claimed together, each held by the test until it lets it go: the first is durable at once (a
+/// quiet spell), the second while the third still runs, the third once released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_job_does_not_hold_the_flush_of_the_jobs_claimed_with_it() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let jobs: Vec<_> = (0..3).map(|n| NewJob::new(&Count { n }).unwrap()).collect();
+    let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    let gates: std::sync::Arc<Vec<tokio::sync::Semaphore>> =
+        std::sync::Arc::new((0..3).map(|_| tokio::sync::Semaphore::new(0)).collect());
+    let handler_gates = std::sync::Arc::clone(&gates);
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .completion(CompletionConfig {
+            max_delay: Duration::from_secs(30),
+            ..CompletionConfig::default()
+        })
+        .queue(
+            "default",
+            QueueConfig {
+                max_workers: 4,
+                poll_interval: Duration::from_secs(30),
+                ..QueueConfig::default()
+            },
+        )
+        .register(move |_ctx: JobContext, args: Count| {
+            let gates = std::sync::Arc::clone(&handler_gates);
+            async move {
+                let _ = gates[args.n as usize].acquire().await;
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    let state = |id: i64| {
+        let storage = storage.clone();
+        async move { storage.job_state(id).await.unwrap().map(|s| s.state) }
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            state(ids[2]).await == Some(JobStatus::Running)
+        })
+        .await,
+        "the three jobs were not claimed"
+    );
+    for (n, id) in ids.iter().enumerate().take(2) {
+        gates[n].add_permits(1);
+        assert!(
+            completed_within(&storage, &[*id], Duration::from_secs(10)).await,
+            "job {n}'s completion waited for the held job (pace 30 s)"
+        );
+    }
+    assert_eq!(state(ids[2]).await, Some(JobStatus::Running));
+    gates[2].add_permits(1);
+    assert!(
+        completed_within(&storage, &ids[2..], Duration::from_secs(10)).await,
+        "the held job's completion, the last the queue held, waited for the pace"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}

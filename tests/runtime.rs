@@ -347,3 +347,76 @@ async fn an_idle_dispatcher_is_woken_by_notifications_and_by_a_lost_listener() {
     running.shutdown(Duration::from_secs(5)).await;
     db.cleanup().await;
 }
+
+/// `engine_pool_size` is the process's connection budget besides the caller's pool: a client of 3
+/// engine connections that listens, leads maintenance and runs 300 jobs on 8 workers never holds
+/// more (its connections are told apart by their application name), and one of 2 is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_holds_no_more_connections_than_its_engine_pool_size() {
+    let db = TestDb::new().await;
+    let refused = Client::builder(db.pool.clone())
+        .schema(db.schema.as_str())
+        .engine_pool_size(2)
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await;
+    match refused {
+        Err(Error::Config(message)) => assert!(message.contains("engine_pool_size"), "{message}"),
+        Err(other) => panic!("expected a config error, got {other}"),
+        Ok(_) => panic!("an engine pool of 2 was accepted"),
+    }
+
+    let options = (*db.pool.connect_options())
+        .clone()
+        .application_name("ringwork-budget");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let client = Client::builder(pool.clone())
+        .schema(db.schema.as_str())
+        .engine_pool_size(3)
+        .maintenance(fast_maintenance())
+        .queue("default", queue(8))
+        .register(|_ctx: JobContext, _args: Count| async {
+            tokio::task::yield_now().await;
+            Ok::<(), JobError>(())
+        })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let running = client.start().await.unwrap();
+    let jobs: Vec<_> = (0..300)
+        .map(|n| NewJob::new(&Count { n }).unwrap())
+        .collect();
+    client.insert_many(&jobs).await.unwrap();
+    let mut peak = 0_i64;
+    let mut done = false;
+    for _ in 0..400 {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'ringwork-budget'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        peak = peak.max(held);
+        if metrics.completed() >= 300 {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(done, "300 jobs were not run ({} were)", metrics.completed());
+    // the engine's 3 and the caller's pool of 1
+    assert!(peak <= 4, "the process held {peak} connections");
+    assert!(
+        peak >= 3,
+        "the sampling never saw the engine at work ({peak})"
+    );
+    pool.close().await;
+    db.cleanup().await;
+}

@@ -46,8 +46,9 @@ pub(crate) async fn wait_for_signal() -> Result<()> {
 
 /// `ringwork-bench worker`: W workers on the bench queue; one JSON line per second.
 pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64) -> Result<()> {
+    // the client's own pool does the work; this one serves its start-up checks
     let pool = PgPoolOptions::new()
-        .max_connections(8)
+        .max_connections(2)
         .acquire_timeout(Duration::from_secs(60))
         .connect(url)
         .await?;
@@ -66,6 +67,10 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
                 let _ = exporter.render();
             }
         });
+    }
+    // RINGWORK_BENCH_ENGINE_POOL=N: the client's own connections (a fleet's connection budget)
+    if let Some(n) = env_number("RINGWORK_BENCH_ENGINE_POOL") {
+        builder = builder.engine_pool_size(n as u32);
     }
     let client = builder
         .schema(schema)

@@ -40,6 +40,7 @@ pub struct ClientBuilder {
     maintenance: MaintenanceConfig,
     migrate: bool,
     handler_threads: Option<usize>,
+    engine_pool_size: Option<u32>,
     telemetry: Option<Telemetry>,
     periodic: Vec<crate::periodic::Periodic>,
     /// Some when the pool goes through a transaction-mode pooler; the inner pool reaches the
@@ -54,6 +55,17 @@ impl ClientBuilder {
     /// long as it blocks, so run blocking work with `tokio::task::spawn_blocking`.
     pub fn handler_threads(mut self, threads: usize) -> Self {
         self.handler_threads = Some(threads);
+        self
+    }
+
+    /// Connections the client opens for its own work, apart from your pool (default: the number
+    /// of queues plus 4; at least 3). They carry the NOTIFY listener (one, for as long as the
+    /// client runs), the maintenance leader's lock (one, while this process leads), and claims,
+    /// completion flushes, heartbeats and maintenance passes, which wait for one another when
+    /// fewer are free. A process then holds at most this many connections besides your pool's:
+    /// the budget to set when many processes share a server's `max_connections`.
+    pub fn engine_pool_size(mut self, connections: u32) -> Self {
+        self.engine_pool_size = Some(connections);
         self
     }
 
@@ -213,6 +225,15 @@ impl ClientBuilder {
                 "completion max_batch must be 1..=4096".into(),
             ));
         }
+        let engine_pool_size = self
+            .engine_pool_size
+            .unwrap_or(self.queues.len() as u32 + 4);
+        if !(3..=1000).contains(&engine_pool_size) {
+            return Err(Error::Config(format!(
+                "engine_pool_size must be 3..=1000 (the listener, a claim and a completion flush \
+                 at least), got {engine_pool_size}"
+            )));
+        }
         check_reachable(&self.pool).await?;
         let session = self.transaction_pooler.clone().flatten();
         if let Some(session) = &session {
@@ -228,7 +249,7 @@ impl ClientBuilder {
             schema::check_not_newer(&self.schema, version)?;
         }
         let engine_pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(self.queues.len() as u32 + 4)
+            .max_connections(engine_pool_size)
             .acquire_timeout(self.pool.options().get_acquire_timeout())
             .connect_lazy_with((*self.pool.connect_options()).clone());
         let mut engine = Storage::new(engine_pool, self.schema.clone());
@@ -285,6 +306,7 @@ impl Client {
             maintenance: MaintenanceConfig::default(),
             migrate: true,
             handler_threads: None,
+            engine_pool_size: None,
             telemetry: None,
             periodic: Vec::new(),
             transaction_pooler: None,

@@ -3,7 +3,9 @@
 //! One sitting measures the machine's ceiling for a ring-shaped job path (`ceiling/run.sh`: bare
 //! statements through pgbench, no queue logic) and then ringwork's saturation throughput on the
 //! same server. The figure kept and compared is their ratio, so a slower or busier machine moves
-//! both and does not fail the check; a change that makes ringwork's own path heavier does.
+//! both and does not fail the check; a change that makes ringwork's own path heavier does. Each
+//! round also runs `fixed-rate` and `idle`, whose commits and WAL (per job at a fixed rate, per
+//! second with nothing to do) are held to the baseline as they are: counts, not times.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,6 +35,71 @@ pub struct Baseline {
     /// The two rates behind `ratio`, jobs/s, for the reader.
     pub ringwork_jobs_per_s: f64,
     pub ceiling_jobs_per_s: f64,
+    /// What a job costs at a modest rate, and a process with nothing to do: counts of commits
+    /// and WAL, which a busier machine does not move as it moves throughput and CPU time. A
+    /// sitting fails when its best round costs more than these by more than `tolerance`.
+    #[serde(default)]
+    pub costs: Option<Costs>,
+}
+
+/// The cost figures `check` holds a sitting to (best round: the lowest of each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Costs {
+    /// `fixed-rate` at `FIXED_RATE` jobs/s.
+    pub fixed_rate_commits_per_job: f64,
+    pub fixed_rate_wal_bytes_per_job: f64,
+    /// `idle`'s phase without jobs: the whole server's commits and WAL per second.
+    pub idle_commits_per_s: f64,
+    pub idle_wal_bytes_per_s: f64,
+}
+
+/// The fixed rate the cost figures are measured at, jobs/s.
+const FIXED_RATE: u64 = 400;
+
+impl Costs {
+    /// The lower of each figure.
+    fn best(self, other: Costs) -> Costs {
+        Costs {
+            fixed_rate_commits_per_job: self
+                .fixed_rate_commits_per_job
+                .min(other.fixed_rate_commits_per_job),
+            fixed_rate_wal_bytes_per_job: self
+                .fixed_rate_wal_bytes_per_job
+                .min(other.fixed_rate_wal_bytes_per_job),
+            idle_commits_per_s: self.idle_commits_per_s.min(other.idle_commits_per_s),
+            idle_wal_bytes_per_s: self.idle_wal_bytes_per_s.min(other.idle_wal_bytes_per_s),
+        }
+    }
+
+    /// Each figure of `self` above `baseline`'s by more than `tolerance`, named.
+    fn over(&self, baseline: &Costs, tolerance: f64) -> Vec<String> {
+        [
+            (
+                "fixed-rate commits per job",
+                self.fixed_rate_commits_per_job,
+                baseline.fixed_rate_commits_per_job,
+            ),
+            (
+                "fixed-rate WAL bytes per job",
+                self.fixed_rate_wal_bytes_per_job,
+                baseline.fixed_rate_wal_bytes_per_job,
+            ),
+            (
+                "idle commits per second",
+                self.idle_commits_per_s,
+                baseline.idle_commits_per_s,
+            ),
+            (
+                "idle WAL bytes per second",
+                self.idle_wal_bytes_per_s,
+                baseline.idle_wal_bytes_per_s,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, now, was)| *now > was * (1.0 + tolerance))
+        .map(|(name, now, was)| format!("{name} {now:.3} against {was:.3}"))
+        .collect()
+    }
 }
 
 /// What `check` asks for.
@@ -55,6 +122,7 @@ struct Round {
     ceiling_before: f64,
     ceiling_after: f64,
     server: String,
+    costs: Costs,
 }
 
 /// A checkpoint first, so that no measurement pays for the previous one's dirty pages.
@@ -83,11 +151,11 @@ async fn measure_round(
         database_url: Some(url.to_string()),
         systems: vec![System::Ringwork],
         profiles: crate::scenario::parse_profiles(profile)?,
-        scenarios: vec![Scenario::Saturation],
+        scenarios: vec![Scenario::Saturation, Scenario::FixedRate, Scenario::Idle],
         phase: Duration::from_secs(phase_secs),
         soak: Duration::from_secs(600),
         job_ms: 1,
-        rate: 200,
+        rate: FIXED_RATE,
         depth: 5_000,
         sample_every: Duration::from_secs(2),
         readers: 2,
@@ -101,20 +169,31 @@ async fn measure_round(
         label: "check".into(),
     };
     let results = run(config).await?;
+    if let Some(lossy) = results.iter().find(|r| r.lost != 0) {
+        return Err(Error::Config(format!(
+            "the round's {} run lost {} jobs",
+            lossy.scenario, lossy.lost
+        )));
+    }
+    let phase_of = |name: &str| {
+        results
+            .iter()
+            .flat_map(|r| &r.phases)
+            .find(|p| p.name == name)
+            .ok_or_else(|| Error::Config(format!("the round has no {name} phase")))
+    };
     let run_result = results
         .first()
         .ok_or_else(|| Error::Config("the round produced no result".into()))?;
-    if run_result.lost != 0 {
-        return Err(Error::Config(format!(
-            "the round lost {} jobs",
-            run_result.lost
-        )));
-    }
-    let phase = run_result
-        .phases
-        .iter()
-        .find(|p| p.name == "saturation")
-        .ok_or_else(|| Error::Config("the round has no saturation phase".into()))?;
+    let phase = phase_of("saturation")?;
+    let fixed = phase_of("fixed-rate")?;
+    let idle = phase_of("idle")?;
+    let costs = Costs {
+        fixed_rate_commits_per_job: fixed.commits_per_job,
+        fixed_rate_wal_bytes_per_job: fixed.wal_bytes_per_job,
+        idle_commits_per_s: idle.commits_per_s,
+        idle_wal_bytes_per_s: idle.wal_bytes_per_s,
+    };
     let rate = phase.completed_per_s.median;
     let server_cpu_ms_per_1k_jobs = phase.server_cpu_ms_per_1k_jobs;
     checkpoint(url).await?;
@@ -125,6 +204,7 @@ async fn measure_round(
         ceiling_before,
         ceiling_after,
         server: run_result.server.clone(),
+        costs,
     })
 }
 
@@ -220,6 +300,7 @@ pub async fn check(options: CheckOptions) -> Result<()> {
     let mut rate: f64 = 0.0;
     let mut ceiling_rate: f64 = 0.0;
     let mut server = String::new();
+    let mut costs: Option<Costs> = None;
     for round in 1..=rounds {
         let r = measure_round(&url, &profile, phase_secs, ceiling_secs).await?;
         println!(
@@ -232,6 +313,14 @@ pub async fn check(options: CheckOptions) -> Result<()> {
             r.ceiling_before,
             r.ceiling_after
         );
+        println!(
+            "  fixed {FIXED_RATE} jobs/s: {:.3} commits and {:.0} B of WAL per job; idle: {:.1} commits/s, {:.0} B/s of WAL",
+            r.costs.fixed_rate_commits_per_job,
+            r.costs.fixed_rate_wal_bytes_per_job,
+            r.costs.idle_commits_per_s,
+            r.costs.idle_wal_bytes_per_s
+        );
+        costs = Some(costs.map_or(r.costs, |c| c.best(r.costs)));
         rate = rate.max(r.rate);
         ceiling_rate = ceiling_rate.max(r.ceiling_before).max(r.ceiling_after);
         server = r.server;
@@ -255,6 +344,7 @@ pub async fn check(options: CheckOptions) -> Result<()> {
             server,
             ringwork_jobs_per_s: rate,
             ceiling_jobs_per_s: ceiling_rate,
+            costs,
         };
         let text =
             serde_json::to_string_pretty(&baseline).map_err(|e| Error::Config(e.to_string()))?;
@@ -272,9 +362,20 @@ pub async fn check(options: CheckOptions) -> Result<()> {
         baseline.commit,
         baseline.tolerance * 100.0
     );
+    let mut regressions = Vec::new();
     if ratio < floor {
+        regressions.push(format!(
+            "ratio {ratio:.3} is below the baseline's floor {floor:.3}"
+        ));
+    }
+    match (costs, baseline.costs) {
+        (Some(now), Some(was)) => regressions.extend(now.over(&was, baseline.tolerance)),
+        _ => println!("the baseline has no cost figures: write one to hold them"),
+    }
+    if !regressions.is_empty() {
         return Err(Error::Config(format!(
-            "regression: ratio {ratio:.3} is below the baseline's floor {floor:.3}"
+            "regression: {}",
+            regressions.join("; ")
         )));
     }
     println!("ok");
@@ -284,6 +385,33 @@ pub async fn check(options: CheckOptions) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_above_the_baseline_by_more_than_the_tolerance_is_named() {
+        let was = Costs {
+            fixed_rate_commits_per_job: 0.65,
+            fixed_rate_wal_bytes_per_job: 980.0,
+            idle_commits_per_s: 10.0,
+            idle_wal_bytes_per_s: 200.0,
+        };
+        let within = Costs {
+            fixed_rate_commits_per_job: 0.74,
+            idle_commits_per_s: 11.0,
+            ..was
+        };
+        assert!(within.over(&was, 0.15).is_empty());
+        let worse = Costs {
+            fixed_rate_commits_per_job: 1.03,
+            idle_commits_per_s: 33.0,
+            ..was
+        };
+        let over = worse.over(&was, 0.15);
+        assert_eq!(over.len(), 2, "{over:?}");
+        assert!(over[0].starts_with("fixed-rate commits per job"));
+        assert!(over[1].starts_with("idle commits per second"));
+        // a sitting keeps each figure's best round
+        assert_eq!(worse.best(within), within);
+    }
 
     #[test]
     fn the_ceiling_rate_is_read_from_the_scripts_summary() {

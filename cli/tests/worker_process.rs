@@ -24,9 +24,10 @@ fn worker_process(db: &TestDatabase) -> (Child, Arc<AtomicU64>) {
             "16",
             "--stale-after",
             "1",
-            // keep every slot (and so all completion history) for the checks below
+            // keep every slot (and so all completion history) for the checks below: the current
+            // slots are the test template's, as old as the template, so an hour is not enough
             "--rotate-every",
-            "3600",
+            "3650d",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

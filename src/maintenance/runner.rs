@@ -204,7 +204,12 @@ pub(crate) async fn run(
                     pacing.after(Instant::now(), services, &report, &config);
                     report.record(&telemetry);
                 }
-                Some(Err(e)) => warn!(error = %e, "maintenance tick failed"),
+                Some(Err(e)) => {
+                    // what the pass did before it failed is unknown (a rotation may have sealed a
+                    // slot): prune looks at the next tick; the other services stay due
+                    pacing.prune = true;
+                    warn!(error = %e, "maintenance tick failed");
+                }
                 None => {
                     warn!("maintenance leader fenced during a tick; stepping down");
                     step_down(leader.take()).await;
@@ -401,6 +406,19 @@ mod tests {
                 retention: true,
             }
         );
+    }
+
+    #[test]
+    fn a_tick_longer_than_every_pace_runs_every_service_each_tick() {
+        let config = MaintenanceConfig {
+            tick: Duration::from_secs(30),
+            ..MaintenanceConfig::default()
+        };
+        let t0 = Instant::now();
+        let mut pacing = Pacing::new(t0);
+        pacing.after(t0, Services::ALL, &quiet(), &config);
+        let next = pacing.due(t0 + config.tick);
+        assert!(next.rotate && next.rescue && next.retention && !next.prune);
     }
 
     #[test]

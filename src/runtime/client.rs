@@ -59,7 +59,8 @@ impl ClientBuilder {
     }
 
     /// Connections the client opens for its own work, apart from your pool (default: the number
-    /// of queues plus 4; at least 3). They carry the NOTIFY listener (one, for as long as the
+    /// of queues plus 4, at most 1000; at least 3, and 4 with periodic schedules, whose first fire
+    /// into a queue without lanes holds one connection while it creates them on another). They carry the NOTIFY listener (one, for as long as the
     /// client runs), the maintenance leader's lock (one, while this process leads), and claims,
     /// completion flushes, heartbeats and maintenance passes, which wait for one another when
     /// fewer are free. A process then holds at most this many connections besides your pool's:
@@ -227,7 +228,7 @@ impl ClientBuilder {
         }
         let engine_pool_size = self
             .engine_pool_size
-            .unwrap_or(self.queues.len() as u32 + 4);
+            .unwrap_or((self.queues.len() as u32).saturating_add(4).min(1000));
         if !(3..=1000).contains(&engine_pool_size) {
             return Err(Error::Config(format!(
                 "engine_pool_size must be 3..=1000 (the listener, a claim and a completion flush \

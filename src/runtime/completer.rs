@@ -39,10 +39,19 @@ pub(super) async fn completion_batcher(
 ) {
     let mut last_flush: Option<Instant> = None;
     loop {
-        let Some(first) = rx.recv().await else { return };
-        signals.holding.store(true, Ordering::Relaxed);
-        // a ring from before this batch was for one already flushed
-        let _ = signals.now.notified().now_or_never();
+        // `holding` stays set while attempts wait in the channel (through a flush too), so a
+        // short claim meanwhile rings for them; it is cleared only to wait on an empty channel,
+        // and a ring stored before that was for attempts already flushed
+        let first = match rx.try_recv() {
+            Ok(item) => item,
+            Err(_) => {
+                signals.holding.store(false, Ordering::Relaxed);
+                let _ = signals.now.notified().now_or_never();
+                let Some(item) = rx.recv().await else { return };
+                signals.holding.store(true, Ordering::Relaxed);
+                item
+            }
+        };
         let now = Instant::now();
         let mut deadline = last_flush.map_or(now, |at| at + config.max_delay);
         let mut flush_now = hurry(&first, &mut deadline);
@@ -65,7 +74,6 @@ pub(super) async fn completion_batcher(
             }
         }
         take_waiting(&mut rx, &mut batch, config.max_batch);
-        signals.holding.store(false, Ordering::Relaxed);
         // a batch of attempts already settled writes nothing: it must not cost the next
         // completion its quiet-spell flush
         if batch.iter().any(|item| !item.settled) {
@@ -108,8 +116,8 @@ pub(crate) enum FlushHint {
 pub(crate) struct FlushSignals {
     /// Flush what is waiting now: a claim came back short.
     pub(crate) now: Notify,
-    /// The batcher holds attempts: a short claim rings `now` only then (a ring stored while it
-    /// waited empty would flush the next attempt alone).
+    /// Attempts wait in the batcher or its channel: a short claim rings `now` only then (a ring
+    /// stored while it waited empty would flush the next attempt alone).
     pub(crate) holding: AtomicBool,
 }
 

@@ -79,6 +79,15 @@ fn ahead_now(average_us: u64, max_workers: usize, claim_ahead: usize) -> usize {
         .clamp(1, claim_ahead.max(1))
 }
 
+/// An idle dispatcher's wait after its `rounds`-th empty claim in a row (`Dispatcher::idle_wait`).
+fn idle_wait(poll: Duration, listening: bool, rounds: u32) -> Duration {
+    if !listening {
+        return poll;
+    }
+    poll.saturating_mul(1 << rounds.saturating_sub(1).min(16))
+        .min(IDLE_POLL_MAX.max(poll))
+}
+
 /// How long a job claimed ahead may wait for a worker before it is handed back: four times the
 /// wait the queue's handler average predicts, at least 500 ms (a busy machine's hiccup is not a
 /// long handler, and a hand-back costs a trip through `deferred_jobs`), at most what handlers at
@@ -368,12 +377,11 @@ impl Dispatcher {
     /// `poll_interval` without a LISTEN (the poll is the only way to see new work), and with one,
     /// twice as long at each round, up to `IDLE_POLL_MAX` (or `poll_interval` when longer).
     fn idle_wait(&self, rounds: u32) -> Duration {
-        let poll = self.config.poll_interval;
-        if !self.listening.load(Ordering::Relaxed) {
-            return poll;
-        }
-        poll.saturating_mul(1 << rounds.saturating_sub(1).min(16))
-            .min(IDLE_POLL_MAX.max(poll))
+        idle_wait(
+            self.config.poll_interval,
+            self.listening.load(Ordering::Relaxed),
+            rounds,
+        )
     }
 
     /// Wait for a NOTIFY of new work in the queue, or `wait`; false when the client stops.
@@ -430,5 +438,26 @@ impl Dispatcher {
             Some(Arc::clone(&self.workers).try_acquire_owned().ok()?)
         };
         Some(Room { claim, worker })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_wait_doubles_up_to_its_cap_only_while_the_process_listens() {
+        let poll = Duration::from_millis(250);
+        let ms = |rounds| idle_wait(poll, true, rounds).as_millis();
+        assert_eq!(
+            [1, 2, 3, 4, 5, 6].map(ms),
+            [250, 500, 1000, 2000, 4000, 5000]
+        );
+        assert_eq!(ms(u32::MAX), 5000);
+        // without a LISTEN the poll is the only way to see new work
+        assert_eq!(idle_wait(poll, false, 9), poll);
+        // a poll longer than the cap is kept
+        let long = Duration::from_secs(60);
+        assert_eq!(idle_wait(long, true, 3), long);
     }
 }

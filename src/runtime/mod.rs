@@ -159,9 +159,10 @@ pub struct CompletionConfig {
     /// Finished attempts per flush at most.
     pub max_batch: usize,
     /// Under load, flushes start at most once per `max_delay`, so a finished attempt waits at most
-    /// this long for its flush to start. A completion after a quiet spell is flushed at once, and so
-    /// is every completion of a queue whose last claim came back short and left workers idle
-    /// (running dry, or cut by a fleet `max_running`).
+    /// this long for its flush to start. A completion after a quiet spell is flushed at once, and
+    /// so is the last job a queue holds while its last claim came back short and left workers idle
+    /// (running dry, or cut by a fleet `max_running`); the queue's earlier jobs then wait at most
+    /// 5 ms (`DRY_LINGER`) for the others claimed with them.
     pub max_delay: Duration,
 }
 

@@ -24,6 +24,9 @@ pub(super) fn signal_cancel(inner: &Inner, payload: &str) {
     }
 }
 
+/// How often the listener's connection is checked with a statement while it waits.
+const LISTENER_PING: Duration = Duration::from_secs(30);
+
 /// LISTEN for enqueue notifications and wake the matching dispatcher. Reconnects on failure; the
 /// dispatchers' poll interval covers the gap (and PgBouncer transaction pooling, where LISTEN
 /// does not work at all). `listening` is true while the LISTEN is in place: idle dispatchers then
@@ -89,6 +92,15 @@ pub(super) async fn listen(
                         break;
                     }
                 },
+                // a connection a middlebox dropped silently never errors while it only listens:
+                // idle dispatchers would wait IDLE_POLL_MAX for every job until it did
+                _ = tokio::time::sleep(LISTENER_PING) => {
+                    if sqlx::query("SELECT 1").execute(&mut listener).await.is_err() {
+                        listening.store(false, Ordering::Relaxed);
+                        wake_all();
+                        break;
+                    }
+                }
                 _ = stop.changed() => {
                     listening.store(false, Ordering::Relaxed);
                     return;

@@ -166,21 +166,7 @@ async fn a_running_handler_is_told_it_was_cancelled() {
     // The cancel reaches the handler through NOTIFY: wait until the client's listener has issued
     // its LISTEN on the cancel channel (the heartbeat fallback would take stale_after / 4).
     let channel = format!("ringwork_{}_cancel", db.schema);
-    let listening = eventually(Duration::from_secs(10), || {
-        let pool = db.pool.clone();
-        let channel = channel.clone();
-        async move {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                                WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0)",
-            )
-            .bind(channel)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-        }
-    })
-    .await;
+    let listening = support::listener_pid(&db, &channel).await.is_some();
     assert!(listening, "the client never listened on {channel}");
     assert_eq!(
         client.cancel(id).await.unwrap(),

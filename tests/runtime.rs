@@ -249,25 +249,6 @@ async fn a_claim_linger_over_a_second_is_refused() {
     db.cleanup().await;
 }
 
-/// The backend of the client's LISTEN session on the schema's channel, once it has issued it.
-async fn listener_pid(db: &TestDb) -> Option<i32> {
-    for _ in 0..100 {
-        let pid: Option<i32> = sqlx::query_scalar(
-            "SELECT pid FROM pg_stat_activity
-             WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0 LIMIT 1",
-        )
-        .bind(format!("ringwork_{}", db.schema))
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap();
-        if pid.is_some() {
-            return pid;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    None
-}
-
 /// An idle dispatcher claims again when an insert's NOTIFY arrives, not when its poll says so
 /// (here a minute: every pickup below within seconds is the NOTIFY's, or the listener's), and a
 /// job inserted as the listener's connection is lost is claimed when the listener wakes every
@@ -299,17 +280,23 @@ async fn an_idle_dispatcher_is_woken_by_notifications_and_by_a_lost_listener() {
             async move { metrics.completed() >= n }
         })
     };
-    let listener = listener_pid(&db).await.expect("the client never listened");
+    let channel = format!("ringwork_{}", db.schema);
+    let listener = support::listener_pid(&db, &channel)
+        .await
+        .expect("the client never listened");
+    let insert = |n: u64| {
+        let client = &client;
+        async move {
+            client
+                .insert(NewJob::new(&Count { n }).unwrap())
+                .await
+                .unwrap()
+        }
+    };
     // the start's claims are over: the dispatcher waits with nothing to do
-    client
-        .insert(NewJob::new(&Count { n: 1 }).unwrap())
-        .await
-        .unwrap();
+    insert(1).await;
     assert!(done(1).await, "the first job was not run");
-    client
-        .insert(NewJob::new(&Count { n: 2 }).unwrap())
-        .await
-        .unwrap();
+    insert(2).await;
     assert!(
         done(2).await,
         "a job inserted at an idle dispatcher waited for the poll"
@@ -323,23 +310,17 @@ async fn an_idle_dispatcher_is_woken_by_notifications_and_by_a_lost_listener() {
         .await
         .unwrap();
     assert!(terminated);
-    client
-        .insert(NewJob::new(&Count { n: 3 }).unwrap())
-        .await
-        .unwrap();
+    insert(3).await;
     assert!(
         done(3).await,
         "a job inserted while the listener was down waited for the poll"
     );
     // and the listener is back: the next insert is a NOTIFY's again
-    let again = listener_pid(&db)
+    let again = support::listener_pid(&db, &channel)
         .await
         .expect("the listener did not come back");
     assert_ne!(again, listener);
-    client
-        .insert(NewJob::new(&Count { n: 4 }).unwrap())
-        .await
-        .unwrap();
+    insert(4).await;
     assert!(
         done(4).await,
         "a job inserted after the reconnect waited for the poll"
@@ -407,6 +388,8 @@ async fn a_client_holds_no_more_connections_than_its_engine_pool_size() {
             done = true;
             break;
         }
+        // sampling the connections held while the jobs run: real time between samples is what
+        // lets the run proceed, and a sample is not a wait for a condition
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     running.shutdown(Duration::from_secs(5)).await;

@@ -145,6 +145,26 @@ pub fn no_maintenance() -> MaintenanceConfig {
 #[allow(unused_imports)] // each test binary uses a part of it
 pub use ringwork::testing::eventually;
 
+/// The backend of a client's LISTEN session on `channel` (its schema's `ringwork_<schema>`, or
+/// that with `_cancel`), once the client has issued it; None if it has not within 10 s.
+pub async fn listener_pid(db: &TestDb, channel: &str) -> Option<i32> {
+    let found = std::sync::Mutex::new(None);
+    eventually(Duration::from_secs(10), || async {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0 LIMIT 1",
+        )
+        .bind(channel)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap();
+        *found.lock().unwrap() = pid;
+        pid.is_some()
+    })
+    .await;
+    found.into_inner().unwrap()
+}
+
 /// A job of kind `count` that the runtime tests register a handler for.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Count {

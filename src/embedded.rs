@@ -73,6 +73,81 @@ impl EmbeddedPostgres {
 
     /// `start`, with extra server settings (`-c name=value`), e.g. `("autovacuum", "off")`.
     pub fn start_with(settings: &[(&str, &str)]) -> Result<Self> {
+        let embedded = Self::create()?;
+        let data = embedded.data_dir();
+        embedded.run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        )?;
+        embedded.launch(settings)?;
+        Ok(embedded)
+    }
+
+    /// A hot standby of this cluster on its own free port: a base backup (`pg_basebackup -R`,
+    /// which writes `primary_conninfo` and `standby.signal`) started with `settings`. It streams
+    /// from this cluster and answers read-only queries; `promote` makes it a primary. Its walreceiver
+    /// reports the application name `standby`, for `synchronous_standby_names`.
+    pub fn start_standby(&self, settings: &[(&str, &str)]) -> Result<Self> {
+        let standby = Self::create()?;
+        let data = standby.data_dir();
+        let primary = format!(
+            "host=127.0.0.1 port={} user=postgres application_name=standby",
+            self.port
+        );
+        standby.run(
+            "pg_basebackup",
+            &[
+                "-d",
+                &primary,
+                "-D",
+                path_str(&data)?,
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+        )?;
+        let mut settings = settings.to_vec();
+        settings.push(("hot_standby", "on"));
+        standby.launch(&settings)?;
+        Ok(standby)
+    }
+
+    /// Promote a standby to a primary (`pg_ctl promote`), waiting until it accepts writes.
+    pub fn promote(&self) -> Result<()> {
+        let data = self.data_dir();
+        self.run(
+            "pg_ctl",
+            &["-D", path_str(&data)?, "-w", "-t", "60", "promote"],
+        )
+    }
+
+    /// Stop the server as a crash would (`pg_ctl stop -m immediate`: no checkpoint, sessions cut),
+    /// and leave it stopped; dropping `self` then only removes its directory.
+    pub fn stop_immediately(&self) -> Result<()> {
+        let data = self.data_dir();
+        self.run(
+            "pg_ctl",
+            &["-D", path_str(&data)?, "-m", "immediate", "-w", "stop"],
+        )
+    }
+
+    /// The localhost port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A directory, its owner and a free port, with no cluster in it yet.
+    fn create() -> Result<Self> {
         let bindir = find_bindir()?;
         let dir = ClusterDir::create()?;
         let run_as = if is_root() {
@@ -91,35 +166,31 @@ impl EmbeddedPostgres {
             )?;
         }
         let port = free_port()?;
-        let data = dir.path().join("data");
-        let embedded = Self {
+        Ok(Self {
             dir,
             bindir,
             port,
             run_as,
-        };
-        embedded.run(
-            "initdb",
-            &[
-                "-D",
-                path_str(&data)?,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-            ],
-        )?;
-        let log = embedded.dir.path().join("postgres.log");
+        })
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Start the server on the cluster in `data`, blocking until it accepts connections.
+    fn launch(&self, settings: &[(&str, &str)]) -> Result<()> {
+        let data = self.data_dir();
+        let log = self.dir.path().join("postgres.log");
         let mut options = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
-            path_str(embedded.dir.path())?
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
+            self.port,
+            path_str(self.dir.path())?
         );
         for (name, value) in settings {
             options.push_str(&format!(" -c {name}={value}"));
         }
-        embedded.run(
+        self.run(
             "pg_ctl",
             &[
                 "-D",
@@ -133,8 +204,7 @@ impl EmbeddedPostgres {
                 "60",
                 "start",
             ],
-        )?;
-        Ok(embedded)
+        )
     }
 
     /// Leave the cluster running after `self` is dropped, but stop it and remove its directory

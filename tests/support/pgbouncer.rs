@@ -11,16 +11,26 @@ use sqlx::PgPool;
 
 use super::embedded;
 
-/// A pgbouncer process in transaction mode in front of the test server; killed on drop.
+/// A pgbouncer process in front of a server; killed on drop.
 pub struct PgBouncer {
     child: Child,
     dir: PathBuf,
+    port: u16,
+    pool_mode: &'static str,
+    server_connections: u32,
     pub url: String,
 }
 
 impl PgBouncer {
-    /// Start one with `server_connections` server connections for the test database.
+    /// Start one in transaction mode with `server_connections` server connections per database.
     pub fn start(server_url: &str, server_connections: u32) -> Self {
+        Self::start_in(server_url, server_connections, "transaction")
+    }
+
+    /// Start one with `pool_mode` (`session` or `transaction`) for every database. The database
+    /// `session` is always in session mode and leads to the server's `postgres` database: the
+    /// session pool a client behind a transaction pooler needs (`ClientBuilder::transaction_pooler`).
+    pub fn start_in(server_url: &str, server_connections: u32, pool_mode: &'static str) -> Self {
         let binary = pgbouncer_binary().expect(
             "these tests need pgbouncer: `apt-get install pgbouncer`, or set RINGWORK_PGBOUNCER",
         );
@@ -35,34 +45,16 @@ impl PgBouncer {
         std::fs::create_dir_all(&dir).expect("pgbouncer dir");
         // pgbouncer refuses to run as root: it runs as `postgres` then, and writes its log here
         set_mode(&dir, 0o777);
+        let url = format!(
+            "postgres://{}@127.0.0.1:{port}/{database}",
+            server.get_username()
+        );
         let ini = dir.join("pgbouncer.ini");
-        std::fs::write(
-            &ini,
-            format!(
-                "[databases]\n\
-                 * = host={host} port={server_port} user={user}\n\
-                 [pgbouncer]\n\
-                 listen_addr = 127.0.0.1\n\
-                 listen_port = {port}\n\
-                 unix_socket_dir =\n\
-                 auth_type = any\n\
-                 pool_mode = transaction\n\
-                 default_pool_size = {server_connections}\n\
-                 max_client_conn = 500\n\
-                 ignore_startup_parameters = extra_float_digits\n\
-                 logfile = {log}\n",
-                host = server.get_host(),
-                server_port = server.get_port(),
-                user = server.get_username(),
-                log = dir.join("pgbouncer.log").display(),
-            ),
-        )
-        .expect("pgbouncer.ini");
-        set_mode(&ini, 0o644);
         let mut command = Command::new(&binary);
         if embedded::is_root() {
             command.args(["-u", "postgres"]);
         }
+        write_ini(&ini, port, pool_mode, server_connections, &server, &dir);
         let child = command
             .arg(&ini)
             // it logs to its logfile; an inherited stderr would outlive the test binary
@@ -83,10 +75,6 @@ impl PgBouncer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
-        let url = format!(
-            "postgres://{}@127.0.0.1:{port}/{database}",
-            server.get_username()
-        );
         let started = std::time::Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -96,7 +84,35 @@ impl PgBouncer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Self { child, dir, url }
+        Self {
+            child,
+            dir,
+            port,
+            pool_mode,
+            server_connections,
+            url,
+        }
+    }
+
+    /// Point every database at another server and reload (SIGHUP, as `RELOAD` on the admin
+    /// console would): new server connections go there; clients keep their connections to
+    /// pgbouncer. A failed server login is retried after `server_login_retry = 1` s (pgbouncer's
+    /// default, 15 s, would stall every client that long after a failover).
+    pub fn repoint(&self, server_url: &str) {
+        let server: PgConnectOptions = server_url.parse().expect("server url");
+        write_ini(
+            &self.dir.join("pgbouncer.ini"),
+            self.port,
+            self.pool_mode,
+            self.server_connections,
+            &server,
+            &self.dir,
+        );
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("signal pgbouncer");
+        assert!(status.success(), "SIGHUP pgbouncer");
     }
 
     /// A pool through pgbouncer, as a service behind it would configure one: sqlx's statement
@@ -148,6 +164,44 @@ fn pgbouncer_binary() -> Option<PathBuf> {
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
         .map(|dir| dir.join("pgbouncer"))
         .find(|candidate| candidate.is_file())
+}
+
+fn write_ini(
+    ini: &std::path::Path,
+    port: u16,
+    pool_mode: &str,
+    server_connections: u32,
+    server: &PgConnectOptions,
+    dir: &std::path::Path,
+) {
+    let target = format!(
+        "host={} port={} user={}",
+        server.get_host(),
+        server.get_port(),
+        server.get_username()
+    );
+    std::fs::write(
+        ini,
+        format!(
+            "[databases]\n\
+             session = {target} dbname=postgres pool_mode=session\n\
+             * = {target}\n\
+             [pgbouncer]\n\
+             listen_addr = 127.0.0.1\n\
+             listen_port = {port}\n\
+             unix_socket_dir =\n\
+             auth_type = any\n\
+             pool_mode = {pool_mode}\n\
+             default_pool_size = {server_connections}\n\
+             max_client_conn = 500\n\
+             ignore_startup_parameters = extra_float_digits\n\
+             server_login_retry = 1\n\
+             logfile = {log}\n",
+            log = dir.join("pgbouncer.log").display(),
+        ),
+    )
+    .expect("pgbouncer.ini");
+    set_mode(ini, 0o644);
 }
 
 fn set_mode(path: &std::path::Path, mode: u32) {

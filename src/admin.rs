@@ -19,7 +19,8 @@ use crate::schema::SchemaName;
 use crate::storage::{
     ArgsText, BulkOutcome, CallbackAction, CallbackOutcome, CancelOutcome, DeadLetter,
     HorizonHolder, JobFilter, JobPage, JobRecord, JobState, ProgressRecord, PruneBlocker,
-    QueueCounts, QueueLimits, Readiness, RingSlot, ScheduleRecord, Storage, TableHealth,
+    QueueCounts, QueueLimits, Readiness, ReplicaStatus, RingSlot, ScheduleRecord, Storage,
+    TableHealth,
 };
 use crate::JobStatus;
 
@@ -273,6 +274,13 @@ impl Admin {
     /// MVCC horizon for at least `min_age`, oldest first.
     pub async fn horizon_holders(&self, min_age: Duration) -> Result<Vec<HorizonHolder>> {
         self.storage.horizon_holders(min_age).await
+    }
+
+    /// `None` on a primary. On a hot standby (a read URL for reports and dashboards), how stale its
+    /// reads may be: when its last replayed commit was made on the primary, and the WAL it received
+    /// but has not replayed yet.
+    pub async fn replica_status(&self) -> Result<Option<ReplicaStatus>> {
+        self.storage.replica_status().await
     }
 
     /// Live and dead tuples and size of every table of the schema.

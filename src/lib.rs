@@ -78,6 +78,6 @@ pub use storage::{
     CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, HorizonHolder, Inserted,
     JobFilter, JobPage, JobRecord, JobState, KeyLimit, ListedJob, Outcome, PendingJob, Progress,
     ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness,
-    RingSlot, ScheduleRecord, TableHealth,
+    ReplicaStatus, RingSlot, ScheduleRecord, TableHealth,
 };
 pub use telemetry::Telemetry;

@@ -150,7 +150,7 @@ async fn main() {
         );
     tracing_subscriber::registry().with(log).init();
     if let Err(e) = run(Cli::parse().command).await {
-        eprintln!("ringwork: {e}");
+        eprintln!("ringwork: {}", e.message());
         std::process::exit(e.exit_code());
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{exchange, header};
+use common::{csrf_of, exchange, header, value_after};
 use ringwork::testing::TestDatabase;
 
 const TOKEN: &str = "dashboard-access-token-0123456789";
@@ -37,19 +37,6 @@ fn session_cookie(head: &str) -> (String, String) {
         .expect("the session cookie")
         .to_string();
     (id, set)
-}
-
-/// The attribute value that follows `prefix` (which ends with its opening quote) in a page.
-fn value_after(body: &str, prefix: &str) -> String {
-    let at = body
-        .find(prefix)
-        .unwrap_or_else(|| panic!("no {prefix} in the page"))
-        + prefix.len();
-    body[at..].split('"').next().unwrap().to_string()
-}
-
-fn csrf_of(body: &str) -> String {
-    value_after(body, "name=\"csrf\" value=\"")
 }
 
 #[tokio::test]

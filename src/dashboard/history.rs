@@ -85,7 +85,7 @@ pub(crate) fn spawn_sampler(shared: Weak<Shared>, every: Duration) {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
-            match shared.storage.queue_counts(None).await {
+            match shared.reads.queue_counts(None).await {
                 Ok(queues) => {
                     if let Ok(mut history) = shared.history.lock() {
                         history.push(Sample {

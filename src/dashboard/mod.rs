@@ -88,6 +88,7 @@ impl std::fmt::Debug for Actions {
 /// The dashboard's configuration; [`Dashboard::router`] builds the pages.
 pub struct Dashboard {
     storage: Storage,
+    reads: Option<Storage>,
     base: String,
     hosts: Vec<String>,
     max_requests: usize,
@@ -102,6 +103,7 @@ impl Dashboard {
     pub fn new(admin: crate::Admin) -> Self {
         Self {
             storage: admin.storage().clone(),
+            reads: None,
             base: String::new(),
             hosts: Vec::new(),
             max_requests: 8,
@@ -109,6 +111,14 @@ impl Dashboard {
             horizon_min_age: Duration::from_secs(60),
             sample_every: Duration::from_secs(10),
         }
+    }
+
+    /// Read the pages from `reads` (a hot standby's URL, say) while actions still go to the
+    /// `Admin` given to `new`. Every page then says how stale it may be (`Admin::replica_status`).
+    /// Both must name the same schema.
+    pub fn read_from(mut self, reads: crate::Admin) -> Self {
+        self.reads = Some(reads.storage().clone());
+        self
     }
 
     /// The path the router is nested under (`/dashboard`), for the links and forms of the pages.
@@ -174,6 +184,7 @@ impl Dashboard {
             _ => rand::random(),
         };
         let shared = Arc::new(Shared {
+            reads: self.reads.unwrap_or_else(|| self.storage.clone()),
             storage: self.storage,
             base: self.base,
             hosts: Hosts::new(&self.hosts),
@@ -225,7 +236,10 @@ impl Dashboard {
 
 /// What every handler shares.
 pub(crate) struct Shared {
+    /// Actions, and what must be read where they are written.
     storage: Storage,
+    /// Pages and the overview's samples (`Dashboard::read_from`; else `storage`).
+    reads: Storage,
     base: String,
     hosts: Hosts,
     actions: Actions,
@@ -439,7 +453,9 @@ async fn in_layout(
         return response;
     };
     let (mut parts, _) = response.into_parts();
-    let (_, body) = pages::message_in_layout(&shared, &headers, &message).into_parts();
+    let (_, body) = pages::message_in_layout(&shared, &headers, &message)
+        .await
+        .into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, body)
 }

@@ -52,16 +52,24 @@ pub(crate) struct Message {
 }
 
 /// The message inside the layout.
-pub(crate) fn message_in_layout(
+pub(crate) async fn message_in_layout(
     shared: &Shared,
     headers: &HeaderMap,
     message: &Message,
 ) -> Response {
     let body = html! { h1 { (message.title) } p.error { (message.message) } };
-    layout(shared, headers, "", &message.title, body)
+    layout(shared, headers, "", &message.title, body).await
 }
 
-fn layout(shared: &Shared, headers: &HeaderMap, here: &str, title: &str, body: Markup) -> Response {
+async fn layout(
+    shared: &Shared,
+    headers: &HeaderMap,
+    here: &str,
+    title: &str,
+    body: Markup,
+) -> Response {
+    // a read URL may be a hot standby: every page says how stale it may be
+    let replica = shared.reads.replica_status().await.ok().flatten();
     let nav = [
         ("overview", "/", "Overview"),
         ("queues", "/queues", "Queues"),
@@ -101,6 +109,9 @@ fn layout(shared: &Shared, headers: &HeaderMap, here: &str, title: &str, body: M
                             }
                         }
                         span.mode { "schema " (shared.storage.schema().as_str()) " · " (mode) }
+                    }
+                    @if let Some(replica) = &replica {
+                        p.replica { (replica.describe()) }
                     }
                     main { (body) }
                 }
@@ -210,7 +221,7 @@ async fn queue_page(
 ) -> crate::Result<(Vec<QueueCounts>, Option<String>)> {
     let filter = ListQuery::get(&params.filter);
     let (queues, next) = shared
-        .storage
+        .reads
         .queue_counts_page(ListQuery::get(&params.after), filter, QUEUES_PER_PAGE)
         .await?;
     let next = next.map(|after| {
@@ -252,7 +263,7 @@ pub(crate) async fn overview(
     let mut unworked = Vec::with_capacity(queues.len());
     for q in &queues {
         // a probe that fails leaves that card unmarked rather than failing the page
-        let found = crate::admin::unworked_queue(&shared.storage, q, UNWORKED_AFTER).await;
+        let found = crate::admin::unworked_queue(&shared.reads, q, UNWORKED_AFTER).await;
         unworked.push(matches!(found, Ok(Some(_))));
     }
     let (since, series): (_, Vec<_>) = match shared.history.lock() {
@@ -301,7 +312,7 @@ pub(crate) async fn overview(
         }
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next queues →" } } }
     };
-    layout(&shared, &headers, "overview", "Overview", body)
+    layout(&shared, &headers, "overview", "Overview", body).await
 }
 
 fn counts_row(shared: &Shared, q: &QueueCounts, may_act: bool) -> Markup {
@@ -360,7 +371,7 @@ pub(crate) async fn queues(
         }
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next queues →" } } }
     };
-    layout(&shared, &headers, "queues", "Queues", body)
+    layout(&shared, &headers, "queues", "Queues", body).await
 }
 
 pub(crate) async fn jobs(
@@ -382,14 +393,14 @@ pub(crate) async fn jobs(
     let queue = ListQuery::get(&params.queue);
     let kind = ListQuery::get(&params.kind);
     let page = match shared
-        .storage
+        .reads
         .list_jobs(state, queue, kind, ListQuery::get(&params.after), PAGE_SIZE)
         .await
     {
         Ok(page) => page,
         Err(e) => return failure(e),
     };
-    let queues = shared.storage.queue_names().await.unwrap_or_default();
+    let queues = shared.reads.queue_names().await.unwrap_or_default();
     let time_label = match state {
         JobStatus::Available | JobStatus::Scheduled | JobStatus::Retryable => "due",
         JobStatus::Running => "claimed",
@@ -449,7 +460,7 @@ pub(crate) async fn jobs(
         @if page.jobs.is_empty() { p.muted { "No " (state.as_str()) " jobs" @if let Some(q) = queue { " in " (q) } "." } }
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
     };
-    layout(&shared, &headers, "jobs", "Jobs", body)
+    layout(&shared, &headers, "jobs", "Jobs", body).await
 }
 
 pub(crate) async fn job(
@@ -457,7 +468,7 @@ pub(crate) async fn job(
     headers: HeaderMap,
     Path(id): Path<i64>,
 ) -> Response {
-    let record = match shared.storage.load_job(id).await {
+    let record = match shared.reads.load_job(id).await {
         Ok(Some(record)) => record,
         Ok(None) => {
             return (
@@ -471,7 +482,7 @@ pub(crate) async fn job(
         }
         Err(e) => return failure(e),
     };
-    let args = match shared.storage.job_args(id, JOB_PAGE_ARGS_CHARS).await {
+    let args = match shared.reads.job_args(id, JOB_PAGE_ARGS_CHARS).await {
         Ok(args) => args,
         Err(e) => return failure(e),
     };
@@ -536,7 +547,7 @@ pub(crate) async fn job(
             }
         }
     };
-    layout(&shared, &headers, "jobs", &format!("Job {id}"), body)
+    layout(&shared, &headers, "jobs", &format!("Job {id}"), body).await
 }
 
 pub(crate) async fn dead_letters(
@@ -546,7 +557,7 @@ pub(crate) async fn dead_letters(
 ) -> Response {
     let queue = ListQuery::get(&params.queue);
     let page = match shared
-        .storage
+        .reads
         .list_jobs(
             JobStatus::DeadLettered,
             queue,
@@ -560,11 +571,7 @@ pub(crate) async fn dead_letters(
         Ok(page) => page,
         Err(e) => return failure(e),
     };
-    let queues = shared
-        .storage
-        .dead_letter_counts()
-        .await
-        .unwrap_or_default();
+    let queues = shared.reads.dead_letter_counts().await.unwrap_or_default();
     let may_act = shared.may_act(&headers);
     // the cutoff of the "all" actions: what the operator saw, not what fails after
     let shown_at = Utc::now().timestamp_millis();
@@ -650,11 +657,11 @@ pub(crate) async fn dead_letters(
             }
         }
     };
-    layout(&shared, &headers, "dlq", "Dead letters", body)
+    layout(&shared, &headers, "dlq", "Dead letters", body).await
 }
 
 pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Response {
-    let storage = &shared.storage;
+    let storage = &shared.reads;
     let (rings, blockers, tables, holders) = match tokio::try_join!(
         storage.ring_slots(),
         storage.prune_blockers(),
@@ -713,7 +720,7 @@ pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Resp
             }
         }
     };
-    layout(&shared, &headers, "storage", "Storage", body)
+    layout(&shared, &headers, "storage", "Storage", body).await
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -739,5 +746,5 @@ pub(crate) async fn login(
             }
         },
     };
-    layout(&shared, &headers, "", "Sign in", body)
+    layout(&shared, &headers, "", "Sign in", body).await
 }

@@ -14,6 +14,7 @@ pub(super) struct Statements {
     horizon_holders: String,
     table_health: String,
     maintenance_leader: String,
+    replica_status: String,
 }
 
 impl Statements {
@@ -27,6 +28,13 @@ impl Statements {
                 "SELECT table_name, live_tuples, dead_tuples, total_bytes FROM {s}.table_health()"
             ),
             maintenance_leader: format!("SELECT {s}.maintenance_leader($1)"),
+            // PostgreSQL's own recovery functions: nothing of the schema, so it answers the same
+            // on any server and needs no migration
+            replica_status: "SELECT pg_is_in_recovery(), pg_last_xact_replay_timestamp(), \
+                 extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8, \
+                 pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::int8, \
+                 CASE WHEN pg_is_in_recovery() THEN pg_is_wal_replay_paused() ELSE false END"
+                .to_string(),
         }
     }
 }
@@ -70,6 +78,43 @@ pub struct TableHealth {
     pub dead_tuples: i64,
     /// Bytes on disk, indexes and TOAST included (`pg_total_relation_size`).
     pub total_bytes: i64,
+}
+
+/// How stale reads from a hot standby may be (`Admin::replica_status`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ReplicaStatus {
+    /// When the last transaction the standby replayed committed on the primary; `None` before the
+    /// first one since the standby started.
+    pub last_replay_at: Option<DateTime<Utc>>,
+    /// Seconds from that commit to now. While the primary writes, what the standby shows is at
+    /// most this old; while the primary is idle it grows although nothing is missing.
+    pub replay_age_secs: Option<f64>,
+    /// WAL received from the primary and not yet replayed, in bytes (replay waits on a conflict
+    /// with a query, or is slower than the primary); `None` when none was received by streaming.
+    pub unreplayed_bytes: Option<i64>,
+    /// Replay was paused (`pg_wal_replay_pause()`): the standby shows a fixed past state.
+    pub replay_paused: bool,
+}
+
+impl ReplicaStatus {
+    /// One line for an operator, e.g. "read from a hot standby: last replayed commit 0.4 s old,
+    /// 0 bytes received and not yet replayed".
+    pub fn describe(&self) -> String {
+        let age = match self.replay_age_secs {
+            Some(age) => format!("last replayed commit {age:.1} s old"),
+            None => "no commit replayed since it started".to_string(),
+        };
+        let backlog = match self.unreplayed_bytes {
+            Some(bytes) => format!(", {bytes} bytes received and not yet replayed"),
+            None => String::new(),
+        };
+        let paused = if self.replay_paused {
+            "; replay is PAUSED"
+        } else {
+            ""
+        };
+        format!("read from a hot standby: {age}{backlog}{paused}")
+    }
 }
 
 /// What `/readyz` reports: can this process do its work against this database?
@@ -191,5 +236,24 @@ impl Storage {
             .bind(min_age.as_secs_f64())
             .fetch_all(self.db())
             .await?)
+    }
+
+    /// `None` on a primary; on a hot standby, how far behind the primary its reads may be.
+    pub async fn replica_status(&self) -> Result<Option<ReplicaStatus>> {
+        let (in_recovery, last_replay_at, replay_age_secs, unreplayed_bytes, replay_paused): (
+            bool,
+            Option<DateTime<Utc>>,
+            Option<f64>,
+            Option<i64>,
+            bool,
+        ) = sqlx::query_as(&self.sql.health.replica_status)
+            .fetch_one(self.db())
+            .await?;
+        Ok(in_recovery.then_some(ReplicaStatus {
+            last_replay_at,
+            replay_age_secs,
+            unreplayed_bytes,
+            replay_paused,
+        }))
     }
 }

@@ -46,6 +46,21 @@ impl From<sqlx::Error> for CliError {
 }
 
 impl CliError {
+    /// What to print: the error, and for a write refused by a hot standby what to do instead.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Ringwork(ringwork::Error::Database(sqlx::Error::Database(e)))
+                if e.code().as_deref() == Some(READ_ONLY_SQL_TRANSACTION) =>
+            {
+                format!(
+                    "{self}: this server is a read-only hot standby; run actions against the \
+                     primary"
+                )
+            }
+            _ => self.to_string(),
+        }
+    }
+
     /// 1 for a failure, 3 when the thing named does not exist (clap's usage errors are 2), so a
     /// script can tell "no such job" from "the database is down".
     pub fn exit_code(&self) -> i32 {
@@ -57,6 +72,9 @@ impl CliError {
 }
 
 pub type Result<T> = std::result::Result<T, CliError>;
+
+/// SQLSTATE of a write in a read-only transaction, which is what a hot standby answers.
+const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 
 fn config(message: impl Into<String>) -> CliError {
     CliError::Ringwork(ringwork::Error::Config(message.into()))
@@ -181,7 +199,13 @@ pub async fn open_admin_with(url: &str, schema: &str, max: u32) -> Result<Admin>
         )));
     }
     drop(conn);
-    Ok(Admin::new(pool, schema.as_str())?)
+    let admin = Admin::new(pool, schema.as_str())?;
+    // a read URL may be a hot standby: say how stale what follows may be (stderr, so the
+    // output a script parses stays the same)
+    if let Some(replica) = admin.replica_status().await? {
+        eprintln!("ringwork: {}", replica.describe());
+    }
+    Ok(admin)
 }
 
 /// A time flag: seconds (`30`, `0.5`) or a duration (`30s`, `5m`, `7d`, `1h 30m`).

@@ -33,6 +33,8 @@ struct ServeOptions {
     pub dashboard_sample: Duration,
     /// Host names the dashboard answers for, beside loopback and the listen address.
     pub dashboard_hosts: Vec<String>,
+    /// Where the dashboard's pages read (a hot standby); `None`: the primary's read pool.
+    pub dashboard_reads: Option<ringwork::Admin>,
 }
 
 #[derive(clap::Args)]
@@ -78,6 +80,12 @@ pub struct Args {
     /// its Host header is refused (421), which stops DNS-rebinding pages.
     #[arg(long = "dashboard-host", value_name = "NAME")]
     dashboard_hosts: Vec<String>,
+    /// Read the dashboard's pages from this server, a hot standby of --database-url's, with the
+    /// same schema; each page then says how stale it may be. Actions, callbacks, /metrics,
+    /// /readyz and maintenance stay on --database-url (the leader and the horizon are the
+    /// primary's, and alerts should not lag).
+    #[arg(long, env = "RINGWORK_READ_DATABASE_URL", value_name = "URL")]
+    read_database_url: Option<String>,
     #[command(flatten)]
     db: super::Db,
 }
@@ -95,6 +103,18 @@ pub async fn run(args: Args) -> super::Result<()> {
     };
     // refuses a schema that is not installed, or newer than this binary
     let admin = super::open_admin_with(&args.db.database_url, &args.db.schema, 4).await?;
+    let dashboard_reads = match &args.read_database_url {
+        Some(url) if dashboard.is_some() => Some(bounded_reads(
+            &super::open_admin_with(url, &args.db.schema, 1).await?,
+        )?),
+        Some(_) => {
+            return Err(ringwork::Error::Config(
+                "--read-database-url is where the dashboard reads: add --dashboard".into(),
+            )
+            .into())
+        }
+        None => None,
+    };
     serve(
         admin.pool().clone(),
         ServeOptions {
@@ -107,10 +127,30 @@ pub async fn run(args: Args) -> super::Result<()> {
             dashboard,
             dashboard_sample: args.dashboard_sample_secs.max(Duration::from_secs(1)),
             dashboard_hosts: args.dashboard_hosts,
+            dashboard_reads,
         },
     )
     .await?;
     Ok(())
+}
+
+/// A pool of its own on `admin`'s server for pages and scrapes, each statement bounded: a slow
+/// page or a burst of scrapes never takes the connections maintenance and callbacks need.
+fn bounded_reads(admin: &ringwork::Admin) -> ringwork::Result<ringwork::Admin> {
+    ringwork::Admin::new(
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(READ_CONNECTIONS)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(
+                admin
+                    .pool()
+                    .connect_options()
+                    .as_ref()
+                    .clone()
+                    .options([("statement_timeout", READ_STATEMENT_TIMEOUT)]),
+            ),
+        admin.schema().as_str(),
+    )
 }
 
 async fn serve(pool: sqlx::PgPool, options: ServeOptions) -> super::Result<()> {
@@ -183,23 +223,7 @@ async fn serve(pool: sqlx::PgPool, options: ServeOptions) -> super::Result<()> {
             }
         })
     });
-    // Pages and scrapes read through a pool of their own, each statement bounded: a slow page or
-    // a burst of scrapes never takes the connections maintenance and callbacks need.
-    let reads = ringwork::Admin::new(
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(READ_CONNECTIONS)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy_with(
-                client
-                    .admin()
-                    .pool()
-                    .connect_options()
-                    .as_ref()
-                    .clone()
-                    .options([("statement_timeout", READ_STATEMENT_TIMEOUT)]),
-            ),
-        schema.as_str(),
-    )?;
+    let reads = bounded_reads(&client.admin())?;
     let mut app = router(
         Endpoints::new(reads.clone())
             .prometheus(Arc::clone(&exporter))
@@ -215,6 +239,7 @@ async fn serve(pool: sqlx::PgPool, options: ServeOptions) -> super::Result<()> {
             .nest(
                 "/dashboard",
                 Dashboard::new(reads.clone())
+                    .read_from(options.dashboard_reads.unwrap_or_else(|| reads.clone()))
                     .max_concurrent_requests(READ_CONNECTIONS as usize)
                     .base_path("/dashboard")
                     .allowed_hosts(&dashboard_hosts(&options.dashboard_hosts, &listener))

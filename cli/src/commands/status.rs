@@ -7,7 +7,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use ringwork::{Admin, HorizonHolder, PruneBlocker, QueueCounts, RingSlot, UnworkedQueue};
+use ringwork::{
+    Admin, HorizonHolder, PruneBlocker, QueueCounts, ReplicaStatus, RingSlot, UnworkedQueue,
+};
 
 use super::duration;
 
@@ -54,6 +56,8 @@ pub async fn run(args: Args) -> super::Result<()> {
 struct Status {
     schema: String,
     at: DateTime<Utc>,
+    /// `null` on a primary; on a hot standby, how stale the rest may be.
+    replica: Option<ReplicaStatus>,
     queues: Vec<QueueCounts>,
     unworked: Vec<UnworkedQueue>,
     rings: Vec<RingSlot>,
@@ -69,6 +73,7 @@ async fn collect(
     Ok(Status {
         schema: admin.schema().to_string(),
         at: Utc::now(),
+        replica: admin.replica_status().await?,
         queues: admin.queue_counts(None).await?,
         unworked: admin.unworked_queues(unworked_after).await?,
         rings: admin.ring_slots().await?,
@@ -167,6 +172,16 @@ fn render(s: &Status, horizon_min_age: Duration, unworked_after: Duration) -> St
         s.schema,
         s.at.format("%Y-%m-%d %H:%M:%S UTC")
     );
+    if let Some(replica) = &s.replica {
+        // locks and horizons are per server: the standby's own sessions, not the primary's
+        out.insert_str(
+            out.len() - "\nqueues\n".len(),
+            &format!(
+                "{}\n(prune blockers and horizon holders below are the standby's own sessions)\n",
+                replica.describe()
+            ),
+        );
+    }
     out.push_str(&counts_table(&s.queues, "  "));
     out.push_str(&format!(
         "\nnot worked (available jobs waiting {} or more, no claim for as long)\n",

@@ -107,3 +107,17 @@ pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         key.eq_ignore_ascii_case(name).then(|| value.trim())
     })
 }
+
+/// The attribute value that follows `prefix` (which ends with its opening quote) in a page.
+pub fn value_after(body: &str, prefix: &str) -> String {
+    let at = body
+        .find(prefix)
+        .unwrap_or_else(|| panic!("no {prefix} in the page"))
+        + prefix.len();
+    body[at..].split('"').next().unwrap().to_string()
+}
+
+/// The CSRF field of a dashboard page's forms.
+pub fn csrf_of(body: &str) -> String {
+    value_after(body, "name=\"csrf\" value=\"")
+}

@@ -61,28 +61,46 @@ pub(crate) async fn reader_loop(url: String, schema: String, stop: Arc<tokio::sy
 }
 
 /// `pg_dump` of the benchmark database, over and over: each dump holds AccessShare on every table
-/// (ring children included) for its whole run, which is what keeps prune's ACCESS EXCLUSIVE out.
-pub(crate) async fn pg_dump_loop(url: String, stop: Arc<tokio::sync::Notify>) {
+/// (ring children included) for its whole run, which is what keeps prune's ACCESS EXCLUSIVE out
+/// (on a standby, what keeps the replay of a rotation's TRUNCATE waiting). `extra` goes to every
+/// dump (`--exclude-schema=...`); `label` names the loop in its closing line.
+pub(crate) async fn pg_dump_loop(
+    url: String,
+    extra: Vec<String>,
+    label: &'static str,
+    stop: Arc<tokio::sync::Notify>,
+) {
     let pg_dump = match ringwork::embedded::find_bindir() {
         Ok(dir) => dir.join("pg_dump"),
         Err(_) => PathBuf::from("pg_dump"),
     };
     let (mut dumps, mut failed, mut busy) = (0u32, 0u32, Duration::ZERO);
+    let mut longest = Duration::ZERO;
+    let mut first_error = None;
     loop {
         let started = Instant::now();
         let dump = Command::new(&pg_dump)
             .args(["--dbname", &url, "--file", "/dev/null"])
+            .args(&extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
-            .status();
+            .output();
         tokio::select! {
-            status = dump => {
-                busy += started.elapsed();
-                match status {
-                    Ok(s) if s.success() => dumps += 1,
-                    _ => {
+            output = dump => {
+                let took = started.elapsed();
+                busy += took;
+                longest = longest.max(took);
+                match output {
+                    Ok(o) if o.status.success() => dumps += 1,
+                    other => {
                         failed += 1;
+                        if first_error.is_none() {
+                            first_error = Some(match other {
+                                Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                                Err(e) => e.to_string(),
+                            });
+                        }
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -91,9 +109,109 @@ pub(crate) async fn pg_dump_loop(url: String, stop: Arc<tokio::sync::Notify>) {
         }
     }
     eprintln!(
-        "   pg-dump: {dumps} dumps completed ({failed} failed), {:.1} s each on average",
-        busy.as_secs_f64() / f64::from(dumps.max(1))
+        "   {label}: {dumps} dumps completed ({failed} failed), {:.1} s each on average, the \
+         longest {:.1} s{}",
+        busy.as_secs_f64() / f64::from(dumps.max(1)),
+        longest.as_secs_f64(),
+        first_error
+            .map(|e| format!("; first failure: {e}"))
+            .unwrap_or_default()
     );
+}
+
+/// A report on a standby, over and over: one REPEATABLE READ transaction counts the schema's
+/// waiting jobs (every `ready_entries` child: ACCESS SHARE on each, and a snapshot), sits for
+/// `hold` as a long report would, and counts again.
+pub(crate) async fn report_loop(
+    url: String,
+    schema: String,
+    hold: Duration,
+    stop: Arc<tokio::sync::Notify>,
+) {
+    let Ok(pool) = PgPoolOptions::new().max_connections(1).connect(&url).await else {
+        eprintln!("   standby report: cannot connect");
+        return;
+    };
+    let (mut done, mut failed) = (0u32, 0u32);
+    let mut first_error = None;
+    let count = format!("SELECT count(*) FROM {schema}.ready_entries");
+    loop {
+        let report = async {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query_scalar::<_, i64>(&count)
+                .fetch_one(&mut *tx)
+                .await?;
+            sqlx::query("SELECT pg_sleep($1)")
+                .bind(hold.as_secs_f64())
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query_scalar::<_, i64>(&count)
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await
+        };
+        tokio::select! {
+            result = report => match result {
+                Ok(()) => done += 1,
+                Err(e) => {
+                    failed += 1;
+                    first_error.get_or_insert_with(|| e.to_string());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            },
+            _ = stop.notified() => break,
+        }
+    }
+    eprintln!(
+        "   standby report ({} s each): {done} completed, {failed} failed{}",
+        hold.as_secs(),
+        first_error
+            .map(|e| format!("; first failure: {e}"))
+            .unwrap_or_default()
+    );
+    pool.close().await;
+}
+
+/// The standby's distance behind the primary, from the primary's `pg_stat_replication` once a
+/// second: WAL not yet replayed (bytes) and `replay_lag`; the peak and the last value.
+pub(crate) async fn replay_lag_loop(primary_url: String, stop: Arc<tokio::sync::Notify>) {
+    let Ok(pool) = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&primary_url)
+        .await
+    else {
+        return;
+    };
+    let (mut peak_bytes, mut peak_secs, mut last) = (0i64, 0f64, (0i64, 0f64));
+    loop {
+        let row: Option<(Option<i64>, Option<f64>)> = sqlx::query_as(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::int8, \
+             extract(epoch FROM replay_lag)::float8 FROM pg_stat_replication LIMIT 1",
+        )
+        .fetch_optional(&pool)
+        .await
+        .ok()
+        .flatten();
+        if let Some((bytes, secs)) = row {
+            last = (bytes.unwrap_or(0), secs.unwrap_or(0.0));
+            peak_bytes = peak_bytes.max(last.0);
+            peak_secs = peak_secs.max(last.1);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.notified() => break,
+        }
+    }
+    eprintln!(
+        "   standby replay: peak {:.1} MB ({peak_secs:.1} s) behind, at the end {:.1} MB ({:.1} s)",
+        peak_bytes as f64 / 1e6,
+        last.0 as f64 / 1e6,
+        last.1
+    );
+    pool.close().await;
 }
 
 /// Sequence numbers of jobs enqueued by held transactions: far above the producer's.

@@ -99,7 +99,9 @@ enum Command {
         /// pg-restart, soak, open-producer-tx, paused-queue, long-hold (fixed rate, horizon held),
         /// pg-dump (saturation, pg_dump in a loop, then a clean phase), held-reader (saturation, one
         /// idle REPEATABLE READ transaction holding ACCESS SHARE on every table, then a clean phase),
-        /// idle (one job a second, then none: what the processes cost with nothing to do).
+        /// idle (one job a second, then none: what the processes cost with nothing to do),
+        /// standby-readers (saturation while a hot standby of the throwaway cluster serves pg_dump
+        /// in a loop and a 60-s report; RINGWORK_BENCH_STANDBY_SETTINGS, RINGWORK_BENCH_DUMP_ARGS).
         #[arg(long, default_value = "saturation")]
         scenarios: String,
         /// Seconds per phase.

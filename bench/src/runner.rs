@@ -15,7 +15,9 @@ use ringwork::SchemaName;
 use ringwork::Storage;
 use ringwork::{Error, Result};
 
-use crate::disturbances::{hold_loop, pg_dump_loop, reader_loop, repeatable_read_tables};
+use crate::disturbances::{
+    hold_loop, pg_dump_loop, reader_loop, repeatable_read_tables, replay_lag_loop, report_loop,
+};
 use crate::processes::{spawn_child, stop_child, Processes};
 use crate::report::{print_run, write_outputs, PausedQueueResult, PhaseResult, RunResult};
 use crate::sampler::{sample, summarise};
@@ -375,6 +377,8 @@ pub(crate) async fn run_phase(
     let mut holders = Vec::new();
     let mut held_child: Option<Child> = None;
     let mut trickle = None;
+    // the standby-readers phase's standby, stopped and removed when the phase ends
+    let mut standby = None;
     match phase.disturbance {
         Disturbance::NoJobs => {
             if let Some(mut producer) = processes.producer.take() {
@@ -414,8 +418,49 @@ pub(crate) async fn run_phase(
         Disturbance::PgDump => {
             readers.push(tokio::spawn(pg_dump_loop(
                 server.url.clone(),
+                Vec::new(),
+                "pg-dump",
                 Arc::clone(&stop_readers),
             )));
+        }
+        Disturbance::StandbyReaders => {
+            let primary = server.embedded.as_ref().ok_or_else(|| {
+                Error::Config(
+                    "standby-readers makes a standby of the throwaway cluster: run it without \
+                     DATABASE_URL"
+                        .into(),
+                )
+            })?;
+            let settings = standby_settings()?;
+            let pairs: Vec<(&str, &str)> = settings
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            eprintln!("   standby-readers: a hot standby with {pairs:?}");
+            let made = primary
+                .start_standby(&pairs)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            let dump_args: Vec<String> = std::env::var("RINGWORK_BENCH_DUMP_ARGS")
+                .map(|a| a.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default();
+            eprintln!("   standby-readers: pg_dump {dump_args:?}, and a 60-s report on the ring");
+            readers.push(tokio::spawn(pg_dump_loop(
+                made.url(),
+                dump_args,
+                "standby pg-dump",
+                Arc::clone(&stop_readers),
+            )));
+            readers.push(tokio::spawn(report_loop(
+                made.url(),
+                processes.system.schema().to_string(),
+                Duration::from_secs(60),
+                Arc::clone(&stop_readers),
+            )));
+            readers.push(tokio::spawn(replay_lag_loop(
+                server.url.clone(),
+                Arc::clone(&stop_readers),
+            )));
+            standby = Some(made);
         }
         Disturbance::PausedQueue => match storage {
             Some(storage) => {
@@ -558,6 +603,7 @@ pub(crate) async fn run_phase(
             reader.abort();
         }
     }
+    drop(standby);
     // held transactions commit what they hold as soon as they are told to stop
     stop_holders.store(true, Ordering::Relaxed);
     for holder in holders {
@@ -668,4 +714,22 @@ pub(crate) async fn resume_and_drain(
         result.parked_before_resume, result.drained, result.drain_s, result.lost, result.duplicates
     );
     Ok(result)
+}
+
+/// The standby-readers standby's settings: `RINGWORK_BENCH_STANDBY_SETTINGS`, comma-separated
+/// `name=value` (e.g. `hot_standby_feedback=on,max_standby_streaming_delay=-1`); none means
+/// PostgreSQL's defaults.
+fn standby_settings() -> Result<Vec<(String, String)>> {
+    let Ok(text) = std::env::var("RINGWORK_BENCH_STANDBY_SETTINGS") else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .filter(|item| !item.trim().is_empty())
+        .map(|item| match item.split_once('=') {
+            Some((name, value)) => Ok((name.trim().to_string(), value.trim().to_string())),
+            None => Err(Error::Config(format!(
+                "RINGWORK_BENCH_STANDBY_SETTINGS: {item:?} is not name=value"
+            ))),
+        })
+        .collect()
 }

@@ -73,6 +73,7 @@ pub enum Scenario {
     PausedQueue,
     LongHold,
     PgDump,
+    StandbyReaders,
     HeldReader,
     Idle,
 }
@@ -91,6 +92,7 @@ impl Scenario {
             "paused-queue" => Self::PausedQueue,
             "long-hold" => Self::LongHold,
             "pg-dump" => Self::PgDump,
+            "standby-readers" => Self::StandbyReaders,
             "held-reader" => Self::HeldReader,
             "idle" => Self::Idle,
             other => {
@@ -116,6 +118,7 @@ impl Scenario {
             Self::PausedQueue => "paused-queue",
             Self::LongHold => "long-hold",
             Self::PgDump => "pg-dump",
+            Self::StandbyReaders => "standby-readers",
             Self::HeldReader => "held-reader",
             Self::Idle => "idle",
         }
@@ -154,6 +157,13 @@ impl Scenario {
             Self::PgDump => vec![
                 short("clean"),
                 phase("pg-dump", Disturbance::PgDump),
+                short("after"),
+            ],
+            // a streaming standby serving dumps and a long report for the phase (the clean phase,
+            // before the standby exists, is the rate without one), then the standby is gone
+            Self::StandbyReaders => vec![
+                short("clean"),
+                phase("standby-readers", Disturbance::StandbyReaders),
                 short("after"),
             ],
             // pg_dump's locks and snapshot without its work: what the ring pays for the reader
@@ -218,6 +228,10 @@ pub(crate) enum Disturbance {
     Readers,
     /// `pg_dump` of the whole benchmark database to /dev/null, back to back.
     PgDump,
+    /// A hot standby of the throwaway cluster (`RINGWORK_BENCH_STANDBY_SETTINGS`), made as the
+    /// phase starts; on it `pg_dump` back to back (with `RINGWORK_BENCH_DUMP_ARGS`) and a
+    /// 60-s REPEATABLE READ report on the ring; replay lag sampled on the primary.
+    StandbyReaders,
     /// One REPEATABLE READ transaction reads a row of every table of the schema (ACCESS SHARE on
     /// each, ring children included, and a snapshot), then sits idle for the phase: a report left
     /// open, or pg_dump's locks without its work.
@@ -308,6 +322,10 @@ mod tests {
         }
         assert_eq!(Scenario::parse("idle-in-tx").unwrap(), Scenario::IdleInTx);
         assert_eq!(Scenario::parse("idle").unwrap(), Scenario::Idle);
+        assert_eq!(
+            Scenario::parse("standby-readers").unwrap(),
+            Scenario::StandbyReaders
+        );
         assert!(Scenario::parse("idle-in").is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! A throwaway PostgreSQL cluster for the demo, the benchmark and machines without a running
 //! server: initdb and pg_ctl from the installed server binaries, in a temporary directory removed
-//! on drop. PostgreSQL refuses to run as root, so as root the cluster is run as the `postgres`
+//! on drop; a hot standby of it; and a PgBouncer in front of either, for the tests and the bench. PostgreSQL refuses to run as root, so as root the cluster is run as the `postgres`
 //! system user.
 //!
 //! Standard library only (feature `embedded`): the CLI's demo, the benchmark runner and the test
@@ -363,4 +363,182 @@ pub fn find_bindir() -> Result<PathBuf> {
                 .into(),
         )
     })
+}
+
+/// Where a [`PgBouncer`] sends its server connections.
+#[derive(Clone, Debug)]
+pub struct BouncerTarget {
+    /// Server host name or address.
+    pub host: String,
+    /// Server port.
+    pub port: u16,
+    /// The role every server connection logs in as.
+    pub user: String,
+}
+
+/// A PgBouncer process (Debian's `pgbouncer`, found on PATH, in /usr/sbin, or at
+/// `$RINGWORK_PGBOUNCER`) on a free localhost port, in front of one server: every database name is
+/// forwarded to the server's database of that name, and the database `session` always pools by
+/// session and leads to `postgres` (the session pool a client behind a transaction pooler needs).
+/// A failed server login is retried after 1 s (`server_login_retry`; PgBouncer's default, 15 s,
+/// would stall every client that long after a failover). Killed on drop, or when the process that
+/// started it exits.
+pub struct PgBouncer {
+    child: std::process::Child,
+    dir: ClusterDir,
+    port: u16,
+    pool_mode: String,
+    pool_size: u32,
+}
+
+impl PgBouncer {
+    /// Start one with `pool_mode` (`session` or `transaction`) and `pool_size` server connections
+    /// per database and role. Blocks until it listens.
+    pub fn start(target: &BouncerTarget, pool_mode: &str, pool_size: u32) -> Result<Self> {
+        let binary = pgbouncer_binary().ok_or_else(|| {
+            EmbeddedError(
+                "pgbouncer is not installed: `apt-get install pgbouncer`, or set RINGWORK_PGBOUNCER"
+                    .into(),
+            )
+        })?;
+        let dir = ClusterDir::create()?;
+        // pgbouncer refuses to run as root: it runs as `postgres` then, and writes its log here
+        set_mode(dir.path(), 0o777)?;
+        let port = free_port()?;
+        let bouncer_ini = dir.path().join("pgbouncer.ini");
+        write_bouncer_ini(&bouncer_ini, port, pool_mode, pool_size, target, dir.path())?;
+        let mut command = Command::new(&binary);
+        if is_root() {
+            command.args(["-u", "postgres"]);
+        }
+        let child = command
+            .arg(&bouncer_ini)
+            // it logs to its logfile; an inherited stderr would outlive the process
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| EmbeddedError(format!("start {}: {e}", binary.display())))?;
+        // a watchdog stops it when this process exits (a static one is never dropped)
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill {} 2>/dev/null",
+                std::process::id(),
+                child.id()
+            ))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let bouncer = Self {
+            child,
+            dir,
+            port,
+            pool_mode: pool_mode.to_string(),
+            pool_size,
+        };
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if started.elapsed() > std::time::Duration::from_secs(10) {
+                return Err(EmbeddedError(format!(
+                    "pgbouncer did not listen on {port} within 10 s (log: {})",
+                    bouncer.dir.path().join("pgbouncer.log").display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Ok(bouncer)
+    }
+
+    /// Send every database to another server and reload (SIGHUP, as `RELOAD` on the admin console
+    /// would): new server connections go there; clients keep their connections to PgBouncer.
+    pub fn repoint(&self, target: &BouncerTarget) -> Result<()> {
+        write_bouncer_ini(
+            &self.dir.path().join("pgbouncer.ini"),
+            self.port,
+            &self.pool_mode,
+            self.pool_size,
+            target,
+            self.dir.path(),
+        )?;
+        check(
+            Command::new("kill")
+                .args(["-HUP", &self.child.id().to_string()])
+                .output(),
+            "signal pgbouncer to reload",
+        )
+    }
+
+    /// The URL of `database` through PgBouncer, as role `user`.
+    pub fn url(&self, user: &str, database: &str) -> String {
+        format!("postgres://{user}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Whether the pgbouncer binary is installed.
+    pub fn installed() -> bool {
+        pgbouncer_binary().is_some()
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pgbouncer_binary() -> Option<PathBuf> {
+    if let Ok(path) = std::env::var("RINGWORK_PGBOUNCER") {
+        return Some(PathBuf::from(path));
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+        .map(|dir| dir.join("pgbouncer"))
+        .find(|candidate| candidate.is_file())
+}
+
+fn write_bouncer_ini(
+    ini: &Path,
+    port: u16,
+    pool_mode: &str,
+    pool_size: u32,
+    target: &BouncerTarget,
+    dir: &Path,
+) -> Result<()> {
+    let server = format!(
+        "host={} port={} user={}",
+        target.host, target.port, target.user
+    );
+    std::fs::write(
+        ini,
+        format!(
+            "[databases]\n\
+             session = {server} dbname=postgres pool_mode=session\n\
+             * = {server}\n\
+             [pgbouncer]\n\
+             listen_addr = 127.0.0.1\n\
+             listen_port = {port}\n\
+             unix_socket_dir =\n\
+             auth_type = any\n\
+             pool_mode = {pool_mode}\n\
+             default_pool_size = {pool_size}\n\
+             max_client_conn = 1000\n\
+             ignore_startup_parameters = extra_float_digits\n\
+             server_login_retry = 1\n\
+             logfile = {log}\n",
+            log = dir.join("pgbouncer.log").display(),
+        ),
+    )
+    .map_err(|e| EmbeddedError(format!("cannot write {}: {e}", ini.display())))?;
+    set_mode(ini, 0o644)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| EmbeddedError(format!("chmod {}: {e}", path.display())))
 }

@@ -101,7 +101,8 @@ enum Command {
         /// idle REPEATABLE READ transaction holding ACCESS SHARE on every table, then a clean phase),
         /// idle (one job a second, then none: what the processes cost with nothing to do),
         /// standby-readers (saturation while a hot standby of the throwaway cluster serves pg_dump
-        /// in a loop and a 60-s report; RINGWORK_BENCH_STANDBY_SETTINGS, RINGWORK_BENCH_DUMP_ARGS).
+        /// in a loop and a 60-s report; RINGWORK_BENCH_STANDBY_SETTINGS, RINGWORK_BENCH_DUMP_ARGS),
+        /// failover (alone: through PgBouncer, the primary killed and its standby promoted).
         #[arg(long, default_value = "saturation")]
         scenarios: String,
         /// Seconds per phase.

@@ -8,7 +8,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
-use ringwork::embedded::EmbeddedPostgres;
+use ringwork::embedded::{BouncerTarget, EmbeddedPostgres, PgBouncer};
 use ringwork::Client;
 use ringwork::NewJob;
 use ringwork::SchemaName;
@@ -31,6 +31,8 @@ pub(crate) struct Server {
     pub(crate) url: String,
     pub(crate) embedded: Option<EmbeddedPostgres>,
     pub(crate) restart_cmd: Option<String>,
+    /// The failover scenario's standby and the PgBouncer in front (`url` is PgBouncer's).
+    pub(crate) failover: Option<(EmbeddedPostgres, PgBouncer)>,
 }
 
 /// "PostgreSQL 15.x, autovacuum on" for the report: a figure measured with autovacuum off is the
@@ -87,6 +89,32 @@ pub(crate) async fn analyze_loop(
 }
 
 impl Server {
+    /// Kill the primary, promote the standby, re-point PgBouncer at it; prints how long each took.
+    pub(crate) fn fail_over(&self) -> Result<()> {
+        let (Some(primary), Some((standby, bouncer))) = (&self.embedded, &self.failover) else {
+            return Err(Error::Config(
+                "failover needs the scenario's standby".into(),
+            ));
+        };
+        let config = |e: ringwork::embedded::EmbeddedError| Error::Config(e.to_string());
+        let started = Instant::now();
+        primary.stop_immediately().map_err(config)?;
+        let killed = started.elapsed();
+        standby.promote().map_err(config)?;
+        let promoted = started.elapsed();
+        bouncer
+            .repoint(&local_target(standby.port()))
+            .map_err(config)?;
+        eprintln!(
+            "\n   failover: primary killed in {:.2} s, standby promoted at {:.2} s, PgBouncer \
+             re-pointed at {:.2} s",
+            killed.as_secs_f64(),
+            promoted.as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
     pub(crate) async fn restart(&self) -> Result<()> {
         if let Some(pg) = &self.embedded {
             return pg.restart().map_err(|e| Error::Config(e.to_string()));
@@ -126,6 +154,7 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
             url: url.clone(),
             embedded: None,
             restart_cmd: config.pg_restart_cmd.clone(),
+            failover: None,
         },
         None => {
             eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster…");
@@ -138,10 +167,15 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
             }
             let pg = EmbeddedPostgres::start_with(&settings)
                 .map_err(|e| Error::Config(e.to_string()))?;
-            Server {
-                url: pg.url(),
-                embedded: Some(pg),
-                restart_cmd: None,
+            if config.scenarios.contains(&Scenario::Failover) {
+                failover_server(&config, pg, &settings).await?
+            } else {
+                Server {
+                    url: pg.url(),
+                    embedded: Some(pg),
+                    restart_cmd: None,
+                    failover: None,
+                }
             }
         }
     };
@@ -159,6 +193,69 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
         }
     }
     Ok(results)
+}
+
+/// The failover scenario's server: a streaming standby of `primary` (synchronous unless
+/// `RINGWORK_BENCH_FAILOVER_ASYNC=1`), and a PgBouncer in session mode in front that every process
+/// connects through. One run per cluster pair: the scenario consumes its primary.
+async fn failover_server(
+    config: &BenchConfig,
+    primary: EmbeddedPostgres,
+    settings: &[(&str, &str)],
+) -> Result<Server> {
+    if config.scenarios.len() != 1 || config.profiles.len() != 1 || config.systems.len() != 1 {
+        return Err(Error::Config(
+            "failover kills its primary: run it alone, with one profile and one system".into(),
+        ));
+    }
+    let embedded = |e: ringwork::embedded::EmbeddedError| Error::Config(e.to_string());
+    let standby = primary.start_standby(settings).map_err(embedded)?;
+    let synchronous = env_number("RINGWORK_BENCH_FAILOVER_ASYNC") != Some(1);
+    let admin = connect_admin(&primary.url()).await?;
+    if synchronous {
+        sqlx::query("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+            .execute(&admin)
+            .await?;
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(&admin)
+            .await?;
+    }
+    let wanted = if synchronous { "sync" } else { "async" };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let streaming: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_replication WHERE sync_state = $1")
+                .bind(wanted)
+                .fetch_one(&admin)
+                .await?;
+        if streaming == 1 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Config(format!(
+                "the standby did not stream as {wanted} within 30 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    admin.close().await;
+    let bouncer =
+        PgBouncer::start(&local_target(primary.port()), "session", 190).map_err(embedded)?;
+    eprintln!("failover: a {wanted} standby, every process through PgBouncer in session mode");
+    Ok(Server {
+        url: bouncer.url("postgres", "postgres"),
+        embedded: Some(primary),
+        restart_cmd: None,
+        failover: Some((standby, bouncer)),
+    })
+}
+
+fn local_target(port: u16) -> BouncerTarget {
+    BouncerTarget {
+        host: "127.0.0.1".into(),
+        port,
+        user: "postgres".into(),
+    }
 }
 
 pub(crate) async fn connect_admin(url: &str) -> Result<PgPool> {
@@ -532,6 +629,11 @@ pub(crate) async fn run_phase(
                         processes.workers.remove(0);
                         killed_at = Some(Instant::now());
                     }
+                }
+                Disturbance::Failover => {
+                    disturbed = true;
+                    server.fail_over()?;
+                    disturbance_over = Some(started.elapsed().as_secs_f64());
                 }
                 Disturbance::RestartPostgres => {
                     disturbed = true;

@@ -74,6 +74,7 @@ pub enum Scenario {
     LongHold,
     PgDump,
     StandbyReaders,
+    Failover,
     HeldReader,
     Idle,
 }
@@ -93,6 +94,7 @@ impl Scenario {
             "long-hold" => Self::LongHold,
             "pg-dump" => Self::PgDump,
             "standby-readers" => Self::StandbyReaders,
+            "failover" => Self::Failover,
             "held-reader" => Self::HeldReader,
             "idle" => Self::Idle,
             other => {
@@ -119,6 +121,7 @@ impl Scenario {
             Self::LongHold => "long-hold",
             Self::PgDump => "pg-dump",
             Self::StandbyReaders => "standby-readers",
+            Self::Failover => "failover",
             Self::HeldReader => "held-reader",
             Self::Idle => "idle",
         }
@@ -165,6 +168,12 @@ impl Scenario {
                 short("clean"),
                 phase("standby-readers", Disturbance::StandbyReaders),
                 short("after"),
+            ],
+            // the primary is killed a few seconds into the second phase, its standby promoted and
+            // the pooler re-pointed; recovery is the time back to 90 % of the clean rate
+            Self::Failover => vec![
+                phase("clean", Disturbance::None),
+                phase("failover", Disturbance::Failover),
             ],
             // pg_dump's locks and snapshot without its work: what the ring pays for the reader
             // alone, apart from the cores a reader's own scans take
@@ -240,6 +249,9 @@ pub(crate) enum Disturbance {
     KillWorker,
     /// Restart PostgreSQL a few seconds in.
     RestartPostgres,
+    /// Kill the primary a few seconds in (`pg_ctl stop -m immediate`), promote its streaming
+    /// standby and re-point the PgBouncer every process connects through.
+    Failover,
     /// `held_txs` producer transactions, each enqueuing one job into the benchmark queue and
     /// holding its transaction open `hold` before committing, over and over (ringwork only).
     OpenProducerTxs,
@@ -326,6 +338,7 @@ mod tests {
             Scenario::parse("standby-readers").unwrap(),
             Scenario::StandbyReaders
         );
+        assert_eq!(Scenario::parse("failover").unwrap(), Scenario::Failover);
         assert!(Scenario::parse("idle-in").is_err());
     }
 }

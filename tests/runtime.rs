@@ -403,3 +403,77 @@ async fn a_client_holds_no_more_connections_than_its_engine_pool_size() {
     pool.close().await;
     db.cleanup().await;
 }
+
+/// A fleet of small processes fits a server's connection limit when each states its budget: 16
+/// clients, each with an application pool of 2 and `engine_pool_size(3)`, one of them leading
+/// maintenance and the others trying its lock, run 1,600 jobs on a throwaway server with
+/// `max_connections = 100` and never hold more than 16 x 5 = 80 connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_processes_of_five_connections_fit_in_a_hundred() {
+    let server = support::embedded::EmbeddedPostgres::start_with(&[("max_connections", "100")])
+        .expect("throwaway cluster");
+    let url = server.url();
+    let watcher = TestDb::connect(&url, 1).await;
+    let limit: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&watcher)
+        .await
+        .unwrap();
+    assert_eq!(limit, "100");
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let mut fleet = Vec::new();
+    for process in 0..16 {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_lazy_with(options.clone().application_name("ringwork-fleet"));
+        let client = Client::builder(pool)
+            .schema("fleet")
+            .engine_pool_size(3)
+            .maintenance(fast_maintenance())
+            .queue("default", queue(2))
+            .register(|_ctx: JobContext, _args: Count| async {
+                tokio::task::yield_now().await;
+                Ok::<(), JobError>(())
+            })
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("process {process}: {e}"));
+        let running = client.start().await.unwrap();
+        fleet.push((client, running));
+    }
+    let jobs: Vec<_> = (0..1600)
+        .map(|n| NewJob::new(&Count { n }).unwrap())
+        .collect();
+    for chunk in jobs.chunks(100) {
+        fleet[0].0.insert_many(chunk).await.unwrap();
+    }
+    let (mut peak, mut done) = (0_i64, false);
+    for _ in 0..2400 {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ringwork-fleet'",
+        )
+        .fetch_one(&watcher)
+        .await
+        .unwrap();
+        peak = peak.max(held);
+        let completed: u64 = fleet.iter().map(|(c, _)| c.metrics().completed()).sum();
+        if completed >= 1600 {
+            done = true;
+            break;
+        }
+        // sampling the connections held while the jobs run (see the test above)
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let completed: u64 = fleet.iter().map(|(c, _)| c.metrics().completed()).sum();
+    for (_, running) in fleet {
+        running.shutdown(Duration::from_secs(5)).await;
+    }
+    assert!(done, "1,600 jobs were not run ({completed} were)");
+    assert!(peak <= 80, "the fleet held {peak} connections");
+    assert!(
+        peak >= 32,
+        "the sampling never saw the fleet at work ({peak})"
+    );
+    eprintln!("16 processes of 2 + 3 connections: peak {peak} connections of 100");
+    watcher.close().await;
+}

@@ -279,16 +279,18 @@ async fn oldest_available_wait_follows_the_queue_head_and_skips_open_transaction
 /// is not MVCC-safe: a statement whose snapshot predates the prune's commit, and that waits for the
 /// slot's lock, would find the slot empty and the totals row invisible. Both sides are driven
 /// explicitly: the prune holds its locks in an open transaction until the count is seen waiting.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_count_waiting_on_a_prune_sees_its_completions_exactly_once() {
-    let db = TestDb::new().await;
+/// Three jobs completed in a sealed queue slot, and a prune of that slot in a transaction kept
+/// open (its children locked and truncated; its totals, archive and ledger rows not yet visible).
+async fn completed_then_pruning(
+    db: &TestDb,
+) -> (Vec<i64>, sqlx::Transaction<'static, sqlx::Postgres>) {
     let storage = db.storage();
-    let ids = support::enqueue(&db, (0..3).map(job).collect()).await;
+    let ids = support::enqueue(db, (0..3).map(job).collect()).await;
     let claimed = storage.claim("default", 3, None).await.unwrap();
     assert_eq!(claimed.len(), ids.len());
     let attempts: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
     storage.complete_batch(&attempts).await.unwrap();
-    assert_eq!(counts(&db, "default").await.completed, 3);
+    assert_eq!(counts(db, "default").await.completed, 3);
     storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
     storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
     for slot in storage.sealed_claim_slots().await.unwrap() {
@@ -298,11 +300,9 @@ async fn a_count_waiting_on_a_prune_sees_its_completions_exactly_once() {
             .unwrap();
     }
     let slot = storage.sealed_queue_slots().await.unwrap()[0];
-
-    // the prune, in a transaction it keeps open: the slot's children are locked and truncated
     let mut pruner = db.pool.begin().await.unwrap();
     let pruned: String = sqlx::query_scalar(&format!(
-        "SELECT {}.prune_queue_slot($1, '25ms', interval '0', interval '7 days', NULL)",
+        "SELECT {}.prune_queue_slot($1, '25ms', interval '1 day', interval '7 days', NULL)",
         db.schema
     ))
     .bind(slot)
@@ -310,23 +310,28 @@ async fn a_count_waiting_on_a_prune_sees_its_completions_exactly_once() {
     .await
     .unwrap();
     assert_eq!(pruned, "pruned");
+    (ids, pruner)
+}
 
-    // the count, on a connection of its own: it waits for the prune's locks
+/// Start `sql` on a connection of its own and wait until it waits for a lock.
+async fn waiting_on_a_lock<T>(db: &TestDb, sql: String) -> tokio::task::JoinHandle<T>
+where
+    T: Send
+        + Unpin
+        + 'static
+        + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>,
+{
     let mut reader = db.pool.acquire().await.unwrap();
     let reader_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *reader)
         .await
         .unwrap();
-    let sql = format!(
-        "SELECT completed FROM {}.queue_counts('default')",
-        db.schema
-    );
-    let count = tokio::spawn(async move {
-        let n: i64 = sqlx::query_scalar(&sql)
+    let read = tokio::spawn(async move {
+        sqlx::query_scalar::<_, T>(&sql)
             .fetch_one(&mut *reader)
             .await
-            .unwrap();
-        n
+            .unwrap()
     });
     let waiting = support::eventually(Duration::from_secs(10), || async {
         db.scalar_i64(&format!(
@@ -336,7 +341,24 @@ async fn a_count_waiting_on_a_prune_sees_its_completions_exactly_once() {
             == 1
     })
     .await;
-    assert!(waiting, "the count waits for the prune's locks");
+    assert!(waiting, "the read waits for the prune's locks");
+    read
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_waiting_on_a_prune_sees_its_completions_exactly_once() {
+    let db = TestDb::new().await;
+    // the prune, in a transaction it keeps open: the slot's children are locked and truncated
+    let (_, pruner) = completed_then_pruning(&db).await;
+    // the count, on a connection of its own: it waits for the prune's locks
+    let count = waiting_on_a_lock::<i64>(
+        &db,
+        format!(
+            "SELECT completed FROM {}.queue_counts('default')",
+            db.schema
+        ),
+    )
+    .await;
     pruner.commit().await.unwrap();
     assert_eq!(
         count.await.unwrap(),
@@ -344,5 +366,34 @@ async fn a_count_waiting_on_a_prune_sees_its_completions_exactly_once() {
         "the completions, counted once: in the ring or in the totals"
     );
     assert_eq!(counts(&db, "default").await.completed, 3);
+    db.cleanup().await;
+}
+
+/// The same race for one job: a lookup (`Storage::job_state`, what `Admin::job_state`, `ringwork
+/// job` and the dashboard use) that starts while the prune of its slot commits finds the job
+/// completed, in the ring or in the archive the prune wrote, never nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_looked_up_while_its_slot_is_pruned_is_still_found() {
+    let db = TestDb::new().await;
+    let (ids, pruner) = completed_then_pruning(&db).await;
+    let storage = db.storage();
+    let id = ids[0];
+    let lookup = tokio::spawn(async move { storage.job_state(id).await.unwrap() });
+    let waiting = support::eventually(Duration::from_secs(10), || async {
+        db.scalar_i64(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    assert!(waiting, "the lookup waits for the prune's locks");
+    pruner.commit().await.unwrap();
+    assert_eq!(
+        lookup.await.unwrap().map(|s| s.state),
+        Some(ringwork::JobStatus::Completed),
+        "the job, found in the ring or the archive"
+    );
     db.cleanup().await;
 }

@@ -14,6 +14,7 @@ pub(super) struct Statements {
     queue_counts: String,
     oldest_available_wait: String,
     last_claim_age: String,
+    job_state_locks: String,
     job_state: String,
     job_history: String,
     pending_jobs: String,
@@ -42,6 +43,12 @@ impl Statements {
                 "SELECT extract(epoch FROM {s}.engine_now() - {s}.queue_last_claim($1))::float8"
             ),
 
+            // the tables a queue slot's prune truncates that job_state reads, in prune's order
+            // (prune.sql), so the two never wait on each other in a cycle
+            job_state_locks: format!(
+                "LOCK TABLE {s}.queue_ring_ledger, {s}.ready_entries, {s}.ready_tombstones, \
+                 {s}.done_entries, {s}.receipt_completion_batches IN ACCESS SHARE MODE"
+            ),
             job_state: format!(
                 "SELECT state, queue, kind, attempt, run_lease, left(detail, {MAX_DETAIL_CHARS}) AS detail \
                  FROM {s}.job_state($1)"
@@ -465,11 +472,20 @@ impl Storage {
     /// Where a job is now: `available`, `running`, `scheduled`, `retryable`, `completed`,
     /// `failed`, `cancelled` or `dead_lettered`; `None` when unknown (or its history has aged out).
     pub async fn job_state(&self, job_id: i64) -> Result<Option<JobState>> {
+        // A slot's TRUNCATE is not MVCC-safe: a lookup whose snapshot predates a prune's commit and
+        // that then waits for the slot's locks would find the ring rows gone and the archive rows
+        // the prune wrote invisible, and call the job unknown. So wait out any prune first, then
+        // look in a statement of its own, with a snapshot taken after it (READ COMMITTED).
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&self.sql.read.job_state_locks)
+            .execute(self.on(&mut tx))
+            .await?;
         let row: Option<(String, String, String, i32, i64, Option<String>)> =
             sqlx::query_as(&self.sql.read.job_state)
                 .bind(job_id)
-                .fetch_optional(self.db())
+                .fetch_optional(self.on(&mut tx))
                 .await?;
+        tx.commit().await?;
         row.map(|(state, queue, kind, attempt, run_lease, detail)| {
             Ok(JobState {
                 job_id,

@@ -28,7 +28,11 @@ use crate::worker::env_number;
 
 /// Where the database is, and how to restart it.
 pub(crate) struct Server {
+    /// What the worker and producer processes connect to.
     pub(crate) url: String,
+    /// What the runner's own sessions (migration, sampling, disturbances) connect to: `url`,
+    /// except behind PgBouncer in transaction mode, where it is PgBouncer's session database.
+    pub(crate) admin_url: String,
     pub(crate) embedded: Option<EmbeddedPostgres>,
     pub(crate) restart_cmd: Option<String>,
     /// The failover scenario's standby and the PgBouncer in front (`url` is PgBouncer's).
@@ -152,6 +156,7 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
     let server = match &config.database_url {
         Some(url) => Server {
             url: url.clone(),
+            admin_url: url.clone(),
             embedded: None,
             restart_cmd: config.pg_restart_cmd.clone(),
             failover: None,
@@ -172,6 +177,7 @@ pub async fn run(config: BenchConfig) -> Result<Vec<RunResult>> {
             } else {
                 Server {
                     url: pg.url(),
+                    admin_url: pg.url(),
                     embedded: Some(pg),
                     restart_cmd: None,
                     failover: None,
@@ -239,10 +245,20 @@ async fn failover_server(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     admin.close().await;
-    let bouncer =
-        PgBouncer::start(&local_target(primary.port()), "session", 190).map_err(embedded)?;
-    eprintln!("failover: a {wanted} standby, every process through PgBouncer in session mode");
+    // RINGWORK_BENCH_TRANSACTION_POOLER=1: PgBouncer in transaction mode, the processes as
+    // clients behind a transaction pooler (bench/src/worker.rs), the runner on its session database
+    let mode = match env_number("RINGWORK_BENCH_TRANSACTION_POOLER") {
+        Some(1) => "transaction",
+        _ => "session",
+    };
+    let bouncer = PgBouncer::start(&local_target(primary.port()), mode, 190).map_err(embedded)?;
+    eprintln!("failover: a {wanted} standby, every process through PgBouncer in {mode} mode");
+    let admin_url = match mode {
+        "transaction" => bouncer.url("postgres", "session"),
+        _ => bouncer.url("postgres", "postgres"),
+    };
     Ok(Server {
+        admin_url,
         url: bouncer.url("postgres", "postgres"),
         embedded: Some(primary),
         restart_cmd: None,
@@ -280,7 +296,7 @@ pub(crate) async fn run_one(
         scenario.name(),
         config.job_ms
     );
-    let admin = connect_admin(&server.url).await?;
+    let admin = connect_admin(&server.admin_url).await?;
     // fresh schema per run
     let schema = system.schema().to_string();
     SchemaName::new(&schema).map_err(|_| Error::Config(format!("bad schema name {schema:?}")))?;
@@ -361,7 +377,7 @@ pub(crate) async fn run_one(
     let analyze_us = Arc::new(AtomicU64::new(0));
     let analyzer = config.analyze_every.map(|every| {
         tokio::spawn(analyze_loop(
-            server.url.clone(),
+            server.admin_url.clone(),
             schema.clone(),
             every,
             Arc::clone(&analyze_us),
@@ -506,7 +522,7 @@ pub(crate) async fn run_phase(
         Disturbance::Readers => {
             for _ in 0..config.readers {
                 readers.push(tokio::spawn(reader_loop(
-                    server.url.clone(),
+                    server.admin_url.clone(),
                     processes.system.schema().to_string(),
                     Arc::clone(&stop_readers),
                 )));
@@ -514,7 +530,7 @@ pub(crate) async fn run_phase(
         }
         Disturbance::PgDump => {
             readers.push(tokio::spawn(pg_dump_loop(
-                server.url.clone(),
+                server.admin_url.clone(),
                 Vec::new(),
                 "pg-dump",
                 Arc::clone(&stop_readers),
@@ -554,7 +570,7 @@ pub(crate) async fn run_phase(
                 Arc::clone(&stop_readers),
             )));
             readers.push(tokio::spawn(replay_lag_loop(
-                server.url.clone(),
+                server.admin_url.clone(),
                 Arc::clone(&stop_readers),
             )));
             standby = Some(made);
@@ -573,7 +589,7 @@ pub(crate) async fn run_phase(
             Some(storage) => {
                 let pool = PgPoolOptions::new()
                     .max_connections(config.held_txs as u32 + 1)
-                    .connect(&server.url)
+                    .connect(&server.admin_url)
                     .await?;
                 let held = Storage::new(pool, storage.schema().clone());
                 for i in 0..config.held_txs {

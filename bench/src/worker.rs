@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
 
 use ringwork::NewJob;
 use ringwork::SchemaName;
@@ -47,14 +48,13 @@ pub(crate) async fn wait_for_signal() -> Result<()> {
 /// `ringwork-bench worker`: W workers on the bench queue; one JSON line per second.
 pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64) -> Result<()> {
     // the client's own pool does the work; this one serves its start-up checks
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect(url)
-        .await?;
+    let (pool, session) = connect(url, 2).await?;
     let pickups: Arc<Mutex<Vec<f64>>> = Arc::default();
     let recorder = Arc::clone(&pickups);
     let mut builder = Client::builder(pool);
+    if let Some(session) = session {
+        builder = builder.transaction_pooler(Some(session));
+    }
     if telemetry_part("metrics") {
         let exporter = Arc::new(ringwork::http::PrometheusExporter::new(|provider| {
             provider
@@ -228,12 +228,14 @@ pub async fn producer_process(
     rate: Option<u64>,
     depth: Option<u64>,
 ) -> Result<()> {
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect(url)
-        .await?;
+    let (pool, session) = connect(url, 2).await?;
+    let pooler = session.is_some();
     let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
+    let storage = if pooler {
+        storage.behind_transaction_pooler(session)
+    } else {
+        storage
+    };
     let enqueued = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&enqueued);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -287,16 +289,20 @@ pub async fn producer_process(
                     .map(|j| j.queue(BENCH_QUEUE))
                 })
                 .collect();
-            let mut conn = match pool.acquire().await {
-                Ok(c) => c,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
             // a span per batch: with telemetry on, every job carries its traceparent
             let span = tracing::info_span!("bench.produce", jobs = jobs.len());
-            match storage.insert_many(&mut conn, &jobs).instrument(span).await {
+            let inserted = if pooler {
+                // behind a transaction pooler the batch needs a transaction around it
+                insert_in_transaction(&pool, &storage, &jobs)
+                    .instrument(span)
+                    .await
+            } else {
+                match pool.acquire().await {
+                    Ok(mut conn) => storage.insert_many(&mut conn, &jobs).instrument(span).await,
+                    Err(e) => Err(e.into()),
+                }
+            };
+            match inserted {
                 Ok(ids) => {
                     sent += ids.len() as u64;
                     counter.fetch_add(ids.len() as u64, Ordering::Relaxed);
@@ -327,4 +333,39 @@ pub async fn producer_process(
     // the last partial second
     report_line();
     Ok(())
+}
+
+async fn insert_in_transaction(
+    pool: &PgPool,
+    storage: &Storage,
+    jobs: &[NewJob],
+) -> Result<Vec<i64>> {
+    let mut tx = pool.begin().await?;
+    let ids = storage.insert_many(&mut tx, jobs).await?;
+    tx.commit().await?;
+    Ok(ids)
+}
+
+/// A pool on `url` and, with `RINGWORK_BENCH_TRANSACTION_POOLER=1` (the failover scenario through
+/// PgBouncer in transaction mode), a session pool beside it: PgBouncer's `session` database, for
+/// LISTEN and the leader's lock; statements then go unnamed (no statement cache).
+async fn connect(url: &str, max: u32) -> Result<(PgPool, Option<PgPool>)> {
+    let options: PgConnectOptions = url.parse()?;
+    let pooler = env_number("RINGWORK_BENCH_TRANSACTION_POOLER") == Some(1);
+    let open = |options: PgConnectOptions, max: u32| {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(if pooler {
+                options.statement_cache_capacity(0)
+            } else {
+                options
+            })
+    };
+    let pool = open(options.clone(), max).await?;
+    let session = match pooler {
+        true => Some(open(options.database("session"), 2).await?),
+        false => None,
+    };
+    Ok((pool, session))
 }

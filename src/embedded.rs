@@ -1,6 +1,6 @@
 //! A throwaway PostgreSQL cluster for the demo, the benchmark and machines without a running
 //! server: initdb and pg_ctl from the installed server binaries, in a temporary directory removed
-//! on drop; a hot standby of it; and a PgBouncer in front of either, for the tests and the bench. PostgreSQL refuses to run as root, so as root the cluster is run as the `postgres`
+//! on drop. Also a hot standby of one, and a PgBouncer in front of either (tests and bench). PostgreSQL refuses to run as root, so as root the cluster is run as the `postgres`
 //! system user.
 //!
 //! Standard library only (feature `embedded`): the CLI's demo, the benchmark runner and the test
@@ -132,7 +132,8 @@ impl EmbeddedPostgres {
     }
 
     /// Stop the server as a crash would (`pg_ctl stop -m immediate`: no checkpoint, sessions cut),
-    /// and leave it stopped; dropping `self` then only removes its directory.
+    /// and leave it stopped; dropping `self` then removes its directory (its stop finds nothing
+    /// to stop).
     pub fn stop_immediately(&self) -> Result<()> {
         let data = self.data_dir();
         self.run(
@@ -418,13 +419,17 @@ impl PgBouncer {
             .stderr(std::process::Stdio::null())
             .spawn()
             .map_err(|e| EmbeddedError(format!("start {}: {e}", binary.display())))?;
-        // a watchdog stops it when this process exits (a static one is never dropped)
+        // a watchdog stops it and removes its directory when this process exits (a static one is
+        // never dropped); it ends by itself once pgbouncer is gone, so it never signals a pid
+        // reused long after
         let _ = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill {} 2>/dev/null",
-                std::process::id(),
-                child.id()
+                "while kill -0 {parent} 2>/dev/null && kill -0 {child} 2>/dev/null; do sleep 1; done; \
+                 kill -0 {child} 2>/dev/null && kill {child}; rm -rf '{dir}'",
+                parent = std::process::id(),
+                child = child.id(),
+                dir = dir.path().display()
             ))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

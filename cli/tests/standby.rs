@@ -123,7 +123,7 @@ async fn reads_work_on_a_hot_standby_and_say_how_stale_they_may_be() {
     let refused = ringwork(&["pause", "default"], &s);
     assert_eq!(refused.status.code(), Some(1));
     assert!(
-        text(&refused.stderr).contains("read-only hot standby; run actions against the primary"),
+        text(&refused.stderr).contains("refuses writes (a hot standby, or a read-only session)"),
         "{}",
         text(&refused.stderr)
     );
@@ -140,7 +140,13 @@ async fn reads_work_on_a_hot_standby_and_say_how_stale_they_may_be() {
     ])
     .await;
     let host = addr.to_string();
-    for page in ["/dashboard", "/dashboard/queues", "/dashboard/storage"] {
+    for page in [
+        "/dashboard",
+        "/dashboard/queues",
+        "/dashboard/jobs",
+        "/dashboard/dlq",
+        "/dashboard/storage",
+    ] {
         let (status, _, body) = exchange(addr, "GET", page, &[("Host", &host)], "").await;
         assert_eq!(status, 200, "{page}");
         assert!(
@@ -170,7 +176,31 @@ async fn reads_work_on_a_hot_standby_and_say_how_stale_they_may_be() {
     .await;
     assert_eq!(status, 303, "the pause went to the primary");
     assert!(paused(&primary_pool, "default").await);
-    serve.start_kill().unwrap();
+    // the pages read the standby, not the primary: with its replay paused, a job enqueued on the
+    // primary since is not on them, and they say replay is paused
+    sqlx::query("SELECT pg_wal_replay_pause()")
+        .execute(&standby_pool)
+        .await
+        .unwrap();
+    sqlx::query("SELECT ringwork.enqueue('default', 'fresh_kind', '{}')")
+        .execute(&primary_pool)
+        .await
+        .unwrap();
+    let (_, _, jobs) = exchange(addr, "GET", "/dashboard/jobs", &[("Host", &host)], "").await;
+    assert!(jobs.contains("report"), "the jobs the standby has");
+    assert!(
+        !jobs.contains("fresh_kind"),
+        "a job the standby has not replayed is on the page: it read the primary"
+    );
+    assert!(
+        jobs.contains("replay is PAUSED"),
+        "the page says replay is paused"
+    );
+    sqlx::query("SELECT pg_wal_replay_resume()")
+        .execute(&standby_pool)
+        .await
+        .unwrap();
+    serve.kill().await.unwrap();
 
     // --read-database-url without a dashboard has nothing to read
     let alone = Command::new(env!("CARGO_BIN_EXE_ringwork"))

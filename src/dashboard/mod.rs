@@ -453,9 +453,7 @@ async fn in_layout(
         return response;
     };
     let (mut parts, _) = response.into_parts();
-    let (_, body) = pages::message_in_layout(&shared, &headers, &message)
-        .await
-        .into_parts();
+    let (_, body) = pages::message_in_layout(&shared, &headers, &message).into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, body)
 }

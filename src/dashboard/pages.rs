@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 
 use super::{failure, ListQuery, Shared};
-use crate::storage::QueueCounts;
+use crate::storage::{QueueCounts, ReplicaStatus};
 use crate::JobStatus;
 
 const PAGE_SIZE: usize = 50;
@@ -52,13 +52,30 @@ pub(crate) struct Message {
 }
 
 /// The message inside the layout.
-pub(crate) async fn message_in_layout(
+/// It reads nothing from the database: a refusal or a busy server must not wait for a connection.
+pub(crate) fn message_in_layout(
     shared: &Shared,
     headers: &HeaderMap,
     message: &Message,
 ) -> Response {
     let body = html! { h1 { (message.title) } p.error { (message.message) } };
-    layout(shared, headers, "", &message.title, body).await
+    page(shared, headers, "", &message.title, body, None)
+}
+
+/// What a page says of where it read: nothing on a primary, how stale it may be on a hot standby.
+enum Staleness {
+    Primary,
+    Standby(ReplicaStatus),
+    Unknown,
+}
+
+/// Where the pages read: a hot standby (`Dashboard::read_from`) says how stale it may be.
+async fn staleness(shared: &Shared) -> Staleness {
+    match shared.reads.replica_status().await {
+        Ok(None) => Staleness::Primary,
+        Ok(Some(replica)) => Staleness::Standby(replica),
+        Err(_) => Staleness::Unknown,
+    }
 }
 
 async fn layout(
@@ -68,8 +85,26 @@ async fn layout(
     title: &str,
     body: Markup,
 ) -> Response {
-    // a read URL may be a hot standby: every page says how stale it may be
-    let replica = shared.reads.replica_status().await.ok().flatten();
+    let staleness = staleness(shared).await;
+    page(shared, headers, here, title, body, Some(staleness))
+}
+
+fn page(
+    shared: &Shared,
+    headers: &HeaderMap,
+    here: &str,
+    title: &str,
+    body: Markup,
+    staleness: Option<Staleness>,
+) -> Response {
+    let replica = match staleness {
+        Some(Staleness::Standby(replica)) => Some(replica.describe()),
+        Some(Staleness::Unknown) => Some(
+            "whether this server is a standby, and so how current this page is, could not be read"
+                .to_string(),
+        ),
+        Some(Staleness::Primary) | None => None,
+    };
     let nav = [
         ("overview", "/", "Overview"),
         ("queues", "/queues", "Queues"),
@@ -111,7 +146,7 @@ async fn layout(
                         span.mode { "schema " (shared.storage.schema().as_str()) " · " (mode) }
                     }
                     @if let Some(replica) = &replica {
-                        p.replica { (replica.describe()) }
+                        p.replica { (replica) }
                     }
                     main { (body) }
                 }
@@ -261,9 +296,18 @@ pub(crate) async fn overview(
     // a queue on this page whose available jobs nobody takes gets a mark (a bounded read: only
     // the page's queues that hold available jobs are probed)
     let mut unworked = Vec::with_capacity(queues.len());
+    // on a standby, waits and claim ages are the primary's as of the last replayed commit, read
+    // against the standby's clock: they look older by the replay's age, so the bound is that much
+    // longer
+    let behind = match shared.reads.replica_status().await {
+        Ok(Some(replica)) => {
+            std::time::Duration::from_secs_f64(replica.replay_age_secs.unwrap_or(0.0).max(0.0))
+        }
+        _ => std::time::Duration::ZERO,
+    };
     for q in &queues {
         // a probe that fails leaves that card unmarked rather than failing the page
-        let found = crate::admin::unworked_queue(&shared.reads, q, UNWORKED_AFTER).await;
+        let found = crate::admin::unworked_queue(&shared.reads, q, UNWORKED_AFTER + behind).await;
         unworked.push(matches!(found, Ok(Some(_))));
     }
     let (since, series): (_, Vec<_>) = match shared.history.lock() {
@@ -573,8 +617,14 @@ pub(crate) async fn dead_letters(
     };
     let queues = shared.reads.dead_letter_counts().await.unwrap_or_default();
     let may_act = shared.may_act(&headers);
-    // the cutoff of the "all" actions: what the operator saw, not what fails after
-    let shown_at = Utc::now().timestamp_millis();
+    // the cutoff of the "all" actions: what the operator saw, not what fails after; on a standby,
+    // no later than the last commit it replayed (what failed since is not on the page)
+    let shown_at = match shared.reads.replica_status().await {
+        Ok(None) => Utc::now(),
+        Ok(Some(replica)) => replica.last_replay_at.unwrap_or_default().min(Utc::now()),
+        Err(e) => return failure(e),
+    }
+    .timestamp_millis();
     let next = page.next.as_ref().map(|after| {
         let mut pairs = vec![("after", after.as_str())];
         if let Some(queue) = queue {

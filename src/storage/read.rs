@@ -43,8 +43,9 @@ impl Statements {
                 "SELECT extract(epoch FROM {s}.engine_now() - {s}.queue_last_claim($1))::float8"
             ),
 
-            // the tables a queue slot's prune truncates that job_state reads, in prune's order
-            // (prune.sql), so the two never wait on each other in a cycle
+            // a gate that waits out a queue slot's prune: tables it truncates (the ledger, which it
+            // locks first, and those job_state reads), in prune's order (prune.sql), so the two
+            // never wait on each other in a cycle
             job_state_locks: format!(
                 "LOCK TABLE {s}.queue_ring_ledger, {s}.ready_entries, {s}.ready_tombstones, \
                  {s}.done_entries, {s}.receipt_completion_batches IN ACCESS SHARE MODE"
@@ -472,20 +473,36 @@ impl Storage {
     /// Where a job is now: `available`, `running`, `scheduled`, `retryable`, `completed`,
     /// `failed`, `cancelled` or `dead_lettered`; `None` when unknown (or its history has aged out).
     pub async fn job_state(&self, job_id: i64) -> Result<Option<JobState>> {
-        // A slot's TRUNCATE is not MVCC-safe: a lookup whose snapshot predates a prune's commit and
-        // that then waits for the slot's locks would find the ring rows gone and the archive rows
-        // the prune wrote invisible, and call the job unknown. So wait out any prune first, then
-        // look in a statement of its own, with a snapshot taken after it (READ COMMITTED).
+        let mut tx = self.begin_job_lookup().await?;
+        let state = self.job_state_in(&mut tx, job_id).await?;
+        tx.commit().await?;
+        Ok(state)
+    }
+
+    /// A transaction for looking a job up, after any prune of a queue slot has committed. A
+    /// slot's TRUNCATE is not MVCC-safe: a lookup whose snapshot predates a prune's commit and
+    /// that then waits for the slot's locks would find the ring rows gone and the archive rows the
+    /// prune wrote invisible, and call the job unknown. So the transaction first waits out any
+    /// prune (ACCESS SHARE on the tables it truncates), and each lookup in it is a statement of
+    /// its own, with a snapshot taken after (READ COMMITTED).
+    async fn begin_job_lookup(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(&self.sql.read.job_state_locks)
             .execute(self.on(&mut tx))
             .await?;
+        Ok(tx)
+    }
+
+    async fn job_state_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job_id: i64,
+    ) -> Result<Option<JobState>> {
         let row: Option<(String, String, String, i32, i64, Option<String>)> =
             sqlx::query_as(&self.sql.read.job_state)
                 .bind(job_id)
-                .fetch_optional(self.on(&mut tx))
+                .fetch_optional(self.on(conn))
                 .await?;
-        tx.commit().await?;
         row.map(|(state, queue, kind, attempt, run_lease, detail)| {
             Ok(JobState {
                 job_id,
@@ -501,16 +518,21 @@ impl Storage {
     }
 
     /// The job's current state and whatever history the schema still holds for it: terminal rows
-    /// from `terminal_jobs`, its pending retry or schedule, its dead-letter entry.
+    /// from `terminal_jobs`, its pending retry or schedule, its dead-letter entry. State and
+    /// history are read in one lookup transaction (`begin_job_lookup`), so a prune committing
+    /// meanwhile cannot take the history rows from under the state.
     pub async fn load_job(&self, job_id: i64) -> Result<Option<JobRecord>> {
-        let Some(state) = self.job_state(job_id).await? else {
+        let mut tx = self.begin_job_lookup().await?;
+        let Some(state) = self.job_state_in(&mut tx, job_id).await? else {
+            tx.commit().await?;
             return Ok(None);
         };
         let rows: Vec<(i64, String, Option<String>, DateTime<Utc>)> =
             sqlx::query_as(&self.sql.read.job_history)
                 .bind(job_id)
-                .fetch_all(self.db())
+                .fetch_all(self.on(&mut tx))
                 .await?;
+        tx.commit().await?;
         let history = rows
             .into_iter()
             .map(|(run_lease, state, error, at)| {

@@ -46,15 +46,16 @@ impl From<sqlx::Error> for CliError {
 }
 
 impl CliError {
-    /// What to print: the error, and for a write refused by a hot standby what to do instead.
+    /// What to print: the error, and for a write refused as read-only (a hot standby) what to do
+    /// instead.
     pub fn message(&self) -> String {
         match self {
             Self::Ringwork(ringwork::Error::Database(sqlx::Error::Database(e)))
                 if e.code().as_deref() == Some(READ_ONLY_SQL_TRANSACTION) =>
             {
                 format!(
-                    "{self}: this server is a read-only hot standby; run actions against the \
-                     primary"
+                    "{self}: this server refuses writes (a hot standby, or a read-only session); \
+                     run actions against the primary"
                 )
             }
             _ => self.to_string(),

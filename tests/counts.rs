@@ -291,26 +291,7 @@ async fn completed_then_pruning(
     let attempts: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
     storage.complete_batch(&attempts).await.unwrap();
     assert_eq!(counts(db, "default").await.completed, 3);
-    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
-    storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
-    for slot in storage.sealed_claim_slots().await.unwrap() {
-        storage
-            .prune_claim_slot(slot, Duration::from_millis(25))
-            .await
-            .unwrap();
-    }
-    let slot = storage.sealed_queue_slots().await.unwrap()[0];
-    let mut pruner = db.pool.begin().await.unwrap();
-    let pruned: String = sqlx::query_scalar(&format!(
-        "SELECT {}.prune_queue_slot($1, '25ms', interval '1 day', interval '7 days', NULL)",
-        db.schema
-    ))
-    .bind(slot)
-    .fetch_one(&mut *pruner)
-    .await
-    .unwrap();
-    assert_eq!(pruned, "pruned");
-    (ids, pruner)
+    (ids, support::prune_held_open(db).await)
 }
 
 /// Start `sql` on a connection of its own and wait until it waits for a lock.
@@ -379,16 +360,10 @@ async fn a_job_looked_up_while_its_slot_is_pruned_is_still_found() {
     let storage = db.storage();
     let id = ids[0];
     let lookup = tokio::spawn(async move { storage.job_state(id).await.unwrap() });
-    let waiting = support::eventually(Duration::from_secs(10), || async {
-        db.scalar_i64(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .await
-            == 1
-    })
-    .await;
-    assert!(waiting, "the lookup waits for the prune's locks");
+    assert!(
+        support::one_waits_for_a_lock(&db).await,
+        "the lookup waits for the prune's locks"
+    );
     pruner.commit().await.unwrap();
     assert_eq!(
         lookup.await.unwrap().map(|s| s.state),

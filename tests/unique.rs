@@ -9,6 +9,17 @@ use serde_json::json;
 use std::time::Duration;
 use support::{insert_reporting, job, TestDb};
 
+/// A unique job whose key stays held once it completed.
+fn sticky() -> NewJob {
+    NewJob::from_parts("sticky", json!({}))
+        .unwrap()
+        .unique(Unique::default().states(&[
+            UniqueState::Available,
+            UniqueState::Running,
+            UniqueState::Completed,
+        ]))
+}
+
 fn unique_job(args: serde_json::Value) -> NewJob {
     NewJob::from_parts("report", args)
         .unwrap()
@@ -133,15 +144,6 @@ async fn unique_keys_compare_kind_args_queue_and_period_and_are_released_when_th
 
     // once the holder completes, the default states release the key; a unique job that also
     // counts `completed` stays deduplicated
-    let sticky = || {
-        NewJob::from_parts("sticky", json!({}))
-            .unwrap()
-            .unique(Unique::default().states(&[
-                UniqueState::Available,
-                UniqueState::Running,
-                UniqueState::Completed,
-            ]))
-    };
     let s1 = insert_reporting(&db, &[sticky()]).await[0];
     let claimed = storage.claim("default", 100, None).await.unwrap();
     let attempts: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
@@ -256,5 +258,39 @@ async fn old_unique_keys_of_finished_jobs_expire_and_pending_ones_stay() {
     let again = insert_reporting(&db, &[unique_job(json!({"k": "pending"}))]).await[0];
     assert!(again.duplicate && again.job_id == pending.job_id);
     assert_ne!(done.job_id, pending.job_id);
+    db.cleanup().await;
+}
+
+/// A unique key whose states include `completed`, tried while the prune of its completed
+/// holder's slot commits: the lookup of the holder waits for the prune's locks with a snapshot
+/// taken before (TRUNCATE is not MVCC-safe), so it found the holder nowhere and a second job took
+/// the key. Both sides are driven: the prune holds its locks open until the insert waits on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_tried_while_its_holders_slot_is_pruned_stays_held() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let holder = insert_reporting(&db, &[sticky()]).await[0];
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    let attempts: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&attempts).await.unwrap();
+    let pruner = support::prune_held_open(&db).await;
+
+    let mut conn = db.pool.acquire().await.unwrap();
+    let inserting = tokio::spawn(async move {
+        storage
+            .insert_many_reporting(&mut conn, &[sticky()])
+            .await
+            .unwrap()[0]
+    });
+    assert!(
+        support::one_waits_for_a_lock(&db).await,
+        "the insert waits for the prune's locks"
+    );
+    pruner.commit().await.unwrap();
+    let again = inserting.await.unwrap();
+    assert!(
+        again.duplicate && again.job_id == holder.job_id,
+        "the completed holder keeps its key: {again:?}"
+    );
     db.cleanup().await;
 }

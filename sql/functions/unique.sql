@@ -21,6 +21,14 @@ BEGIN
     SELECT k.job_id INTO v_existing FROM __S__.unique_keys k WHERE k.unique_key = v_hash;
     IF FOUND THEN
         SELECT s.state INTO v_state FROM __S__.job_state(v_existing) s;
+        IF v_state IS NULL THEN
+            -- job_state (a SQL function with its own SET, so not inlined) locks the ring tables
+            -- after this statement's snapshot was taken: if it waited for a prune of the holder's
+            -- slot, it found the ring rows truncated and the archive rows that prune wrote
+            -- invisible (TRUNCATE is not MVCC-safe). A statement of its own now has a snapshot
+            -- taken after that prune committed; a holder that is really gone reads NULL again.
+            SELECT s.state INTO v_state FROM __S__.job_state(v_existing) s;
+        END IF;
         IF v_state = ANY (p_states) THEN
             o_job_id := v_existing;
             o_inserted := false;

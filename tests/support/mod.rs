@@ -271,3 +271,44 @@ pub async fn waiting_job(
     .await
     .expect("a job waiting for its callback")
 }
+
+/// Seal the current slots of both rings (their jobs already completed), prune the claim slots, and
+/// start the prune of the sealed queue slot in a transaction left open: its children locked and
+/// truncated, its totals, archive (completed jobs kept a day) and ledger rows not yet visible.
+/// Commit it to finish the prune.
+pub async fn prune_held_open(db: &TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let storage = db.storage();
+    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+    storage.rotate_claim_ring(Duration::ZERO).await.unwrap();
+    for slot in storage.sealed_claim_slots().await.unwrap() {
+        storage
+            .prune_claim_slot(slot, Duration::from_millis(25))
+            .await
+            .unwrap();
+    }
+    let slot = storage.sealed_queue_slots().await.unwrap()[0];
+    let mut pruner = db.pool.begin().await.unwrap();
+    let pruned: String = sqlx::query_scalar(&format!(
+        "SELECT {}.prune_queue_slot($1, '25ms', interval '1 day', interval '7 days', NULL)",
+        db.schema
+    ))
+    .bind(slot)
+    .fetch_one(&mut *pruner)
+    .await
+    .unwrap();
+    assert_eq!(pruned, "pruned");
+    pruner
+}
+
+/// Whether exactly one session of the test's database waits for a lock, within 10 s.
+pub async fn one_waits_for_a_lock(db: &TestDb) -> bool {
+    eventually(Duration::from_secs(10), || async {
+        db.scalar_i64(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+            == 1
+    })
+    .await
+}

@@ -77,6 +77,10 @@ pub(crate) async fn pg_dump_loop(
     let (mut dumps, mut failed, mut busy) = (0u32, 0u32, Duration::ZERO);
     let mut longest = Duration::ZERO;
     let mut first_error = None;
+    // registered once, so the runner's notify_waiters reaches it even between dumps
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    stopped.as_mut().enable();
     loop {
         let started = Instant::now();
         let dump = Command::new(&pg_dump)
@@ -105,7 +109,7 @@ pub(crate) async fn pg_dump_loop(
                     }
                 }
             }
-            _ = stop.notified() => break,
+            _ = &mut stopped => break,
         }
     }
     eprintln!(
@@ -135,6 +139,9 @@ pub(crate) async fn report_loop(
     let (mut done, mut failed) = (0u32, 0u32);
     let mut first_error = None;
     let count = format!("SELECT count(*) FROM {schema}.ready_entries");
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    stopped.as_mut().enable();
     loop {
         let report = async {
             let mut tx = pool.begin().await?;
@@ -162,7 +169,7 @@ pub(crate) async fn report_loop(
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             },
-            _ = stop.notified() => break,
+            _ = &mut stopped => break,
         }
     }
     eprintln!(
@@ -186,6 +193,9 @@ pub(crate) async fn replay_lag_loop(primary_url: String, stop: Arc<tokio::sync::
         return;
     };
     let (mut peak_bytes, mut peak_secs, mut last) = (0i64, 0f64, (0i64, 0f64));
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    stopped.as_mut().enable();
     loop {
         let row: Option<(Option<i64>, Option<f64>)> = sqlx::query_as(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::int8, \
@@ -202,7 +212,7 @@ pub(crate) async fn replay_lag_loop(primary_url: String, stop: Arc<tokio::sync::
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = stop.notified() => break,
+            _ = &mut stopped => break,
         }
     }
     eprintln!(

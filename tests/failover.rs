@@ -73,6 +73,7 @@ fn worker(
             let commits = Arc::clone(&commits);
             runs.fetch_add(1, Ordering::Relaxed);
             async move {
+                // the job's own work takes real time, so that some are running when the primary dies
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 let mut tx = effects.begin().await?;
                 sqlx::query("INSERT INTO public.effects (job_id, run_lease) VALUES ($1, $2)")
@@ -202,6 +203,7 @@ async fn fail_over_under_load(pool_mode: &'static str, synchronous: bool) {
                         refused.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+                // the offered rate (about 500 jobs/s): real time is the load, not a wait
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

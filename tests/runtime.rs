@@ -373,25 +373,10 @@ async fn a_client_holds_no_more_connections_than_its_engine_pool_size() {
         .map(|n| NewJob::new(&Count { n }).unwrap())
         .collect();
     client.insert_many(&jobs).await.unwrap();
-    let mut peak = 0_i64;
-    let mut done = false;
-    for _ in 0..400 {
-        let held: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND application_name = 'ringwork-budget'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        peak = peak.max(held);
-        if metrics.completed() >= 300 {
-            done = true;
-            break;
-        }
-        // sampling the connections held while the jobs run: real time between samples is what
-        // lets the run proceed, and a sample is not a wait for a condition
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let (peak, done) = peak_connections_until(&db.pool, "ringwork-budget", 400, || {
+        metrics.completed() >= 300
+    })
+    .await;
     running.shutdown(Duration::from_secs(5)).await;
     assert!(done, "300 jobs were not run ({} were)", metrics.completed());
     // the engine's 3 and the caller's pool of 1
@@ -447,23 +432,14 @@ async fn sixteen_processes_of_five_connections_fit_in_a_hundred() {
     for chunk in jobs.chunks(100) {
         fleet[0].0.insert_many(chunk).await.unwrap();
     }
-    let (mut peak, mut done) = (0_i64, false);
-    for _ in 0..2400 {
-        let held: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ringwork-fleet'",
-        )
-        .fetch_one(&watcher)
-        .await
-        .unwrap();
-        peak = peak.max(held);
-        let completed: u64 = fleet.iter().map(|(c, _)| c.metrics().completed()).sum();
-        if completed >= 1600 {
-            done = true;
-            break;
-        }
-        // sampling the connections held while the jobs run (see the test above)
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let (peak, done) = peak_connections_until(&watcher, "ringwork-fleet", 2400, || {
+        fleet
+            .iter()
+            .map(|(c, _)| c.metrics().completed())
+            .sum::<u64>()
+            >= 1600
+    })
+    .await;
     let completed: u64 = fleet.iter().map(|(c, _)| c.metrics().completed()).sum();
     for (_, running) in fleet {
         running.shutdown(Duration::from_secs(5)).await;
@@ -476,4 +452,33 @@ async fn sixteen_processes_of_five_connections_fit_in_a_hundred() {
     );
     eprintln!("16 processes of 2 + 3 connections: peak {peak} connections of 100");
     watcher.close().await;
+}
+
+/// The most server connections named `application` seen at once, sampled every 25 ms until
+/// `done` (at most `samples` times), and whether `done` came.
+async fn peak_connections_until(
+    watcher: &sqlx::PgPool,
+    application: &str,
+    samples: usize,
+    done: impl Fn() -> bool,
+) -> (i64, bool) {
+    let mut peak = 0_i64;
+    for _ in 0..samples {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1",
+        )
+        .bind(application)
+        .fetch_one(watcher)
+        .await
+        .unwrap();
+        peak = peak.max(held);
+        if done() {
+            return (peak, true);
+        }
+        // sampling the connections held while the jobs run: real time between samples is what
+        // lets the run proceed, and a sample is not a wait for a condition
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (peak, false)
 }

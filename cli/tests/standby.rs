@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{csrf_of, exchange};
 use ringwork::embedded::EmbeddedPostgres;
@@ -30,23 +30,17 @@ async fn replayed(primary: &PgPool, standby: &PgPool) {
         .fetch_one(primary)
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let caught_up: bool =
-            sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), $1::pg_lsn) >= 0")
-                .bind(&lsn)
-                .fetch_one(standby)
-                .await
-                .unwrap();
-        if caught_up {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the standby did not replay {lsn}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let caught_up = ringwork::testing::eventually(Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), $1::pg_lsn) >= 0",
+        )
+        .bind(&lsn)
+        .fetch_one(standby)
+        .await
+        .unwrap_or(false)
+    })
+    .await;
+    assert!(caught_up, "the standby did not replay {lsn}");
 }
 
 async fn paused(primary: &PgPool, queue: &str) -> bool {

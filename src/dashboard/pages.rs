@@ -59,7 +59,7 @@ pub(crate) fn message_in_layout(
     message: &Message,
 ) -> Response {
     let body = html! { h1 { (message.title) } p.error { (message.message) } };
-    page(shared, headers, "", &message.title, body, None)
+    render_page(shared, headers, "", &message.title, body, None)
 }
 
 /// What a page says of where it read: nothing on a primary, how stale it may be on a hot standby.
@@ -86,10 +86,10 @@ async fn layout(
     body: Markup,
 ) -> Response {
     let staleness = staleness(shared).await;
-    page(shared, headers, here, title, body, Some(staleness))
+    render_page(shared, headers, here, title, body, Some(staleness))
 }
 
-fn page(
+fn render_page(
     shared: &Shared,
     headers: &HeaderMap,
     here: &str,
@@ -299,8 +299,9 @@ pub(crate) async fn overview(
     // on a standby, waits and claim ages are the primary's as of the last replayed commit, read
     // against the standby's clock: they look older by the replay's age, so the bound is that much
     // longer
-    let behind = match shared.reads.replica_status().await {
-        Ok(Some(replica)) => {
+    let staleness = staleness(&shared).await;
+    let behind = match &staleness {
+        Staleness::Standby(replica) => {
             std::time::Duration::from_secs_f64(replica.replay_age_secs.unwrap_or(0.0).max(0.0))
         }
         _ => std::time::Duration::ZERO,
@@ -356,7 +357,14 @@ pub(crate) async fn overview(
         }
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next queues →" } } }
     };
-    layout(&shared, &headers, "overview", "Overview", body).await
+    render_page(
+        &shared,
+        &headers,
+        "overview",
+        "Overview",
+        body,
+        Some(staleness),
+    )
 }
 
 fn counts_row(shared: &Shared, q: &QueueCounts, may_act: bool) -> Markup {
@@ -619,10 +627,12 @@ pub(crate) async fn dead_letters(
     let may_act = shared.may_act(&headers);
     // the cutoff of the "all" actions: what the operator saw, not what fails after; on a standby,
     // no later than the last commit it replayed (what failed since is not on the page)
-    let shown_at = match shared.reads.replica_status().await {
-        Ok(None) => Utc::now(),
-        Ok(Some(replica)) => replica.last_replay_at.unwrap_or_default().min(Utc::now()),
-        Err(e) => return failure(e),
+    let staleness = staleness(&shared).await;
+    let shown_at = match &staleness {
+        Staleness::Primary => Utc::now(),
+        Staleness::Standby(replica) => replica.last_replay_at.unwrap_or_default().min(Utc::now()),
+        // where the page read is unknown: nothing is known to be on it that failed after now
+        Staleness::Unknown => Utc::now(),
     }
     .timestamp_millis();
     let next = page.next.as_ref().map(|after| {
@@ -707,7 +717,14 @@ pub(crate) async fn dead_letters(
             }
         }
     };
-    layout(&shared, &headers, "dlq", "Dead letters", body).await
+    render_page(
+        &shared,
+        &headers,
+        "dlq",
+        "Dead letters",
+        body,
+        Some(staleness),
+    )
 }
 
 pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Response {

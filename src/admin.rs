@@ -171,6 +171,17 @@ impl Admin {
         self.storage.cancel_job(job_id, reason).await
     }
 
+    /// A workflow's steps and where it stands as a whole; `None` for an unknown workflow.
+    pub async fn workflow(&self, workflow_id: i64) -> Result<Option<crate::WorkflowStatus>> {
+        self.storage.workflow_status(workflow_id).await
+    }
+
+    /// Cancel a workflow: waiting steps are cancelled, running ones cancelled like any job, and no
+    /// step is released after it. The number of steps cancelled; `None` for an unknown workflow.
+    pub async fn cancel_workflow(&self, workflow_id: i64) -> Result<Option<i32>> {
+        self.storage.cancel_workflow(workflow_id).await
+    }
+
     /// Cancel the job holding `job`'s unique key (built as a unique insert of `job` now would
     /// build it).
     pub async fn cancel_unique(&self, job: &NewJob, reason: &str) -> Result<CancelOutcome> {

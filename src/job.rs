@@ -69,6 +69,9 @@ pub struct NewJob {
 /// Where a job is: the states `job_state`, history entries, counts and unique keys speak of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum JobStatus {
+    /// A workflow step waiting for the steps it depends on (see [`crate::Workflow`]): not in the
+    /// queue ring yet.
+    Pending,
     /// Ready to be claimed: an unclaimed row in the queue ring.
     Available,
     /// Waiting in `deferred_jobs` for its first attempt (a future `run_at`, a snoozed first
@@ -98,7 +101,8 @@ pub type UniqueState = JobStatus;
 
 impl JobStatus {
     /// Every state, in the order of a job's life.
-    pub const ALL: [JobStatus; 9] = [
+    pub const ALL: [JobStatus; 10] = [
+        Self::Pending,
         Self::Available,
         Self::Scheduled,
         Self::Retryable,
@@ -113,6 +117,7 @@ impl JobStatus {
     /// The name the database and the command line use (`dead_lettered`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Pending => "pending",
             Self::Available => "available",
             Self::Scheduled => "scheduled",
             Self::Retryable => "retryable",

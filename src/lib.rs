@@ -52,6 +52,7 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod trace_context;
+mod workflow;
 
 pub use admin::{Admin, UnworkedQueue};
 pub use error::{Error, Result};
@@ -81,3 +82,6 @@ pub use storage::{
     ReplicaStatus, RingSlot, ScheduleRecord, TableHealth,
 };
 pub use telemetry::Telemetry;
+pub use workflow::{
+    DependencyFailure, InsertedWorkflow, Step, StepStatus, Workflow, WorkflowState, WorkflowStatus,
+};

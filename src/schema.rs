@@ -87,6 +87,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "clock_offset",
         include_str!("../migrations/0020_clock_offset.sql"),
     ),
+    (
+        "workflows",
+        include_str!("../migrations/0021_workflows.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -118,6 +122,7 @@ const FUNCTION_FILES: &[(&str, &str)] = &[
     ("control", include_str!("../sql/functions/control.sql")),
     ("health", include_str!("../sql/functions/health.sql")),
     ("periodic", include_str!("../sql/functions/periodic.sql")),
+    ("workflows", include_str!("../sql/functions/workflows.sql")),
 ];
 
 /// Highest schema version this binary can run against.
@@ -454,6 +459,17 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("settings", ChurnClass::Warm),
     // the engine's clock offset: no row in production, one row a test clock updates (0020)
     ("clock_offset", ChurnClass::Warm),
+    // workflows (migration 0021): steps, edges and the evidence that releases them, appended while
+    // a workflow runs and deleted a finished workflow at a time in bounded batches (workflow_expire);
+    // an output is upserted by its step's handler
+    ("workflows", ChurnClass::Backlog),
+    ("workflow_steps", ChurnClass::Backlog),
+    ("workflow_edges", ChurnClass::Backlog),
+    ("workflow_results", ChurnClass::Backlog),
+    ("workflow_arrivals", ChurnClass::Backlog),
+    ("workflow_released", ChurnClass::Backlog),
+    ("workflow_outputs", ChurnClass::Backlog),
+    ("workflow_cancels", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::TestDb;
 
-const EXAMPLES: [&str; 14] = [
+const EXAMPLES: [&str; 15] = [
     "transactional_enqueue",
     "handler_errors",
     "complete_in_tx",
@@ -25,6 +25,7 @@ const EXAMPLES: [&str; 14] = [
     "bulk_operations",
     "approval",
     "axum_service",
+    "workflow",
 ];
 
 fn example_binary(name: &str) -> PathBuf {

@@ -67,8 +67,16 @@ CREATE OR REPLACE FUNCTION __S__.complete_batch(p_claim_slots int[], p_receipt_i
                                      p_run_leases bigint[])
 RETURNS TABLE (job_id bigint, run_lease bigint, accepted boolean)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    -- workflow steps among the jobs: their workflows' locks come first (lock order, workflows.sql)
+    v_workflows boolean := __S__.lock_workflows_of(p_job_ids);
 BEGIN
     PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    IF v_workflows THEN
+        -- the attempts this call closes below: their locks keep them open until it does
+        PERFORM __S__.workflow_settle(array_agg(o.job_id), array_agg(o.run_lease), array_agg('completed'::text))
+        FROM __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases) o;
+    END IF;
     RETURN QUERY
     WITH input AS (
         SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases)
@@ -118,6 +126,9 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_max_error bigint := __S__.setting('max_error_chars');
 BEGIN
+    -- a job that ends here settles its workflow step (the done_entries and dlq_entries triggers of
+    -- workflows.sql): its workflow's lock first, before the attempt locks (lock order)
+    PERFORM __S__.lock_workflows_of(p_job_ids);
     PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
     RETURN QUERY
     WITH input AS (

@@ -132,8 +132,17 @@ DECLARE
     v_parked_lane int;
     v_parked __S__.parked_entries;
     v_lease __S__.leases;
+    v_step_state text;
 BEGIN
     p_reason := __S__.bounded_text(p_reason, __S__.setting('max_error_chars'));
+    -- a workflow step: its workflow's lock before the attempt lock (workflows.sql); a step still
+    -- waiting for its dependencies has no job row yet and is cancelled where it waits
+    IF __S__.lock_workflows_of(ARRAY[p_job_id]) THEN
+        v_step_state := __S__.cancel_waiting_step(p_job_id);
+        IF v_step_state IS NOT NULL THEN
+            RETURN v_step_state;
+        END IF;
+    END IF;
     v_current := __S__.current_queue_slot();
     -- waiting for a callback (callbacks.sql): the wait ends as cancelled; a later callback finds
     -- nothing. The ring's shared lock first, as every lease operation takes it.
@@ -242,7 +251,7 @@ $$;
 -- so a job that changes state behind it (a retry of a job it passed) is not revisited: run again.
 -- ---------------------------------------------------------------------------------------------
 
--- Cancel waiting (available, scheduled, retryable) and running jobs, each through cancel_job, so a
+-- Cancel waiting (pending, available, scheduled, retryable) and running jobs, each through cancel_job, so a
 -- bulk cancel takes the same locks and wins or loses the same races as a cancel by id.
 CREATE OR REPLACE FUNCTION __S__.bulk_cancel(p_queue text, p_kind text, p_states text[], p_before timestamptz,
                                              p_after bigint, p_limit int, p_reason text)
@@ -304,6 +313,17 @@ BEGIN
                              AND e.run_lease = r.run_lease - 1
                              AND (p_kind IS NULL OR e.kind = p_kind) AND e.created_at < p_before)
              ORDER BY r.job_id LIMIT p_limit)
+            UNION
+            -- workflow steps waiting for their dependencies (workflows.sql)
+            (SELECT s.job_id FROM __S__.workflow_steps s
+             WHERE 'pending' = ANY (p_states) AND s.job_id > p_after
+               AND (p_queue IS NULL OR s.queue = p_queue) AND (p_kind IS NULL OR s.kind = p_kind)
+               AND s.created_at < p_before
+               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                               WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                               WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+             ORDER BY s.job_id LIMIT p_limit)
         ) c
         ORDER BY c.job_id LIMIT p_limit
     LOOP

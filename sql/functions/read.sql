@@ -57,6 +57,19 @@ LANGUAGE sql STABLE SET jit = off AS $$
                                    WHERE c.ready_slot = r.ready_slot AND p_job_id = ANY (c.job_ids)
                                      AND (r.run_lease + 1) = ANY (c.run_leases))
         UNION ALL
+        -- a workflow step waiting for its dependencies (workflows.sql), or cancelled before its
+        -- release: it has no job row yet
+        SELECT coalesce(x.outcome, 'pending'), s.queue, s.kind, 0, 0,
+               CASE WHEN x.outcome IS NULL THEN
+                   'waiting for ' || (s.dependencies - (SELECT count(*) FROM __S__.workflow_arrivals a
+                                                         WHERE a.workflow_id = s.workflow_id AND a.step = s.step))
+                   || ' of ' || s.dependencies || ' dependencies' END, 5
+        FROM __S__.workflow_steps s
+        LEFT JOIN LATERAL (SELECT r.outcome FROM __S__.workflow_results r
+                           WHERE r.workflow_id = s.workflow_id AND r.step = s.step LIMIT 1) x ON true
+        WHERE s.job_id = p_job_id
+          AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+        UNION ALL
         SELECT x.state, r.queue, r.kind,
                CASE WHEN x.state = 'running' THEN r.attempt + 1 ELSE r.attempt END,
                CASE WHEN x.state = 'running' THEN r.run_lease + 1 ELSE r.run_lease END, NULL, 4
@@ -267,7 +280,7 @@ DECLARE
     v_before_at timestamptz := 'infinity';
     v_before_id bigint := 9223372036854775807;
 BEGIN
-    IF p_state NOT IN ('available', 'scheduled', 'retryable', 'running', 'waiting', 'completed', 'failed',
+    IF p_state NOT IN ('pending', 'available', 'scheduled', 'retryable', 'running', 'waiting', 'completed', 'failed',
                        'cancelled', 'dead_lettered') THEN
         RAISE EXCEPTION 'unknown job state %', p_state USING ERRCODE = '22023';
     END IF;
@@ -276,7 +289,7 @@ BEGIN
     -- (the CASE in parentheses: PL/pgSQL ends an IF condition at its first THEN otherwise)
     IF p_after IS NOT NULL AND p_after !~ (CASE
            WHEN p_state = 'available' THEN '^(L[0-9]{1,10}:[0-9]{1,19}|[PH][0-9]{1,19})$'
-           WHEN p_state IN ('scheduled', 'retryable', 'running', 'waiting') THEN '^J[0-9]{1,19}$'
+           WHEN p_state IN ('pending', 'scheduled', 'retryable', 'running', 'waiting') THEN '^J[0-9]{1,19}$'
            ELSE '^T-?[0-9]{1,19}:[0-9]{1,19}$' END) THEN
         RAISE EXCEPTION 'malformed page key %', p_after USING ERRCODE = '22023';
     END IF;
@@ -349,6 +362,19 @@ BEGIN
                   AND (p_queue IS NULL OR d.queue = p_queue) AND (p_kind IS NULL OR d.kind = p_kind)
                 ORDER BY d.job_id LIMIT v_left;
         END IF;
+    ELSIF p_state = 'pending' THEN
+        -- workflow steps waiting for their dependencies (workflows.sql)
+        RETURN QUERY
+            SELECT s.job_id, 'pending'::text, s.queue, s.kind, s.args, 0, s.created_at,
+                   ('step ' || s.step || ' of workflow ' || s.workflow_id)::text, 'J' || s.job_id
+            FROM __S__.workflow_steps s
+            WHERE s.job_id > v_after_id
+              AND (p_queue IS NULL OR s.queue = p_queue) AND (p_kind IS NULL OR s.kind = p_kind)
+              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                              WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                              WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+            ORDER BY s.job_id LIMIT v_left;
     ELSIF p_state IN ('scheduled', 'retryable') THEN
         RETURN QUERY
             SELECT d.job_id, p_state, d.queue, d.kind, d.args, d.attempt, d.run_at, d.last_error, 'J' || d.job_id

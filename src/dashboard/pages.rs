@@ -454,6 +454,7 @@ pub(crate) async fn jobs(
     };
     let queues = shared.reads.queue_names().await.unwrap_or_default();
     let time_label = match state {
+        JobStatus::Pending => "added",
         JobStatus::Available | JobStatus::Scheduled | JobStatus::Retryable => "due",
         JobStatus::Running => "claimed",
         JobStatus::Waiting => "times out",
@@ -545,7 +546,11 @@ pub(crate) async fn job(
     );
     let cancellable = matches!(
         state,
-        JobStatus::Available | JobStatus::Scheduled | JobStatus::Retryable | JobStatus::Running
+        JobStatus::Pending
+            | JobStatus::Available
+            | JobStatus::Scheduled
+            | JobStatus::Retryable
+            | JobStatus::Running
     );
     let may_act = shared.may_act(&headers);
     let body = html! {

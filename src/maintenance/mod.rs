@@ -175,6 +175,8 @@ pub struct TickReport {
     pub dlq_expired: i32,
     /// Unique keys forgotten past `unique_key_retention` (at most `promote_batch`).
     pub unique_keys_expired: i32,
+    /// Finished workflows deleted past `keep_completed` (at most `promote_batch`).
+    pub workflows_expired: i32,
     /// Archive time buckets truncated past `keep_completed` or `keep_failed`.
     pub archive_buckets_truncated: i32,
     /// Old time buckets of the durable terminal totals folded into the current one.

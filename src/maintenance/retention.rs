@@ -1,6 +1,7 @@
 //! Retention of the backlog/hold tables, in bounded batches: dead-lettered jobs older than
 //! `dlq_retention`, and unique keys older than `unique_key_retention` whose job is no longer pending
-//! (a released key is re-taken by the next insert anyway; expiry only bounds the table); and the
+//! (a released key is re-taken by the next insert anyway; expiry only bounds the table), and finished
+//! workflows older than `keep_completed`; and the
 //! archive's time buckets, past `keep_completed` and `keep_failed`; and the folding of the
 //! terminal totals' old time buckets.
 
@@ -18,6 +19,10 @@ pub(super) async fn run(
         .await?;
     report.unique_keys_expired = storage
         .unique_keys_expire(config.unique_key_retention, config.promote_batch)
+        .await?;
+    // finished workflows, kept as long as completed history
+    report.workflows_expired = storage
+        .workflow_expire(config.keep_completed, config.promote_batch)
         .await?;
     // the archive: whole time buckets, each truncated once its newest row is past its keep
     report.archive_buckets_truncated = storage

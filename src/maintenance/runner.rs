@@ -107,7 +107,8 @@ impl Pacing {
         }
         if ran.retention {
             let full = report.dlq_expired >= config.promote_batch
-                || report.unique_keys_expired >= config.promote_batch;
+                || report.unique_keys_expired >= config.promote_batch
+                || report.workflows_expired >= config.promote_batch;
             self.retention_at = next(RETENTION_EVERY, full);
         }
         if ran.prune || report.rotated_queue || report.rotated_claim {

@@ -385,6 +385,32 @@ impl Client {
         Ok(ids)
     }
 
+    /// Insert a workflow in one transaction of its own: its steps without dependencies become
+    /// available at once, the others when the steps they depend on are final.
+    pub async fn insert_workflow(
+        &self,
+        workflow: crate::Workflow,
+    ) -> Result<crate::InsertedWorkflow> {
+        let mut tx = self.inner.storage.pool().begin().await?;
+        let inserted = self
+            .inner
+            .storage
+            .insert_workflow(&mut tx, &workflow)
+            .await?;
+        tx.commit().await?;
+        Ok(inserted)
+    }
+
+    /// Insert a workflow inside the caller's transaction (`&mut *tx`): nothing of it exists
+    /// unless that commits.
+    pub async fn insert_workflow_tx(
+        &self,
+        conn: &mut PgConnection,
+        workflow: crate::Workflow,
+    ) -> Result<crate::InsertedWorkflow> {
+        self.inner.storage.insert_workflow(conn, &workflow).await
+    }
+
     /// Insert many jobs in one transaction of their own.
     pub async fn insert_many(&self, jobs: &[NewJob]) -> Result<Vec<i64>> {
         let mut tx = self.inner.storage.pool().begin().await?;

@@ -229,6 +229,60 @@ impl JobContext {
         self.writes.storage.job_progress(self.job_id).await
     }
 
+    /// Record this step's output for the steps that depend on it (a workflow step only; the last
+    /// write wins, so a re-run replaces it). Written at once, whatever the handler returns.
+    pub async fn set_workflow_output<T: serde::Serialize>(&self, output: &T) -> Result<()> {
+        let value = serde_json::to_value(output).map_err(|e| Error::InvalidArgs {
+            kind: self.kind.clone(),
+            reason: format!("workflow output of job {}: {e}", self.job_id),
+        })?;
+        self.writes
+            .storage
+            .set_workflow_output(self.job_id, &value)
+            .await
+    }
+
+    /// The output another step of this job's workflow recorded (`None` when it recorded none, or
+    /// when this job is not a workflow step).
+    pub async fn workflow_output<T: serde::de::DeserializeOwned>(
+        &self,
+        step: &str,
+    ) -> Result<Option<T>> {
+        let Some(value) = self
+            .writes
+            .storage
+            .workflow_output(self.job_id, step)
+            .await?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_value(value)
+            .map(Some)
+            .map_err(|e| Error::InvalidArgs {
+                kind: self.kind.clone(),
+                reason: format!("workflow output of step {step:?}: {e}"),
+            })
+    }
+
+    /// Add steps to this job's workflow (dynamic fan-out: a child per row, then a summary that
+    /// depends on them). New steps may depend on any step of the workflow, this one included. On
+    /// `conn`: pass the transaction you give `complete_in`, so that a re-run after a crash does not
+    /// add them twice (a second add of a step name is refused).
+    pub async fn add_workflow_steps(
+        &self,
+        conn: &mut PgConnection,
+        steps: crate::Workflow,
+    ) -> Result<crate::InsertedWorkflow> {
+        let storage = &self.writes.storage;
+        let Some((workflow_id, _)) = storage.workflow_of(self.job_id).await? else {
+            return Err(Error::Config(format!(
+                "job {} is not a workflow step: it cannot add steps",
+                self.job_id
+            )));
+        };
+        storage.add_workflow_steps(conn, workflow_id, &steps).await
+    }
+
     /// Complete this attempt inside the caller's transaction (`&mut *tx`), so that the handler's
     /// own writes and the job's completion commit or roll back together:
     ///

@@ -90,7 +90,7 @@ impl Bulk {
     fn applies_to(self) -> &'static [JobStatus] {
         use JobStatus::*;
         match self {
-            Self::Cancel => &[Available, Scheduled, Retryable, Running],
+            Self::Cancel => &[Pending, Available, Scheduled, Retryable, Running],
             Self::Retry => &[Scheduled, Retryable, DeadLettered],
             Self::Delete => &[DeadLettered],
         }

@@ -21,6 +21,7 @@ mod read;
 mod rescue;
 mod rotate;
 mod unique;
+mod workflows;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -63,6 +64,7 @@ struct Statements {
     read: read::Statements,
     health: health::Statements,
     periodic: periodic::Statements,
+    workflows: workflows::Statements,
 }
 
 /// Storage handle for one schema: every statement of the engine, the hot paths (claim, complete,
@@ -103,6 +105,7 @@ impl Storage {
             read: read::Statements::new(&schema),
             health: health::Statements::new(&schema),
             periodic: periodic::Statements::new(&schema),
+            workflows: workflows::Statements::new(&schema),
         });
         Self {
             pool,

@@ -485,7 +485,9 @@ impl Storage {
     /// prune wrote invisible, and call the job unknown. So the transaction first waits out any
     /// prune (ACCESS SHARE on the tables it truncates), and each lookup in it is a statement of
     /// its own, with a snapshot taken after (READ COMMITTED).
-    async fn begin_job_lookup(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    pub(super) async fn begin_job_lookup(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(&self.sql.read.job_state_locks)
             .execute(self.on(&mut tx))

@@ -1,0 +1,544 @@
+-- Workflows (migration 0021): steps wait in workflow_steps until every step they depend on is final,
+-- then go to the queue ring as ordinary jobs, with the job id they were given when added.
+--
+-- A step's final state is recorded where the job's is: completion (complete_batch calls
+-- workflow_settle), failure and cancellation (the triggers on done_entries and dlq_entries below, so
+-- that every path that ends a job, rescue and operator cancels included, settles its step). Each
+-- settlement appends evidence (workflow_results, workflow_arrivals) under the workflow's advisory
+-- lock; the arrival whose number equals a dependent's dependency count releases it, once.
+--
+-- Lock order: a workflow's lock before any attempt lock. complete_batch, close_batch and cancel_job
+-- take the workflow locks of their jobs first (lock_workflows_of), so cancel_workflow, which holds
+-- the workflow lock while it cancels the running steps, never waits in a cycle with a completion.
+--
+-- Every function of the engine is defined exactly once, in the file of its plane, and installed with
+-- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
+-- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
+
+CREATE OR REPLACE FUNCTION __S__.lock_workflow(p_workflow_id bigint) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(__S__.lock_ns('workflow'), (p_workflow_id % 2147483647)::int)
+$$;
+
+-- Lock the workflows these jobs are steps of, in one order. One index probe per job: with no
+-- workflows this is the whole cost the feature adds to a completion batch.
+CREATE OR REPLACE FUNCTION __S__.lock_workflows_of(p_job_ids bigint[]) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_found boolean := false;
+    v_workflow bigint;
+BEGIN
+    FOR v_workflow IN SELECT DISTINCT s.workflow_id FROM __S__.workflow_steps s
+                      WHERE s.job_id = ANY (p_job_ids) ORDER BY 1 LOOP
+        PERFORM __S__.lock_workflow(v_workflow);
+        v_found := true;
+    END LOOP;
+    RETURN v_found;
+END
+$$;
+
+-- What one final dependency means for one dependent: 'arrived' (an edge satisfied), 'cancel' (the
+-- dependent is cancelled), or 'wait' (held until the dependency is retried and completes).
+CREATE OR REPLACE FUNCTION __S__.workflow_edge_effect(p_outcome text, p_policy text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_outcome = 'completed' OR p_policy = 'run' THEN 'arrived'
+                WHEN p_policy = 'cancel' THEN 'cancel'
+                ELSE 'wait' END
+$$;
+
+-- Append the arrival of p_depends_on at p_step (the caller holds the workflow lock); true when it is
+-- the last of p_dependencies. An edge arrives once: a dependency that fails (policy 'run') and later
+-- completes after a retry is counted once.
+CREATE OR REPLACE FUNCTION __S__.workflow_arrive(p_workflow_id bigint, p_step text, p_depends_on text,
+                                                 p_dependencies int) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_seen int;
+BEGIN
+    INSERT INTO __S__.workflow_arrivals (workflow_id, step, seen, depends_on)
+    SELECT p_workflow_id, p_step, coalesce(max(a.seen), 0) + 1, p_depends_on
+    FROM __S__.workflow_arrivals a WHERE a.workflow_id = p_workflow_id AND a.step = p_step
+    ON CONFLICT (workflow_id, step, depends_on) DO NOTHING
+    RETURNING seen INTO v_seen;
+    RETURN v_seen IS NOT NULL AND v_seen = p_dependencies;
+END
+$$;
+
+-- Move these steps of one workflow to the queue ring, one segment per (queue, priority), in step
+-- job id order (the order they were added). The caller holds the workflow lock and has checked that
+-- each is due and not yet released.
+CREATE OR REPLACE FUNCTION __S__.workflow_release(p_workflow_id bigint, p_steps text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group record;
+    v_seg record;
+BEGIN
+    IF coalesce(cardinality(p_steps), 0) = 0 THEN
+        RETURN;
+    END IF;
+    FOR v_group IN SELECT s.queue, s.priority, array_agg(s.job_id ORDER BY s.job_id) AS job_ids
+                   FROM __S__.workflow_steps s
+                   WHERE s.workflow_id = p_workflow_id AND s.step = ANY (p_steps)
+                   GROUP BY s.queue, s.priority ORDER BY s.queue, s.priority LOOP
+        SELECT * INTO v_seg FROM __S__.enqueue_segment(v_group.queue, v_group.priority,
+                                                       cardinality(v_group.job_ids));
+        INSERT INTO __S__.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority,
+                                         attempt, run_lease, max_attempts, created_at, timeout_ms, traceparent)
+        SELECT v_seg.ready_slot, v_seg.lane_id, v_seg.base_pos + o.n - 1, s.job_id, s.queue, s.kind, s.args,
+               s.priority, 0, 0, s.max_attempts, s.created_at, s.timeout_ms, s.traceparent
+        FROM unnest(v_group.job_ids) WITH ORDINALITY o(job_id, n)
+        JOIN __S__.workflow_steps s ON s.job_id = o.job_id;
+    END LOOP;
+    INSERT INTO __S__.workflow_released (workflow_id, step, released_at)
+    SELECT p_workflow_id, x, __S__.engine_now() FROM unnest(p_steps) x;
+END
+$$;
+
+-- Record that these steps of one workflow are final (outcomes completed, failed, cancelled; a step
+-- cancelled before its release has run lease 0), and follow every consequence: arrivals at their
+-- dependents, dependents cancelled in turn (policy 'cancel'), dependents released. The caller holds
+-- the workflow lock. A step already recorded at that run lease is skipped, so a repeat is harmless.
+CREATE OR REPLACE FUNCTION __S__.workflow_settle_steps(p_workflow_id bigint, p_steps text[], p_run_leases bigint[],
+                                                       p_outcomes text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_steps text[] := p_steps;
+    v_leases bigint[] := p_run_leases;
+    v_outcomes text[] := p_outcomes;
+    v_release text[] := '{}';
+    v_cancelled boolean;
+    v_i int := 1;
+    v_dep record;
+    v_effect text;
+BEGIN
+    v_cancelled := EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = p_workflow_id);
+    WHILE v_i <= coalesce(cardinality(v_steps), 0) LOOP
+        INSERT INTO __S__.workflow_results (workflow_id, step, run_lease, outcome, finished_at)
+        VALUES (p_workflow_id, v_steps[v_i], v_leases[v_i], v_outcomes[v_i], __S__.engine_now())
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            FOR v_dep IN SELECT d.step, d.on_dependency_failure, d.dependencies
+                         FROM __S__.workflow_edges e
+                         JOIN __S__.workflow_steps d ON d.workflow_id = e.workflow_id AND d.step = e.step
+                         WHERE e.workflow_id = p_workflow_id AND e.depends_on = v_steps[v_i]
+                           AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                                           WHERE r.workflow_id = e.workflow_id AND r.step = e.step)
+                           AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results x
+                                           WHERE x.workflow_id = e.workflow_id AND x.step = e.step)
+                         ORDER BY e.step LOOP
+                v_effect := __S__.workflow_edge_effect(v_outcomes[v_i], v_dep.on_dependency_failure);
+                IF v_effect = 'arrived' THEN
+                    IF __S__.workflow_arrive(p_workflow_id, v_dep.step, v_steps[v_i], v_dep.dependencies) THEN
+                        IF v_cancelled THEN
+                            v_steps := v_steps || v_dep.step;
+                            v_leases := v_leases || 0::bigint;
+                            v_outcomes := v_outcomes || 'cancelled'::text;
+                        ELSE
+                            v_release := v_release || v_dep.step;
+                        END IF;
+                    END IF;
+                ELSIF v_effect = 'cancel' THEN
+                    v_steps := v_steps || v_dep.step;
+                    v_leases := v_leases || 0::bigint;
+                    v_outcomes := v_outcomes || 'cancelled'::text;
+                END IF;
+            END LOOP;
+        END IF;
+        v_i := v_i + 1;
+    END LOOP;
+    PERFORM __S__.workflow_release(p_workflow_id, v_release);
+END
+$$;
+
+-- Settle the workflow steps among these jobs (others are ignored): p_outcomes are the jobs' final
+-- states (completed, failed, cancelled, dead_lettered: failed for a dependent).
+CREATE OR REPLACE FUNCTION __S__.workflow_settle(p_job_ids bigint[], p_run_leases bigint[], p_outcomes text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group record;
+BEGIN
+    IF NOT __S__.lock_workflows_of(p_job_ids) THEN
+        RETURN;
+    END IF;
+    FOR v_group IN SELECT s.workflow_id, array_agg(s.step ORDER BY s.job_id) AS steps,
+                          array_agg(i.run_lease ORDER BY s.job_id) AS leases,
+                          array_agg(CASE WHEN i.outcome = 'dead_lettered' THEN 'failed' ELSE i.outcome END
+                                    ORDER BY s.job_id) AS outcomes
+                   FROM unnest(p_job_ids, p_run_leases, p_outcomes) AS i(job_id, run_lease, outcome)
+                   JOIN __S__.workflow_steps s ON s.job_id = i.job_id
+                   GROUP BY s.workflow_id ORDER BY s.workflow_id LOOP
+        PERFORM __S__.workflow_settle_steps(v_group.workflow_id, v_group.steps, v_group.leases, v_group.outcomes);
+    END LOOP;
+END
+$$;
+
+-- Every path that fails or cancels a job for good writes a done_entries or dlq_entries row; these
+-- statement triggers settle the workflow steps among them. Neither table is written on the
+-- success path, and each trigger runs once per statement.
+CREATE OR REPLACE FUNCTION __S__.workflow_settle_done() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.workflow_settle(array_agg(n.job_id), array_agg(n.run_lease), array_agg(n.state))
+    FROM finished n WHERE n.state IN ('failed', 'cancelled');
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.workflow_settle_dead_lettered() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM __S__.workflow_settle(array_agg(n.job_id), array_agg(n.run_lease), array_agg('failed'::text))
+    FROM finished n;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER workflow_settle AFTER INSERT ON __S__.done_entries
+    REFERENCING NEW TABLE AS finished FOR EACH STATEMENT EXECUTE FUNCTION __S__.workflow_settle_done();
+CREATE OR REPLACE TRIGGER workflow_settle AFTER INSERT ON __S__.dlq_entries
+    REFERENCING NEW TABLE AS finished FOR EACH STATEMENT EXECUTE FUNCTION __S__.workflow_settle_dead_lettered();
+
+-- ---------------------------------------------------------------------------------------------
+-- Adding steps: a new workflow (enqueue_workflow) or more steps of a running one (a step that fans
+-- out while it runs). p_steps is a JSON array of step objects:
+--   {"step": "name", "kind": "...", "args": {...}, "queue": "default", "priority": 2,
+--    "max_attempts": 25, "timeout_ms": null, "traceparent": null,
+--    "depends_on": ["other step", ...], "on_dependency_failure": "cancel" | "run" | "hold"}
+-- Only step and kind are required. A dependency names a step of the same call or one the workflow
+-- already has; a step whose dependencies are all final (or that has none) is released at once.
+-- Every step is checked before anything is written (SQLSTATE 22023 for bad input).
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.workflow_add_steps(p_workflow_id bigint, p_steps jsonb)
+RETURNS TABLE (step text, job_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_step jsonb;
+    v_name text;
+    v_names text[] := '{}';
+    v_extra text[];
+    v_deps jsonb;
+    v_dep text;
+    v_policy text;
+    v_done text[] := '{}';
+    v_progress boolean;
+    v_edge record;
+    v_release text[] := '{}';
+    v_cancel text[] := '{}';
+    v_effect text;
+BEGIN
+    IF p_steps IS NULL OR jsonb_typeof(p_steps) <> 'array' OR jsonb_array_length(p_steps) = 0 THEN
+        RAISE EXCEPTION 'ringwork: workflow steps must be a non-empty JSON array of step objects'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM __S__.lock_workflow(p_workflow_id);
+    IF NOT EXISTS (SELECT 1 FROM __S__.workflows w WHERE w.workflow_id = p_workflow_id) THEN
+        RAISE EXCEPTION 'ringwork: no workflow %', p_workflow_id USING ERRCODE = 'P0002';
+    END IF;
+    IF EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = p_workflow_id) THEN
+        RAISE EXCEPTION 'ringwork: workflow % is cancelled: no steps can be added', p_workflow_id
+            USING ERRCODE = '22023';
+    END IF;
+    -- each step on its own
+    FOR v_step IN SELECT e FROM jsonb_array_elements(p_steps) e LOOP
+        IF jsonb_typeof(v_step) <> 'object' THEN
+            RAISE EXCEPTION 'ringwork: a workflow step must be a JSON object, got %', left(v_step::text, 200)
+                USING ERRCODE = '22023';
+        END IF;
+        v_name := v_step->>'step';
+        IF NOT __S__.valid_name(v_name) THEN
+            RAISE EXCEPTION 'ringwork: invalid workflow step name %: must be 1..128 bytes without control or invisible format characters',
+                quote_nullable(v_name) USING ERRCODE = '22023';
+        END IF;
+        SELECT array_agg(k ORDER BY k) INTO v_extra FROM jsonb_object_keys(v_step) k
+        WHERE k NOT IN ('step', 'kind', 'args', 'queue', 'priority', 'max_attempts', 'timeout_ms', 'traceparent',
+                        'depends_on', 'on_dependency_failure');
+        IF v_extra IS NOT NULL THEN
+            RAISE EXCEPTION 'ringwork: workflow step % has unknown fields %', quote_literal(v_name), v_extra
+                USING ERRCODE = '22023';
+        END IF;
+        IF v_name = ANY (v_names) OR EXISTS (SELECT 1 FROM __S__.workflow_steps s
+                                              WHERE s.workflow_id = p_workflow_id AND s.step = v_name) THEN
+            RAISE EXCEPTION 'ringwork: workflow % has step % twice', p_workflow_id, quote_literal(v_name)
+                USING ERRCODE = '22023';
+        END IF;
+        v_names := v_names || v_name;
+        IF jsonb_typeof(v_step->'priority') IS DISTINCT FROM 'number' AND v_step ? 'priority'
+           OR jsonb_typeof(v_step->'max_attempts') IS DISTINCT FROM 'number' AND v_step ? 'max_attempts'
+           OR jsonb_typeof(v_step->'timeout_ms') NOT IN ('number', 'null') AND v_step ? 'timeout_ms' THEN
+            RAISE EXCEPTION 'ringwork: workflow step %: priority, max_attempts and timeout_ms must be numbers',
+                quote_literal(v_name) USING ERRCODE = '22023';
+        END IF;
+        BEGIN
+            PERFORM __S__.validate_enqueue(coalesce(v_step->>'queue', 'default'), v_step->>'kind',
+                                           CASE WHEN v_step ? 'args' THEN
+                                               CASE WHEN jsonb_typeof(v_step->'args') = 'null' THEN NULL
+                                                    ELSE v_step->'args' END
+                                           ELSE '{}'::jsonb END,
+                                           coalesce((v_step->>'priority')::int, 2),
+                                           coalesce((v_step->>'max_attempts')::int, 25), v_step->>'traceparent');
+            IF (v_step->>'timeout_ms')::numeric NOT BETWEEN 1 AND 2147483647 THEN
+                RAISE EXCEPTION 'ringwork: timeout_ms must be 1..2147483647, got %', v_step->>'timeout_ms'
+                    USING ERRCODE = '22023';
+            END IF;
+        EXCEPTION
+            WHEN invalid_parameter_value OR invalid_text_representation OR numeric_value_out_of_range THEN
+                RAISE EXCEPTION 'ringwork: workflow step %: %', quote_literal(v_name),
+                    regexp_replace(SQLERRM, '^ringwork: ', '') USING ERRCODE = '22023';
+        END;
+        v_policy := coalesce(v_step->>'on_dependency_failure', 'cancel');
+        IF v_policy NOT IN ('cancel', 'run', 'hold') THEN
+            RAISE EXCEPTION 'ringwork: workflow step %: on_dependency_failure must be cancel, run or hold, got %',
+                quote_literal(v_name), quote_literal(v_policy) USING ERRCODE = '22023';
+        END IF;
+        v_deps := coalesce(v_step->'depends_on', '[]'::jsonb);
+        IF jsonb_typeof(v_deps) <> 'array'
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_deps) d WHERE jsonb_typeof(d) <> 'string') THEN
+            RAISE EXCEPTION 'ringwork: workflow step %: depends_on must be an array of step names',
+                quote_literal(v_name) USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    -- dependencies: known steps, not the step itself
+    FOR v_name, v_dep IN SELECT e->>'step', d FROM jsonb_array_elements(p_steps) e,
+                                jsonb_array_elements_text(coalesce(e->'depends_on', '[]'::jsonb)) d LOOP
+        IF v_dep = v_name THEN
+            RAISE EXCEPTION 'ringwork: workflow step % depends on itself', quote_literal(v_name)
+                USING ERRCODE = '22023';
+        END IF;
+        IF NOT v_dep = ANY (v_names) AND NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
+                                                     WHERE s.workflow_id = p_workflow_id AND s.step = v_dep) THEN
+            RAISE EXCEPTION 'ringwork: workflow step % depends on %, which is not a step of workflow %',
+                quote_literal(v_name), quote_literal(v_dep), p_workflow_id USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    -- no cycle among the new steps (existing steps cannot depend on new ones): peel off the steps
+    -- whose new dependencies are all peeled, until none is left or none can be
+    LOOP
+        SELECT array_agg(e->>'step') INTO v_extra FROM jsonb_array_elements(p_steps) e
+        WHERE NOT (e->>'step') = ANY (v_done)
+          AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(coalesce(e->'depends_on', '[]'::jsonb)) d
+                          WHERE d = ANY (v_names) AND NOT d = ANY (v_done));
+        v_progress := v_extra IS NOT NULL;
+        EXIT WHEN NOT v_progress;
+        v_done := v_done || v_extra;
+    END LOOP;
+    IF cardinality(v_done) < cardinality(v_names) THEN
+        RAISE EXCEPTION 'ringwork: workflow steps % depend on each other in a cycle',
+            (SELECT array_agg(n ORDER BY n) FROM unnest(v_names) n WHERE NOT n = ANY (v_done))
+            USING ERRCODE = '22023';
+    END IF;
+    -- write the steps and their edges, in input order (job ids follow it)
+    INSERT INTO __S__.workflow_steps (workflow_id, step, job_id, queue, kind, args, priority, max_attempts,
+                                      timeout_ms, traceparent, on_dependency_failure, dependencies, created_at)
+    SELECT p_workflow_id, e->>'step', nextval('__S__.job_ids'), coalesce(e->>'queue', 'default'), e->>'kind',
+           coalesce(e->'args', '{}'::jsonb), coalesce((e->>'priority')::int, 2)::smallint,
+           coalesce((e->>'max_attempts')::int, 25), (e->>'timeout_ms')::int,
+           __S__.traceparent_bytes(e->>'traceparent'), coalesce(e->>'on_dependency_failure', 'cancel'),
+           (SELECT count(DISTINCT d) FROM jsonb_array_elements_text(coalesce(e->'depends_on', '[]'::jsonb)) d),
+           __S__.engine_now()
+    FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS x(e, n) ORDER BY x.n;
+    INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step)
+    SELECT DISTINCT p_workflow_id, d, e->>'step'
+    FROM jsonb_array_elements(p_steps) e, jsonb_array_elements_text(coalesce(e->'depends_on', '[]'::jsonb)) d;
+    -- edges from steps that are already final arrive now (a completed outcome wins over an earlier failure)
+    FOR v_edge IN SELECT s.step, s.on_dependency_failure, s.dependencies, e.depends_on,
+                         CASE WHEN bool_or(r.outcome = 'completed') THEN 'completed'
+                              ELSE (array_agg(r.outcome ORDER BY r.finished_at DESC))[1] END AS outcome
+                  FROM __S__.workflow_steps s
+                  JOIN __S__.workflow_edges e ON e.workflow_id = s.workflow_id AND e.step = s.step
+                  JOIN __S__.workflow_results r ON r.workflow_id = e.workflow_id AND r.step = e.depends_on
+                  WHERE s.workflow_id = p_workflow_id AND s.step = ANY (v_names)
+                  GROUP BY s.step, s.on_dependency_failure, s.dependencies, e.depends_on
+                  ORDER BY s.step, e.depends_on LOOP
+        v_effect := __S__.workflow_edge_effect(v_edge.outcome, v_edge.on_dependency_failure);
+        IF v_effect = 'arrived' THEN
+            PERFORM __S__.workflow_arrive(p_workflow_id, v_edge.step, v_edge.depends_on, v_edge.dependencies);
+        ELSIF v_effect = 'cancel' AND NOT v_edge.step = ANY (v_cancel) THEN
+            v_cancel := v_cancel || v_edge.step;
+        END IF;
+    END LOOP;
+    IF cardinality(v_cancel) > 0 THEN
+        PERFORM __S__.workflow_settle_steps(p_workflow_id, v_cancel,
+                                            array_fill(0::bigint, ARRAY[cardinality(v_cancel)]),
+                                            array_fill('cancelled'::text, ARRAY[cardinality(v_cancel)]));
+    END IF;
+    SELECT coalesce(array_agg(s.step ORDER BY s.job_id), '{}') INTO v_release
+    FROM __S__.workflow_steps s
+    WHERE s.workflow_id = p_workflow_id AND s.step = ANY (v_names)
+      AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+      AND s.dependencies = (SELECT count(*) FROM __S__.workflow_arrivals a
+                            WHERE a.workflow_id = s.workflow_id AND a.step = s.step);
+    PERFORM __S__.workflow_release(p_workflow_id, v_release);
+    RETURN QUERY SELECT s.step, s.job_id FROM __S__.workflow_steps s
+                 WHERE s.workflow_id = p_workflow_id AND s.step = ANY (v_names) ORDER BY s.job_id;
+END
+$$;
+
+-- A new workflow with these steps (workflow_add_steps), inside the caller's transaction: if it
+-- rolls back, nothing of the workflow exists.
+CREATE OR REPLACE FUNCTION __S__.enqueue_workflow(p_steps jsonb)
+RETURNS TABLE (workflow_id bigint, step text, job_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint := nextval('__S__.workflow_ids');
+BEGIN
+    INSERT INTO __S__.workflows (workflow_id, created_at) VALUES (v_id, __S__.engine_now());
+    RETURN QUERY SELECT v_id, a.step, a.job_id FROM __S__.workflow_add_steps(v_id, p_steps) a;
+END
+$$;
+
+-- Cancel a workflow: no step is released after this; steps still waiting are cancelled, steps
+-- released and not finished are cancelled like any job (cancel_job). Returns the steps cancelled,
+-- or NULL for an unknown workflow.
+CREATE OR REPLACE FUNCTION __S__.cancel_workflow(p_workflow_id bigint) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_waiting text[];
+    v_job bigint;
+    v_count int;
+BEGIN
+    PERFORM __S__.lock_workflow(p_workflow_id);
+    IF NOT EXISTS (SELECT 1 FROM __S__.workflows w WHERE w.workflow_id = p_workflow_id) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO __S__.workflow_cancels (workflow_id, cancelled_at) VALUES (p_workflow_id, __S__.engine_now())
+    ON CONFLICT DO NOTHING;
+    SELECT coalesce(array_agg(s.step ORDER BY s.job_id), '{}') INTO v_waiting FROM __S__.workflow_steps s
+    WHERE s.workflow_id = p_workflow_id
+      AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+      AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = s.workflow_id AND r.step = s.step);
+    v_count := cardinality(v_waiting);
+    PERFORM __S__.workflow_settle_steps(p_workflow_id, v_waiting,
+                                        array_fill(0::bigint, ARRAY[v_count]),
+                                        array_fill('cancelled'::text, ARRAY[v_count]));
+    FOR v_job IN SELECT s.job_id FROM __S__.workflow_steps s
+                 JOIN __S__.workflow_released r ON r.workflow_id = s.workflow_id AND r.step = s.step
+                 WHERE s.workflow_id = p_workflow_id
+                   AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results x
+                                   WHERE x.workflow_id = s.workflow_id AND x.step = s.step)
+                 ORDER BY s.job_id LOOP
+        IF __S__.cancel_job(v_job, 'workflow cancelled') IN ('cancelled', 'cancelled_running') THEN
+            v_count := v_count + 1;
+        END IF;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+
+-- A waiting (unreleased) step cancelled by its job id, for cancel_job: 'cancelled', or NULL when the
+-- job is not a waiting step.
+CREATE OR REPLACE FUNCTION __S__.cancel_waiting_step(p_job_id bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_step __S__.workflow_steps;
+BEGIN
+    SELECT * INTO v_step FROM __S__.workflow_steps s WHERE s.job_id = p_job_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM __S__.lock_workflow(v_step.workflow_id);
+    IF EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = v_step.workflow_id
+                                                         AND r.step = v_step.step) THEN
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = v_step.workflow_id
+                                                        AND r.step = v_step.step) THEN
+        RETURN 'already_finished';
+    END IF;
+    PERFORM __S__.workflow_settle_steps(v_step.workflow_id, ARRAY[v_step.step], ARRAY[0::bigint],
+                                        ARRAY['cancelled']);
+    RETURN 'cancelled';
+END
+$$;
+
+-- Every step of a workflow: its job, its state (pending while it waits for dependencies; the job's
+-- own state once released; its recorded outcome when the job's rows are gone), what it depends on,
+-- and when it finished. No rows for an unknown workflow.
+CREATE OR REPLACE FUNCTION __S__.workflow_status(p_workflow_id bigint)
+RETURNS TABLE (step text, job_id bigint, queue text, kind text, state text, depends_on text[],
+               on_dependency_failure text, finished_at timestamptz, cancelled boolean)
+LANGUAGE sql STABLE SET jit = off AS $$
+    SELECT s.step, s.job_id, s.queue, s.kind,
+           coalesce(CASE WHEN rel.released AND (res.outcome IS NULL OR res.outcome = 'failed')
+                         THEN (SELECT j.state FROM __S__.job_state(s.job_id) j) END,
+                    res.outcome, 'pending'),
+           coalesce((SELECT array_agg(e.depends_on ORDER BY e.depends_on) FROM __S__.workflow_edges e
+                     WHERE e.workflow_id = s.workflow_id AND e.step = s.step), '{}'),
+           s.on_dependency_failure, res.finished_at,
+           EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = s.workflow_id)
+    FROM __S__.workflow_steps s
+    CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                                       WHERE r.workflow_id = s.workflow_id AND r.step = s.step) AS released) rel
+    LEFT JOIN LATERAL (SELECT r.outcome, r.finished_at FROM __S__.workflow_results r
+                       WHERE r.workflow_id = s.workflow_id AND r.step = s.step
+                       ORDER BY r.finished_at DESC, r.run_lease DESC LIMIT 1) res ON true
+    WHERE s.workflow_id = p_workflow_id
+    ORDER BY s.job_id
+$$;
+
+-- The workflow and step of a job; no row for a job that is not a step.
+CREATE OR REPLACE FUNCTION __S__.workflow_of(p_job_id bigint)
+RETURNS TABLE (workflow_id bigint, step text)
+LANGUAGE sql STABLE AS $$
+    SELECT s.workflow_id, s.step FROM __S__.workflow_steps s WHERE s.job_id = p_job_id
+$$;
+
+-- A step's handler records its output for the steps that depend on it (the last write wins). False
+-- when the job is not a workflow step.
+CREATE OR REPLACE FUNCTION __S__.set_workflow_output(p_job_id bigint, p_output jsonb) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_step record;
+BEGIN
+    PERFORM __S__.validate_args(p_output);
+    SELECT s.workflow_id, s.step INTO v_step FROM __S__.workflow_steps s WHERE s.job_id = p_job_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO __S__.workflow_outputs (workflow_id, step, output) VALUES (v_step.workflow_id, v_step.step, p_output)
+    ON CONFLICT (workflow_id, step) DO UPDATE SET output = excluded.output;
+    RETURN true;
+END
+$$;
+
+-- The output a step of p_job_id's workflow recorded (NULL when none).
+CREATE OR REPLACE FUNCTION __S__.workflow_output(p_job_id bigint, p_step text) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT o.output FROM __S__.workflow_steps s
+    JOIN __S__.workflow_outputs o ON o.workflow_id = s.workflow_id AND o.step = p_step
+    WHERE s.job_id = p_job_id
+$$;
+
+-- Delete finished workflows (every step has an outcome) whose last step finished more than p_keep
+-- ago, at most p_limit workflows per call; a cancelled workflow counts from its cancel.
+CREATE OR REPLACE FUNCTION __S__.workflow_expire(p_keep interval, p_limit int) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    SELECT array_agg(w.workflow_id) INTO v_ids FROM (
+        SELECT w.workflow_id FROM __S__.workflows w
+        WHERE w.created_at < __S__.engine_now() - p_keep
+          AND NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
+                          WHERE s.workflow_id = w.workflow_id
+                            AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                                            WHERE r.workflow_id = s.workflow_id AND r.step = s.step))
+          AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                          WHERE r.workflow_id = w.workflow_id AND r.finished_at >= __S__.engine_now() - p_keep)
+        ORDER BY w.workflow_id LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ) w;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM __S__.workflow_arrivals x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_edges x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_results x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_released x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_outputs x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_cancels x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_steps x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflows x WHERE x.workflow_id = ANY (v_ids);
+    RETURN cardinality(v_ids);
+END
+$$;

@@ -1,0 +1,719 @@
+//! Workflows: a step runs only once every step it depends on is final, is released exactly once
+//! (two last dependencies finishing at once included), and a failed or cancelled dependency does
+//! what the step's policy says.
+
+mod support;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ringwork::{
+    CancelOutcome, CloseOutcome, DependencyFailure, JobArgs, JobContext, JobStatus, NewJob,
+    Outcome, Step, Workflow, WorkflowState,
+};
+use serde::{Deserialize, Serialize};
+use support::{complete_one, eventually, job, one_waits_for_a_lock, state, TestDb};
+
+const STALE: Duration = Duration::from_secs(60);
+
+fn step(name: &str, after: &[&str]) -> Step {
+    Step::new(name, job(0)).after(after)
+}
+
+/// The steps' names in the order a claim of `queue` returns them (up to 100).
+async fn claim_names(
+    storage: &ringwork::Storage,
+    inserted: &ringwork::InsertedWorkflow,
+) -> Vec<(String, ringwork::ClaimedJob)> {
+    let claimed = storage.claim("default", 100, None).await.unwrap();
+    claimed
+        .into_iter()
+        .map(|c| {
+            let name = inserted
+                .steps
+                .iter()
+                .find(|(_, id)| *id == c.job_id)
+                .map(|(n, _)| n.clone())
+                .unwrap_or_else(|| format!("job {}", c.job_id));
+            (name, c)
+        })
+        .collect()
+}
+
+async fn insert(db: &TestDb, workflow: Workflow) -> ringwork::InsertedWorkflow {
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.storage()
+        .insert_workflow(&mut conn, &workflow)
+        .await
+        .unwrap()
+}
+
+async fn fail(storage: &ringwork::Storage, claimed: &ringwork::ClaimedJob) {
+    let outcome = storage
+        .close_batch(&[(
+            claimed.attempt_ref(),
+            CloseOutcome::Failed {
+                error: "broken".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    assert_eq!(outcome, vec![Outcome::Applied]);
+}
+
+#[tokio::test]
+async fn a_diamond_runs_in_dependency_order_and_passes_outputs() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("fetch", &[]))
+            .step(step("left", &["fetch"]))
+            .step(step("right", &["fetch"]))
+            .step(step("join", &["left", "right"])),
+    )
+    .await;
+    assert_eq!(w.steps.len(), 4);
+    let id = |s: &str| w.job_id(s).unwrap();
+    assert_eq!(state(&db, id("join")).await, "pending");
+    let status = storage
+        .workflow_status(w.workflow_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, WorkflowState::Running);
+    assert_eq!(status.count(JobStatus::Pending), 3);
+    assert_eq!(
+        status.step("join").unwrap().depends_on,
+        vec!["left", "right"]
+    );
+
+    let first = claim_names(&storage, &w).await;
+    assert_eq!(
+        first.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        vec!["fetch"],
+        "only the step without dependencies is available"
+    );
+    storage
+        .set_workflow_output(id("fetch"), &serde_json::json!({"rows": 3}))
+        .await
+        .unwrap();
+    assert_eq!(complete_one(&storage, &first[0].1).await, Outcome::Applied);
+    // the ring's slots turn over while steps wait: nothing of a workflow lives in them
+    support::rotate_and_prune(&storage, Duration::from_secs(3600)).await;
+
+    let second = claim_names(&storage, &w).await;
+    let mut names: Vec<&str> = second.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort();
+    assert_eq!(names, vec!["left", "right"]);
+    assert_eq!(complete_one(&storage, &second[0].1).await, Outcome::Applied);
+    assert_eq!(state(&db, id("join")).await, "pending");
+    let detail = storage.job_state(id("join")).await.unwrap().unwrap().detail;
+    assert_eq!(detail.as_deref(), Some("waiting for 1 of 2 dependencies"));
+    assert!(claim_names(&storage, &w).await.is_empty());
+    assert_eq!(complete_one(&storage, &second[1].1).await, Outcome::Applied);
+
+    let last = claim_names(&storage, &w).await;
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].0, "join");
+    assert_eq!(
+        storage.workflow_output(id("join"), "fetch").await.unwrap(),
+        Some(serde_json::json!({"rows": 3}))
+    );
+    assert_eq!(
+        storage.workflow_output(id("join"), "left").await.unwrap(),
+        None
+    );
+    assert_eq!(complete_one(&storage, &last[0].1).await, Outcome::Applied);
+    let status = storage
+        .workflow_status(w.workflow_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, WorkflowState::Completed);
+    assert_eq!(status.count(JobStatus::Completed), 4);
+    assert!(status.steps.iter().all(|s| s.finished_at.is_some()));
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_last_two_dependencies_completing_at_once_release_the_dependent_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("a", &[]))
+            .step(step("b", &[]))
+            .step(step("join", &["a", "b"])),
+    )
+    .await;
+    let claimed = claim_names(&storage, &w).await;
+    assert_eq!(claimed.len(), 2);
+    // two processes complete the two last dependencies, each inside its own transaction
+    let mut first = db.pool.begin().await.unwrap();
+    assert_eq!(
+        storage
+            .complete_on(&mut first, &claimed[0].1.attempt_ref())
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    let second_storage = storage.clone();
+    let second_attempt = claimed[1].1.attempt_ref();
+    let pool = db.pool.clone();
+    let second = tokio::spawn(async move {
+        let mut tx = pool.begin().await.unwrap();
+        let outcome = second_storage
+            .complete_on(&mut tx, &second_attempt)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        outcome
+    });
+    // the second waits for the workflow's lock, held by the first until it commits
+    assert!(one_waits_for_a_lock(&db).await);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_released")
+            .await,
+        2,
+        "join is not released by either while the first has not committed"
+    );
+    first.commit().await.unwrap();
+    assert_eq!(second.await.unwrap(), Outcome::Applied);
+    let join = w.job_id("join").unwrap();
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM {{s}}.ready_entries WHERE job_id = {join}"
+        ))
+        .await,
+        1,
+        "released once"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.workflow_arrivals WHERE step = 'join' AND seen IN (1, 2)"
+        )
+        .await,
+        2
+    );
+    let last = claim_names(&storage, &w).await;
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].0, "join");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failed_dependency_cancels_runs_or_holds_its_dependents_by_policy() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage.ensure_queue("default").await.unwrap();
+    // dead-lettered, so that an operator can retry the failed step
+    assert!(storage
+        .set_queue_dead_letter("default", true)
+        .await
+        .unwrap());
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("load", &[]))
+            .step(step("cancelled", &["load"]))
+            .step(step("cancelled_too", &["cancelled"]))
+            .step(step("runs", &["load"]).on_dependency_failure(DependencyFailure::Run))
+            .step(step("held", &["load"]).on_dependency_failure(DependencyFailure::Hold)),
+    )
+    .await;
+    let id = |s: &str| w.job_id(s).unwrap();
+    let load = claim_names(&storage, &w).await;
+    assert_eq!(load.len(), 1);
+    fail(&storage, &load[0].1).await;
+    assert_eq!(state(&db, id("load")).await, "dead_lettered");
+    assert_eq!(state(&db, id("cancelled")).await, "cancelled");
+    assert_eq!(state(&db, id("cancelled_too")).await, "cancelled");
+    assert_eq!(state(&db, id("runs")).await, "available");
+    assert_eq!(state(&db, id("held")).await, "pending");
+    let runs = claim_names(&storage, &w).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].0, "runs");
+    assert_eq!(complete_one(&storage, &runs[0].1).await, Outcome::Applied);
+    let status = storage
+        .workflow_status(w.workflow_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, WorkflowState::Running, "held waits");
+
+    // the operator retries the failed step; once it completes, the held step runs
+    assert!(storage.dlq_retry(id("load")).await.unwrap());
+    storage.promote_due(10).await.unwrap();
+    let again = claim_names(&storage, &w).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].0, "load");
+    assert_eq!(state(&db, id("held")).await, "pending");
+    assert_eq!(complete_one(&storage, &again[0].1).await, Outcome::Applied);
+    let held = claim_names(&storage, &w).await;
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].0, "held");
+    assert_eq!(complete_one(&storage, &held[0].1).await, Outcome::Applied);
+    // the cancelled stay cancelled, and "runs" is not run twice
+    assert_eq!(state(&db, id("cancelled")).await, "cancelled");
+    assert!(claim_names(&storage, &w).await.is_empty());
+    let status = storage
+        .workflow_status(w.workflow_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, WorkflowState::Cancelled);
+    assert_eq!(status.count(JobStatus::Completed), 3);
+    assert_eq!(status.count(JobStatus::Cancelled), 2);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_rescued_dependency_holds_its_dependent_until_the_re_run_completes() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(
+        &db,
+        Workflow::new().step(step("a", &[])).step(step("b", &["a"])),
+    )
+    .await;
+    let first = claim_names(&storage, &w).await.remove(0).1;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
+    assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
+    assert_eq!(state(&db, w.job_id("a").unwrap()).await, "retryable");
+    assert_eq!(state(&db, w.job_id("b").unwrap()).await, "pending");
+    assert_eq!(complete_one(&storage, &first).await, Outcome::Stale);
+    assert_eq!(state(&db, w.job_id("b").unwrap()).await, "pending");
+    db.advance_clock(Duration::from_secs(3600)).await;
+    storage.promote_due(10).await.unwrap();
+    let rerun = claim_names(&storage, &w).await;
+    assert_eq!(rerun.len(), 1);
+    assert_eq!(rerun[0].0, "a");
+    assert_eq!(complete_one(&storage, &rerun[0].1).await, Outcome::Applied);
+    assert_eq!(state(&db, w.job_id("b").unwrap()).await, "available");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_workflow_cancels_waiting_and_running_steps_and_releases_nothing_after() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("a", &[]))
+            .step(step("side", &[]))
+            .step(step("b", &["a"]))
+            .step(step("c", &["b"])),
+    )
+    .await;
+    let running = claim_names(&storage, &w).await;
+    assert_eq!(running.len(), 2);
+    assert_eq!(
+        storage.cancel_workflow(w.workflow_id).await.unwrap(),
+        Some(4)
+    );
+    for (_, claimed) in &running {
+        assert_eq!(complete_one(&storage, claimed).await, Outcome::Stale);
+    }
+    let status = storage
+        .workflow_status(w.workflow_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.cancelled);
+    assert_eq!(status.state, WorkflowState::Cancelled);
+    assert_eq!(status.count(JobStatus::Cancelled), 4);
+    assert!(claim_names(&storage, &w).await.is_empty());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_released")
+            .await,
+        2
+    );
+    // adding to a cancelled workflow is refused; an unknown workflow is None
+    let mut conn = db.pool.acquire().await.unwrap();
+    let refused = storage
+        .add_workflow_steps(
+            &mut conn,
+            w.workflow_id,
+            &Workflow::new().step(step("late", &[])),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("is cancelled"), "{refused}");
+    assert_eq!(
+        storage.cancel_workflow(w.workflow_id + 1000).await.unwrap(),
+        None
+    );
+    assert!(storage
+        .workflow_status(w.workflow_id + 1000)
+        .await
+        .unwrap()
+        .is_none());
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_waiting_step_cancelled_by_id_cancels_its_dependents() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("a", &[]))
+            .step(step("b", &["a"]))
+            .step(step("c", &["b"]))
+            .step(step("d", &["a"])),
+    )
+    .await;
+    let b = w.job_id("b").unwrap();
+    let pending = storage
+        .list_jobs(JobStatus::Pending, None, None, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        pending.jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+        vec![b, w.job_id("c").unwrap(), w.job_id("d").unwrap()]
+    );
+    assert_eq!(
+        storage.cancel_job(b, "not needed").await.unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert_eq!(
+        storage.cancel_job(b, "again").await.unwrap(),
+        CancelOutcome::AlreadyFinished
+    );
+    assert_eq!(state(&db, w.job_id("c").unwrap()).await, "cancelled");
+    let a = claim_names(&storage, &w).await.remove(0).1;
+    assert_eq!(complete_one(&storage, &a).await, Outcome::Applied);
+    let next = claim_names(&storage, &w).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].0, "d");
+    // the listing shows only steps still waiting as pending: none now
+    let pending = storage
+        .list_jobs(JobStatus::Pending, None, None, None, 10)
+        .await
+        .unwrap();
+    assert!(pending.jobs.is_empty());
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_workflow_inserted_in_a_rolled_back_transaction_leaves_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut tx = db.pool.begin().await.unwrap();
+    let w = storage
+        .insert_workflow(
+            &mut tx,
+            &Workflow::new().step(step("a", &[])).step(step("b", &["a"])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.steps.len(), 2);
+    tx.rollback().await.unwrap();
+    for table in [
+        "workflows",
+        "workflow_steps",
+        "workflow_edges",
+        "workflow_released",
+        "ready_entries",
+    ] {
+        assert_eq!(
+            db.scalar_i64(&format!("SELECT count(*) FROM {{s}}.{table}"))
+                .await,
+            0,
+            "{table}"
+        );
+    }
+    assert!(storage
+        .workflow_status(w.workflow_id)
+        .await
+        .unwrap()
+        .is_none());
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn bad_workflows_are_refused_with_a_clear_error_and_write_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let refused = [
+        (Workflow::new(), "at least one step"),
+        (
+            Workflow::new().step(step("a", &[])).step(step("a", &[])),
+            "appears twice",
+        ),
+        (Workflow::new().step(step("a", &["a"])), "depends on itself"),
+        (
+            Workflow::new().step(step("a", &["nowhere"])),
+            "not a step of this workflow",
+        ),
+        (
+            Workflow::new()
+                .step(step("a", &["c"]))
+                .step(step("b", &["a"]))
+                .step(step("c", &["b"]))
+                .step(step("free", &[])),
+            "[\"a\", \"b\", \"c\"] depend on each other in a cycle",
+        ),
+        (
+            Workflow::new().step(Step::new("a", job(1).queue("bad\u{7}queue"))),
+            "queue name",
+        ),
+        (
+            Workflow::new().step(Step::new(
+                "a",
+                job(1).run_at(chrono::Utc::now() + chrono::Duration::hours(1)),
+            )),
+            "cannot be unique or have a run_at",
+        ),
+        (
+            Workflow::new().step(step("bad\u{0}name", &[])),
+            "workflow step name",
+        ),
+    ];
+    for (workflow, expected) in refused {
+        let error = storage
+            .insert_workflow(&mut conn, &workflow)
+            .await
+            .unwrap_err();
+        assert!(
+            error.to_string().contains(expected),
+            "{error} vs {expected}"
+        );
+    }
+    // the SQL API refuses the same, with SQLSTATE 22023, for producers in other languages
+    let sql_refused = [
+        (r#"[]"#, "non-empty JSON array"),
+        (r#"[{"step": "a"}]"#, "invalid job kind"),
+        (
+            r#"[{"step": "a", "kind": "k", "when": 1}]"#,
+            "unknown fields",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "priority": 9}]"#,
+            "priority must be 1..4",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "depends_on": ["b"]}, {"step": "b", "kind": "k", "depends_on": ["a"]}]"#,
+            "cycle",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "depends_on": ["x"]}]"#,
+            "not a step of workflow",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "on_dependency_failure": "explode"}]"#,
+            "cancel, run or hold",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "args": null}]"#,
+            "must not be NULL",
+        ),
+    ];
+    for (steps, expected) in sql_refused {
+        let error = sqlx::query(&format!(
+            "SELECT * FROM {}.enqueue_workflow($1::jsonb)",
+            db.schema
+        ))
+        .bind(steps)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap_err();
+        let db_error = error.as_database_error().expect("a database error");
+        assert_eq!(
+            db_error.code().as_deref(),
+            Some("22023"),
+            "{steps}: {db_error}"
+        );
+        assert!(db_error.message().contains(expected), "{steps}: {db_error}");
+    }
+    for table in ["workflows", "workflow_steps", "ready_entries"] {
+        assert_eq!(
+            db.scalar_i64(&format!("SELECT count(*) FROM {{s}}.{table}"))
+                .await,
+            0,
+            "{table}"
+        );
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_running_step_fans_out_and_a_summary_runs_once_after_its_children() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(&db, Workflow::new().step(step("plan", &[]))).await;
+    let plan = claim_names(&storage, &w).await.remove(0).1;
+    // while "plan" runs it adds a child per row and a summary after all of them, and completes in
+    // the same transaction
+    let mut fan_out = Workflow::new();
+    let children: Vec<String> = (0..5).map(|i| format!("row-{i}")).collect();
+    for child in &children {
+        fan_out = fan_out.step(step(child, &["plan"]));
+    }
+    let names: Vec<&str> = children.iter().map(String::as_str).collect();
+    fan_out = fan_out.step(step("summary", &names));
+    let mut tx = db.pool.begin().await.unwrap();
+    let added = storage
+        .add_workflow_steps(&mut tx, w.workflow_id, &fan_out)
+        .await
+        .unwrap();
+    assert_eq!(added.steps.len(), 6);
+    assert_eq!(
+        storage
+            .complete_on(&mut tx, &plan.attempt_ref())
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    tx.commit().await.unwrap();
+    let all = ringwork::InsertedWorkflow {
+        workflow_id: w.workflow_id,
+        steps: added.steps.clone(),
+    };
+    let rows = claim_names(&storage, &all).await;
+    assert_eq!(rows.len(), 5, "the children, not the summary");
+    assert!(rows.iter().all(|(n, _)| n.starts_with("row-")));
+    for (_, claimed) in &rows {
+        assert_eq!(complete_one(&storage, claimed).await, Outcome::Applied);
+    }
+    let summary = claim_names(&storage, &all).await;
+    assert_eq!(summary.len(), 1);
+    assert_eq!(summary[0].0, "summary");
+    // a step added after its dependency completed is released at once
+    let mut conn = db.pool.acquire().await.unwrap();
+    let late = storage
+        .add_workflow_steps(
+            &mut conn,
+            w.workflow_id,
+            &Workflow::new().step(step("late", &["plan"])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(state(&db, late.steps[0].1).await, "available");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn finished_workflows_expire_and_running_ones_stay() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let done = insert(&db, Workflow::new().step(step("only", &[]))).await;
+    let running = insert(
+        &db,
+        Workflow::new().step(step("x", &[])).step(step("y", &["x"])),
+    )
+    .await;
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    let only = claimed
+        .iter()
+        .find(|c| c.job_id == done.job_id("only").unwrap())
+        .unwrap();
+    assert_eq!(complete_one(&storage, only).await, Outcome::Applied);
+    let keep = Duration::from_secs(3600);
+    assert_eq!(
+        storage.workflow_expire(keep, 100).await.unwrap(),
+        0,
+        "too new"
+    );
+    db.advance_clock(keep + Duration::from_secs(1)).await;
+    assert_eq!(storage.workflow_expire(keep, 100).await.unwrap(), 1);
+    assert!(storage
+        .workflow_status(done.workflow_id)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(storage
+        .workflow_status(running.workflow_id)
+        .await
+        .unwrap()
+        .is_some());
+    db.cleanup().await;
+}
+
+#[derive(Serialize, Deserialize)]
+struct Part {
+    n: i64,
+}
+
+impl JobArgs for Part {
+    const KIND: &'static str = "part";
+}
+
+#[derive(Serialize, Deserialize)]
+struct Sum {}
+
+impl JobArgs for Sum {
+    const KIND: &'static str = "sum";
+}
+
+#[tokio::test]
+async fn a_fan_out_fan_in_workflow_runs_in_a_client_and_the_fan_in_reads_every_output() {
+    let db = TestDb::new().await;
+    let total = Arc::new(AtomicI64::new(-1));
+    let sums = Arc::new(AtomicI64::new(0));
+    let client = db
+        .client()
+        .queue("default", support::queue(8))
+        .register(|ctx: JobContext, part: Part| async move {
+            ctx.set_workflow_output(&(part.n * part.n)).await?;
+            Ok::<_, ringwork::BoxError>(())
+        })
+        .register({
+            let total = total.clone();
+            let sums = sums.clone();
+            move |ctx: JobContext, _: Sum| {
+                let total = total.clone();
+                let sums = sums.clone();
+                async move {
+                    let mut sum = 0;
+                    for n in 0..20 {
+                        sum += ctx
+                            .workflow_output::<i64>(&format!("part-{n}"))
+                            .await?
+                            .unwrap_or(0);
+                    }
+                    total.store(sum, Ordering::SeqCst);
+                    sums.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, ringwork::BoxError>(())
+                }
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let mut workflow = Workflow::new();
+    let names: Vec<String> = (0..20).map(|n| format!("part-{n}")).collect();
+    for (n, name) in names.iter().enumerate() {
+        workflow = workflow.step(Step::new(name, NewJob::new(&Part { n: n as i64 }).unwrap()));
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    workflow = workflow.step(Step::new("sum", NewJob::new(&Sum {}).unwrap()).after(&refs));
+    let inserted = client.insert_workflow(workflow).await.unwrap();
+    let running = client.start().await.unwrap();
+    let admin = client.admin();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            admin
+                .workflow(inserted.workflow_id)
+                .await
+                .unwrap()
+                .is_some_and(|w| w.state == WorkflowState::Completed)
+        })
+        .await,
+        "the workflow completes"
+    );
+    assert_eq!(
+        total.load(Ordering::SeqCst),
+        (0..20).map(|n| n * n).sum::<i64>()
+    );
+    assert_eq!(sums.load(Ordering::SeqCst), 1, "the fan-in ran once");
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}

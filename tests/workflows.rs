@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ringwork::{
-    CancelOutcome, CloseOutcome, DependencyFailure, JobArgs, JobContext, JobStatus, NewJob,
-    Outcome, Step, Workflow, WorkflowState,
+    AwaitOutcome, CallbackAction, CancelOutcome, CloseOutcome, DependencyFailure, JobArgs,
+    JobContext, JobStatus, NewJob, Outcome, Step, Workflow, WorkflowState,
 };
 use serde::{Deserialize, Serialize};
 use support::{complete_one, eventually, job, one_waits_for_a_lock, state, TestDb};
@@ -715,5 +715,62 @@ async fn a_fan_out_fan_in_workflow_runs_in_a_client_and_the_fan_in_reads_every_o
     );
     assert_eq!(sums.load(Ordering::SeqCst), 1, "the fan-in ran once");
     running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_step_completed_through_its_callback_releases_its_dependents() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("approve", &[]))
+            .step(step("ship", &["approve"])),
+    )
+    .await;
+    let approve = claim_names(&storage, &w).await.remove(0).1;
+    let id = storage
+        .register_callback(&approve.attempt_ref(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        storage
+            .await_callback(&approve.attempt_ref())
+            .await
+            .unwrap(),
+        AwaitOutcome::Waiting
+    );
+    assert_eq!(state(&db, w.job_id("ship").unwrap()).await, "pending");
+    storage
+        .resolve_callback(&id, CallbackAction::Complete)
+        .await
+        .unwrap();
+    assert_eq!(state(&db, w.job_id("approve").unwrap()).await, "completed");
+    assert_eq!(state(&db, w.job_id("ship").unwrap()).await, "available");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn steps_added_behind_a_cancelled_branch_are_released_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(&db, Workflow::new().step(step("s", &[]))).await;
+    let s = claim_names(&storage, &w).await.remove(0).1;
+    fail(&storage, &s).await;
+    // x is cancelled at once (its dependency failed); z runs anyway, released by that cancel
+    let mut conn = db.pool.acquire().await.unwrap();
+    let added = storage
+        .add_workflow_steps(
+            &mut conn,
+            w.workflow_id,
+            &Workflow::new()
+                .step(step("x", &["s"]))
+                .step(step("z", &["x"]).on_dependency_failure(DependencyFailure::Run)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(state(&db, added.job_id("x").unwrap()).await, "cancelled");
+    assert_eq!(state(&db, added.job_id("z").unwrap()).await, "available");
     db.cleanup().await;
 }

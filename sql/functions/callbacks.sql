@@ -186,6 +186,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'unknown';
     END IF;
+    -- a workflow step's workflow lock before its attempt lock (workflows.sql)
+    PERFORM __S__.lock_workflows_of(ARRAY[v_job]);
     PERFORM __S__.lock_attempt(v_job);
     -- again under the lock: the wait may have ended meanwhile
     SELECT * INTO v_lease FROM __S__.leases l WHERE l.callback_id = p_callback_id;

@@ -24,10 +24,18 @@ RETURNS int
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_job bigint;
+    v_workflow bigint;
 BEGIN
     IF coalesce(cardinality(p_jobs), 0) = 0 THEN
         RETURN 0;
     END IF;
+    -- workflow steps: their workflows' locks before the attempt locks (workflows.sql), tried too
+    FOR v_workflow IN SELECT DISTINCT s.workflow_id FROM __S__.workflow_steps s
+                      WHERE s.job_id = ANY (p_jobs) ORDER BY 1 LOOP
+        IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('workflow'), (v_workflow % 2147483647)::int) THEN
+            RETURN -1;
+        END IF;
+    END LOOP;
     FOREACH v_job IN ARRAY (SELECT array_agg(DISTINCT j ORDER BY j) FROM unnest(p_jobs) j) LOOP
         IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('attempt'), (v_job % 2147483647)::int) THEN
             RETURN -1;

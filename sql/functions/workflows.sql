@@ -173,14 +173,15 @@ BEGIN
 END
 $$;
 
--- Every path that fails or cancels a job for good writes a done_entries or dlq_entries row; these
--- statement triggers settle the workflow steps among them. Neither table is written on the
--- success path, and each trigger runs once per statement.
+-- Every path that fails or cancels a job for good writes a done_entries or dlq_entries row, and so
+-- does a completion through a callback; these statement triggers settle the workflow steps among
+-- them. complete_batch writes neither (it settles its own), and each trigger runs once per statement.
 CREATE OR REPLACE FUNCTION __S__.workflow_settle_done() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- completed too: a job completed through its callback (callbacks.sql, end_wait) ends here
     PERFORM __S__.workflow_settle(array_agg(n.job_id), array_agg(n.run_lease), array_agg(n.state))
-    FROM finished n WHERE n.state IN ('failed', 'cancelled');
+    FROM finished n WHERE n.state IN ('completed', 'failed', 'cancelled');
     RETURN NULL;
 END
 $$;
@@ -263,6 +264,12 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
         v_names := v_names || v_name;
+        IF EXISTS (SELECT 1 FROM unnest(ARRAY['kind', 'queue', 'traceparent']) f
+                   WHERE v_step ? f AND jsonb_typeof(v_step->f) NOT IN ('string', 'null'))
+           OR jsonb_typeof(v_step->'step') <> 'string' THEN
+            RAISE EXCEPTION 'ringwork: workflow step %: step, kind, queue and traceparent must be strings',
+                quote_literal(v_name) USING ERRCODE = '22023';
+        END IF;
         IF jsonb_typeof(v_step->'priority') IS DISTINCT FROM 'number' AND v_step ? 'priority'
            OR jsonb_typeof(v_step->'max_attempts') IS DISTINCT FROM 'number' AND v_step ? 'max_attempts'
            OR jsonb_typeof(v_step->'timeout_ms') NOT IN ('number', 'null') AND v_step ? 'timeout_ms' THEN
@@ -277,7 +284,7 @@ BEGIN
                                            ELSE '{}'::jsonb END,
                                            coalesce((v_step->>'priority')::int, 2),
                                            coalesce((v_step->>'max_attempts')::int, 25), v_step->>'traceparent');
-            IF (v_step->>'timeout_ms')::numeric NOT BETWEEN 1 AND 2147483647 THEN
+            IF (v_step->>'timeout_ms')::int NOT BETWEEN 1 AND 2147483647 THEN
                 RAISE EXCEPTION 'ringwork: timeout_ms must be 1..2147483647, got %', v_step->>'timeout_ms'
                     USING ERRCODE = '22023';
             END IF;
@@ -366,6 +373,8 @@ BEGIN
     FROM __S__.workflow_steps s
     WHERE s.workflow_id = p_workflow_id AND s.step = ANY (v_names)
       AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+      -- the cancel cascade above may have released it already
+      AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
       AND s.dependencies = (SELECT count(*) FROM __S__.workflow_arrivals a
                             WHERE a.workflow_id = s.workflow_id AND a.step = s.step);
     PERFORM __S__.workflow_release(p_workflow_id, v_release);

@@ -774,3 +774,28 @@ async fn steps_added_behind_a_cancelled_branch_are_released_once() {
     assert_eq!(state(&db, added.job_id("z").unwrap()).await, "available");
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_held_step_is_cancelled_when_its_dependency_can_never_complete() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // no dead-letter queue: a failure is final, nothing can retry it
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("load", &[]))
+            .step(step("held", &["load"]).on_dependency_failure(DependencyFailure::Hold)),
+    )
+    .await;
+    let load = claim_names(&storage, &w).await.remove(0).1;
+    fail(&storage, &load).await;
+    assert_eq!(state(&db, w.job_id("load").unwrap()).await, "failed");
+    assert_eq!(state(&db, w.job_id("held").unwrap()).await, "cancelled");
+    let status = storage
+        .workflow_status(w.workflow_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, WorkflowState::Failed);
+    db.cleanup().await;
+}

@@ -24,6 +24,7 @@ mod sampler;
 mod scenario;
 mod statements;
 mod worker;
+mod workflows;
 
 use std::time::Duration;
 
@@ -86,6 +87,20 @@ enum Command {
         /// Leave the benchmark's schema in place afterwards (with DATABASE_URL), to inspect it.
         #[arg(long)]
         keep_schema: bool,
+    },
+    /// What a workflow costs against the same number of plain jobs, in one process: a 1 → width →
+    /// 1 fan-out / fan-in, and many 10-step workflows (Markdown on stdout).
+    Workflows {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: Option<String>,
+        #[arg(long, default_value_t = 10_000)]
+        width: usize,
+        #[arg(long, default_value_t = 1_000)]
+        workflows: usize,
+        #[arg(long, default_value_t = 32)]
+        workers: usize,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
     },
     /// Run benchmark scenarios (see docs/benchmarks.md): R worker processes x W workers, one
     /// producer, metrics sampled from the database; JSON and Markdown results under --out.
@@ -227,6 +242,23 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
                 rounds,
             })
             .await?;
+        }
+        Command::Workflows {
+            database_url,
+            width,
+            workflows,
+            workers,
+            rounds,
+        } => {
+            let report = workflows::run(workflows::WorkflowsConfig {
+                database_url,
+                width,
+                workflows,
+                workers,
+                rounds: rounds.max(1),
+            })
+            .await?;
+            print!("{report}");
         }
         Command::Counts {
             database_url,

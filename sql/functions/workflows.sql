@@ -11,6 +11,12 @@
 -- take the workflow locks of their jobs first (lock_workflows_of), so cancel_workflow, which holds
 -- the workflow lock while it cancels the running steps, never waits in a cycle with a completion.
 --
+-- JIT is off in this plane's functions: their statements over a call's JSON steps are estimated
+-- far above jit_above_cost, and compiling them took ten times longer than running them. And they
+-- plan every statement for its arguments (force_custom_plan): a workflow's tables grow by
+-- thousands of rows in seconds, and a plan cached while they were small scanned them whole for
+-- every step (a fan-in's completion batches slowed from 60 ms to 900 ms as its arrivals grew).
+--
 -- Every function of the engine is defined exactly once, in the file of its plane, and installed with
 -- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
@@ -38,12 +44,14 @@ END
 $$;
 
 -- What one final dependency means for one dependent: 'arrived' (an edge satisfied), 'cancel' (the
--- dependent is cancelled), or 'wait' (held until the dependency is retried and completes).
+-- dependent is cancelled), or 'wait' (held until the dependency is retried and completes). A held
+-- step waits only for a dead-lettered dependency, the one an operator can retry: one that failed
+-- in a queue without a dead-letter queue, or was cancelled, can never complete, so it cancels.
 CREATE OR REPLACE FUNCTION __S__.workflow_edge_effect(p_outcome text, p_policy text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN p_outcome = 'completed' OR p_policy = 'run' THEN 'arrived'
-                WHEN p_policy = 'cancel' THEN 'cancel'
-                ELSE 'wait' END
+                WHEN p_policy = 'hold' AND p_outcome = 'dead_lettered' THEN 'wait'
+                ELSE 'cancel' END
 $$;
 
 -- Append the arrival of p_depends_on at p_step (the caller holds the workflow lock); true when it is
@@ -51,7 +59,7 @@ $$;
 -- completes after a retry is counted once.
 CREATE OR REPLACE FUNCTION __S__.workflow_arrive(p_workflow_id bigint, p_step text, p_depends_on text,
                                                  p_dependencies int) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_seen int;
 BEGIN
@@ -68,7 +76,7 @@ $$;
 -- job id order (the order they were added). The caller holds the workflow lock and has checked that
 -- each is due and not yet released.
 CREATE OR REPLACE FUNCTION __S__.workflow_release(p_workflow_id bigint, p_steps text[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_group record;
     v_seg record;
@@ -78,7 +86,8 @@ BEGIN
     END IF;
     FOR v_group IN SELECT s.queue, s.priority, array_agg(s.job_id ORDER BY s.job_id) AS job_ids
                    FROM __S__.workflow_steps s
-                   WHERE s.workflow_id = p_workflow_id AND s.step = ANY (p_steps)
+                   JOIN unnest(p_steps) AS r(step) ON r.step = s.step
+                   WHERE s.workflow_id = p_workflow_id
                    GROUP BY s.queue, s.priority ORDER BY s.queue, s.priority LOOP
         SELECT * INTO v_seg FROM __S__.enqueue_segment(v_group.queue, v_group.priority,
                                                        cardinality(v_group.job_ids));
@@ -94,57 +103,84 @@ BEGIN
 END
 $$;
 
--- Record that these steps of one workflow are final (outcomes completed, failed, cancelled; a step
--- cancelled before its release has run lease 0), and follow every consequence: arrivals at their
--- dependents, dependents cancelled in turn (policy 'cancel'), dependents released. The caller holds
--- the workflow lock. A step already recorded at that run lease is skipped, so a repeat is harmless.
+-- Record that these steps of one workflow are final (outcomes completed, failed, cancelled,
+-- dead_lettered; a step cancelled before its release has run lease 0), and follow every
+-- consequence: arrivals at their dependents, dependents cancelled in turn (policy 'cancel'),
+-- dependents released. The caller holds the workflow lock. A step already recorded at that run
+-- lease is skipped, so a repeat is harmless. Set-based, a round per level of cancellations: a
+-- completion batch of a thousand children of one fan-in is three statements, not three thousand.
 CREATE OR REPLACE FUNCTION __S__.workflow_settle_steps(p_workflow_id bigint, p_steps text[], p_run_leases bigint[],
                                                        p_outcomes text[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_steps text[] := p_steps;
     v_leases bigint[] := p_run_leases;
     v_outcomes text[] := p_outcomes;
+    v_settled text[];
+    v_settled_outcomes text[];
+    v_full text[];
+    v_cancel text[];
     v_release text[] := '{}';
     v_cancelled boolean;
-    v_i int := 1;
-    v_dep record;
-    v_effect text;
 BEGIN
     v_cancelled := EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = p_workflow_id);
-    WHILE v_i <= coalesce(cardinality(v_steps), 0) LOOP
-        INSERT INTO __S__.workflow_results (workflow_id, step, run_lease, outcome, finished_at)
-        VALUES (p_workflow_id, v_steps[v_i], v_leases[v_i], v_outcomes[v_i], __S__.engine_now())
-        ON CONFLICT DO NOTHING;
-        IF FOUND THEN
-            FOR v_dep IN SELECT d.step, d.on_dependency_failure, d.dependencies
-                         FROM __S__.workflow_edges e
-                         JOIN __S__.workflow_steps d ON d.workflow_id = e.workflow_id AND d.step = e.step
-                         WHERE e.workflow_id = p_workflow_id AND e.depends_on = v_steps[v_i]
-                           AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
-                                           WHERE r.workflow_id = e.workflow_id AND r.step = e.step)
-                           AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results x
-                                           WHERE x.workflow_id = e.workflow_id AND x.step = e.step)
-                         ORDER BY e.step LOOP
-                v_effect := __S__.workflow_edge_effect(v_outcomes[v_i], v_dep.on_dependency_failure);
-                IF v_effect = 'arrived' THEN
-                    IF __S__.workflow_arrive(p_workflow_id, v_dep.step, v_steps[v_i], v_dep.dependencies) THEN
-                        IF v_cancelled THEN
-                            v_steps := v_steps || v_dep.step;
-                            v_leases := v_leases || 0::bigint;
-                            v_outcomes := v_outcomes || 'cancelled'::text;
-                        ELSE
-                            v_release := v_release || v_dep.step;
-                        END IF;
-                    END IF;
-                ELSIF v_effect = 'cancel' THEN
-                    v_steps := v_steps || v_dep.step;
-                    v_leases := v_leases || 0::bigint;
-                    v_outcomes := v_outcomes || 'cancelled'::text;
-                END IF;
-            END LOOP;
+    WHILE coalesce(cardinality(v_steps), 0) > 0 LOOP
+        -- the results, and which of them are new
+        WITH input AS (
+            SELECT DISTINCT ON (i.step, i.run_lease) i.step, i.run_lease, i.outcome
+            FROM unnest(v_steps, v_leases, v_outcomes) WITH ORDINALITY AS i(step, run_lease, outcome, n)
+            ORDER BY i.step, i.run_lease, i.n
+        ), added AS (
+            INSERT INTO __S__.workflow_results (workflow_id, step, run_lease, outcome, finished_at)
+            SELECT p_workflow_id, i.step, i.run_lease,
+                   CASE WHEN i.outcome = 'dead_lettered' THEN 'failed' ELSE i.outcome END, __S__.engine_now()
+            FROM input i
+            ON CONFLICT DO NOTHING
+            RETURNING step, run_lease
+        )
+        SELECT array_agg(a.step), array_agg(i.outcome) INTO v_settled, v_settled_outcomes
+        FROM added a JOIN input i ON i.step = a.step AND i.run_lease = a.run_lease;
+        EXIT WHEN v_settled IS NULL;
+        -- what each new result does to each dependent still waiting
+        WITH effects AS (
+            SELECT DISTINCT ON (e.step, e.depends_on) e.step, e.depends_on, d.dependencies,
+                   __S__.workflow_edge_effect(x.outcome, d.on_dependency_failure) AS effect
+            FROM unnest(v_settled, v_settled_outcomes) AS x(step, outcome)
+            JOIN __S__.workflow_edges e ON e.workflow_id = p_workflow_id AND e.depends_on = x.step
+            JOIN __S__.workflow_steps d ON d.workflow_id = e.workflow_id AND d.step = e.step
+            WHERE NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = e.workflow_id AND r.step = e.step)
+              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = e.workflow_id AND r.step = e.step)
+            ORDER BY e.step, e.depends_on,
+                     -- a completion and a failure of one dependency in one call: the completion counts
+                     CASE WHEN x.outcome = 'completed' THEN 0 ELSE 1 END
+        ), arrived AS (
+            -- numbered after the dependent's earlier arrivals (an edge arrives once)
+            INSERT INTO __S__.workflow_arrivals (workflow_id, step, seen, depends_on)
+            SELECT p_workflow_id, f.step, coalesce(m.seen, 0) + row_number() OVER (PARTITION BY f.step ORDER BY f.depends_on),
+                   f.depends_on
+            FROM effects f
+            LEFT JOIN LATERAL (SELECT a.seen FROM __S__.workflow_arrivals a
+                               WHERE a.workflow_id = p_workflow_id AND a.step = f.step
+                               ORDER BY a.seen DESC LIMIT 1) m ON true
+            WHERE f.effect = 'arrived'
+              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_arrivals a
+                              WHERE a.workflow_id = p_workflow_id AND a.step = f.step AND a.depends_on = f.depends_on)
+            RETURNING step, seen
+        )
+        SELECT (SELECT array_agg(DISTINCT a.step) FROM arrived a
+                JOIN __S__.workflow_steps d ON d.workflow_id = p_workflow_id AND d.step = a.step
+                WHERE a.seen = d.dependencies),
+               (SELECT array_agg(DISTINCT f.step) FROM effects f WHERE f.effect = 'cancel')
+        INTO v_full, v_cancel;
+        -- the dependents whose last dependency arrived run, unless the workflow was cancelled
+        IF v_cancelled THEN
+            v_cancel := coalesce(v_cancel, '{}') || coalesce(v_full, '{}');
+        ELSE
+            v_release := v_release || coalesce(v_full, '{}');
         END IF;
-        v_i := v_i + 1;
+        v_steps := coalesce(v_cancel, '{}');
+        v_leases := array_fill(0::bigint, ARRAY[cardinality(v_steps)]);
+        v_outcomes := array_fill('cancelled'::text, ARRAY[cardinality(v_steps)]);
     END LOOP;
     PERFORM __S__.workflow_release(p_workflow_id, v_release);
 END
@@ -154,7 +190,7 @@ $$;
 -- states (completed, failed, cancelled, dead_lettered: failed for a dependent).
 CREATE OR REPLACE FUNCTION __S__.workflow_settle(p_job_ids bigint[], p_run_leases bigint[], p_outcomes text[])
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_group record;
 BEGIN
@@ -163,8 +199,7 @@ BEGIN
     END IF;
     FOR v_group IN SELECT s.workflow_id, array_agg(s.step ORDER BY s.job_id) AS steps,
                           array_agg(i.run_lease ORDER BY s.job_id) AS leases,
-                          array_agg(CASE WHEN i.outcome = 'dead_lettered' THEN 'failed' ELSE i.outcome END
-                                    ORDER BY s.job_id) AS outcomes
+                          array_agg(i.outcome ORDER BY s.job_id) AS outcomes
                    FROM unnest(p_job_ids, p_run_leases, p_outcomes) AS i(job_id, run_lease, outcome)
                    JOIN __S__.workflow_steps s ON s.job_id = i.job_id
                    GROUP BY s.workflow_id ORDER BY s.workflow_id LOOP
@@ -189,7 +224,7 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.workflow_settle_dead_lettered() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM __S__.workflow_settle(array_agg(n.job_id), array_agg(n.run_lease), array_agg('failed'::text))
+    PERFORM __S__.workflow_settle(array_agg(n.job_id), array_agg(n.run_lease), array_agg('dead_lettered'::text))
     FROM finished n;
     RETURN NULL;
 END
@@ -212,17 +247,17 @@ CREATE OR REPLACE TRIGGER workflow_settle AFTER INSERT ON __S__.dlq_entries
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.workflow_add_steps(p_workflow_id bigint, p_steps jsonb)
 RETURNS TABLE (step text, job_id bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_step jsonb;
     v_name text;
-    v_names text[] := '{}';
     v_extra text[];
     v_deps jsonb;
     v_dep text;
     v_policy text;
-    v_done text[] := '{}';
-    v_progress boolean;
+    v_peeled jsonb := '{}';
+    v_level jsonb;
+    v_first_job bigint;
     v_edge record;
     v_release text[] := '{}';
     v_cancel text[] := '{}';
@@ -258,12 +293,6 @@ BEGIN
             RAISE EXCEPTION 'ringwork: workflow step % has unknown fields %', quote_literal(v_name), v_extra
                 USING ERRCODE = '22023';
         END IF;
-        IF v_name = ANY (v_names) OR EXISTS (SELECT 1 FROM __S__.workflow_steps s
-                                              WHERE s.workflow_id = p_workflow_id AND s.step = v_name) THEN
-            RAISE EXCEPTION 'ringwork: workflow % has step % twice', p_workflow_id, quote_literal(v_name)
-                USING ERRCODE = '22023';
-        END IF;
-        v_names := v_names || v_name;
         IF EXISTS (SELECT 1 FROM unnest(ARRAY['kind', 'queue', 'traceparent']) f
                    WHERE v_step ? f AND jsonb_typeof(v_step->f) NOT IN ('string', 'null'))
            OR jsonb_typeof(v_step->'step') <> 'string' THEN
@@ -305,39 +334,60 @@ BEGIN
                 quote_literal(v_name) USING ERRCODE = '22023';
         END IF;
     END LOOP;
+    -- names: each once, and new to the workflow (set-based: a call may carry thousands of steps)
+    SELECT x.n INTO v_name FROM (SELECT e->>'step' AS n FROM jsonb_array_elements(p_steps) e) x
+    GROUP BY x.n HAVING count(*) > 1 ORDER BY x.n LIMIT 1;
+    IF v_name IS NULL THEN
+        SELECT s.step INTO v_name FROM __S__.workflow_steps s
+        JOIN (SELECT e->>'step' AS n FROM jsonb_array_elements(p_steps) e) x ON x.n = s.step
+        WHERE s.workflow_id = p_workflow_id ORDER BY s.step LIMIT 1;
+    END IF;
+    IF v_name IS NOT NULL THEN
+        RAISE EXCEPTION 'ringwork: workflow % has step % twice', p_workflow_id, quote_literal(v_name)
+            USING ERRCODE = '22023';
+    END IF;
     -- dependencies: known steps, not the step itself
-    FOR v_name, v_dep IN SELECT e->>'step', d FROM jsonb_array_elements(p_steps) e,
-                                jsonb_array_elements_text(coalesce(e->'depends_on', '[]'::jsonb)) d LOOP
+    FOR v_name, v_dep IN
+        WITH new AS (SELECT e->>'step' AS step, e FROM jsonb_array_elements(p_steps) e),
+             edges AS (SELECT n.step, d AS dep FROM new n,
+                              jsonb_array_elements_text(coalesce(n.e->'depends_on', '[]'::jsonb)) d)
+        SELECT x.step, x.dep FROM edges x
+        WHERE x.dep = x.step
+           OR (NOT EXISTS (SELECT 1 FROM new n WHERE n.step = x.dep)
+               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
+                               WHERE s.workflow_id = p_workflow_id AND s.step = x.dep))
+        ORDER BY x.step, x.dep LIMIT 1 LOOP
         IF v_dep = v_name THEN
             RAISE EXCEPTION 'ringwork: workflow step % depends on itself', quote_literal(v_name)
                 USING ERRCODE = '22023';
         END IF;
-        IF NOT v_dep = ANY (v_names) AND NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
-                                                     WHERE s.workflow_id = p_workflow_id AND s.step = v_dep) THEN
-            RAISE EXCEPTION 'ringwork: workflow step % depends on %, which is not a step of workflow %',
-                quote_literal(v_name), quote_literal(v_dep), p_workflow_id USING ERRCODE = '22023';
-        END IF;
+        RAISE EXCEPTION 'ringwork: workflow step % depends on %, which is not a step of workflow %',
+            quote_literal(v_name), quote_literal(v_dep), p_workflow_id USING ERRCODE = '22023';
     END LOOP;
-    -- no cycle among the new steps (existing steps cannot depend on new ones): peel off the steps
-    -- whose new dependencies are all peeled, until none is left or none can be
+    -- no cycle among the new steps (existing steps cannot depend on new ones): peel off, a level at
+    -- a time, the steps whose new dependencies are all peeled, until none is left or none can be
     LOOP
-        SELECT array_agg(e->>'step') INTO v_extra FROM jsonb_array_elements(p_steps) e
-        WHERE NOT (e->>'step') = ANY (v_done)
-          AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(coalesce(e->'depends_on', '[]'::jsonb)) d
-                          WHERE d = ANY (v_names) AND NOT d = ANY (v_done));
-        v_progress := v_extra IS NOT NULL;
-        EXIT WHEN NOT v_progress;
-        v_done := v_done || v_extra;
+        WITH new AS (SELECT e->>'step' AS step, e FROM jsonb_array_elements(p_steps) e),
+             edges AS (SELECT n.step, d AS dep FROM new n,
+                              jsonb_array_elements_text(coalesce(n.e->'depends_on', '[]'::jsonb)) d
+                       WHERE d IN (SELECT n2.step FROM new n2))
+        SELECT jsonb_object_agg(n.step, true) INTO v_level FROM new n
+        WHERE NOT v_peeled ? n.step
+          AND NOT EXISTS (SELECT 1 FROM edges x WHERE x.step = n.step AND NOT v_peeled ? x.dep);
+        EXIT WHEN v_level IS NULL;
+        v_peeled := v_peeled || v_level;
     END LOOP;
-    IF cardinality(v_done) < cardinality(v_names) THEN
-        RAISE EXCEPTION 'ringwork: workflow steps % depend on each other in a cycle',
-            (SELECT array_agg(n ORDER BY n) FROM unnest(v_names) n WHERE NOT n = ANY (v_done))
+    SELECT array_agg(e->>'step' ORDER BY e->>'step') INTO v_extra FROM jsonb_array_elements(p_steps) e
+    WHERE NOT v_peeled ? (e->>'step');
+    IF v_extra IS NOT NULL THEN
+        RAISE EXCEPTION 'ringwork: workflow steps % depend on each other in a cycle', v_extra
             USING ERRCODE = '22023';
     END IF;
     -- write the steps and their edges, in input order (job ids follow it)
+    v_first_job := nextval('__S__.job_ids');
     INSERT INTO __S__.workflow_steps (workflow_id, step, job_id, queue, kind, args, priority, max_attempts,
                                       timeout_ms, traceparent, on_dependency_failure, dependencies, created_at)
-    SELECT p_workflow_id, e->>'step', nextval('__S__.job_ids'), coalesce(e->>'queue', 'default'), e->>'kind',
+    SELECT p_workflow_id, e->>'step', CASE WHEN x.n = 1 THEN v_first_job ELSE nextval('__S__.job_ids') END, coalesce(e->>'queue', 'default'), e->>'kind',
            coalesce(e->'args', '{}'::jsonb), coalesce((e->>'priority')::int, 2)::smallint,
            coalesce((e->>'max_attempts')::int, 25), (e->>'timeout_ms')::int,
            __S__.traceparent_bytes(e->>'traceparent'), coalesce(e->>'on_dependency_failure', 'cancel'),
@@ -350,12 +400,16 @@ BEGIN
     -- edges from steps that are already final arrive now (a completed outcome wins over an earlier failure)
     FOR v_edge IN SELECT s.step, s.on_dependency_failure, s.dependencies, e.depends_on,
                          CASE WHEN bool_or(r.outcome = 'completed') THEN 'completed'
+                              -- a failure an operator can still retry
+                              WHEN EXISTS (SELECT 1 FROM __S__.dlq_entries q WHERE q.job_id = p.job_id)
+                                  THEN 'dead_lettered'
                               ELSE (array_agg(r.outcome ORDER BY r.finished_at DESC))[1] END AS outcome
                   FROM __S__.workflow_steps s
                   JOIN __S__.workflow_edges e ON e.workflow_id = s.workflow_id AND e.step = s.step
+                  JOIN __S__.workflow_steps p ON p.workflow_id = e.workflow_id AND p.step = e.depends_on
                   JOIN __S__.workflow_results r ON r.workflow_id = e.workflow_id AND r.step = e.depends_on
-                  WHERE s.workflow_id = p_workflow_id AND s.step = ANY (v_names)
-                  GROUP BY s.step, s.on_dependency_failure, s.dependencies, e.depends_on
+                  WHERE s.workflow_id = p_workflow_id AND s.job_id >= v_first_job
+                  GROUP BY s.step, s.on_dependency_failure, s.dependencies, e.depends_on, p.job_id
                   ORDER BY s.step, e.depends_on LOOP
         v_effect := __S__.workflow_edge_effect(v_edge.outcome, v_edge.on_dependency_failure);
         IF v_effect = 'arrived' THEN
@@ -371,7 +425,7 @@ BEGIN
     END IF;
     SELECT coalesce(array_agg(s.step ORDER BY s.job_id), '{}') INTO v_release
     FROM __S__.workflow_steps s
-    WHERE s.workflow_id = p_workflow_id AND s.step = ANY (v_names)
+    WHERE s.workflow_id = p_workflow_id AND s.job_id >= v_first_job
       AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
       -- the cancel cascade above may have released it already
       AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
@@ -379,7 +433,7 @@ BEGIN
                             WHERE a.workflow_id = s.workflow_id AND a.step = s.step);
     PERFORM __S__.workflow_release(p_workflow_id, v_release);
     RETURN QUERY SELECT s.step, s.job_id FROM __S__.workflow_steps s
-                 WHERE s.workflow_id = p_workflow_id AND s.step = ANY (v_names) ORDER BY s.job_id;
+                 WHERE s.workflow_id = p_workflow_id AND s.job_id >= v_first_job ORDER BY s.job_id;
 END
 $$;
 
@@ -387,7 +441,7 @@ $$;
 -- rolls back, nothing of the workflow exists.
 CREATE OR REPLACE FUNCTION __S__.enqueue_workflow(p_steps jsonb)
 RETURNS TABLE (workflow_id bigint, step text, job_id bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
     v_id bigint := nextval('__S__.workflow_ids');
 BEGIN
@@ -400,7 +454,7 @@ $$;
 -- released and not finished are cancelled like any job (cancel_job). Returns the steps cancelled,
 -- or NULL for an unknown workflow.
 CREATE OR REPLACE FUNCTION __S__.cancel_workflow(p_workflow_id bigint) RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_waiting text[];
     v_job bigint;
@@ -437,7 +491,7 @@ $$;
 -- A waiting (unreleased) step cancelled by its job id, for cancel_job: 'cancelled', or NULL when the
 -- job is not a waiting step.
 CREATE OR REPLACE FUNCTION __S__.cancel_waiting_step(p_job_id bigint) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_step __S__.workflow_steps;
 BEGIN
@@ -519,24 +573,31 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Delete finished workflows (every step has an outcome) whose last step finished more than p_keep
--- ago, at most p_limit workflows per call; a cancelled workflow counts from its cancel.
+-- ago, at most p_limit workflows per call; a cancelled workflow counts from its cancel. Each under
+-- its lock, tried (a busy one waits for the next call) and checked again once held, so a step added
+-- meanwhile keeps its workflow.
 CREATE OR REPLACE FUNCTION __S__.workflow_expire(p_keep interval, p_limit int) RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
+    v_candidates bigint[];
+    v_locked bigint[] := '{}';
+    v_id bigint;
     v_ids bigint[];
 BEGIN
-    SELECT array_agg(w.workflow_id) INTO v_ids FROM (
+    SELECT array_agg(w.workflow_id ORDER BY w.workflow_id) INTO v_candidates FROM (
         SELECT w.workflow_id FROM __S__.workflows w
-        WHERE w.created_at < __S__.engine_now() - p_keep
-          AND NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
-                          WHERE s.workflow_id = w.workflow_id
-                            AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
-                                            WHERE r.workflow_id = s.workflow_id AND r.step = s.step))
-          AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
-                          WHERE r.workflow_id = w.workflow_id AND r.finished_at >= __S__.engine_now() - p_keep)
+        WHERE w.created_at < __S__.engine_now() - p_keep AND __S__.workflow_finished(w.workflow_id, p_keep)
         ORDER BY w.workflow_id LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
     ) w;
+    IF v_candidates IS NULL THEN
+        RETURN 0;
+    END IF;
+    FOREACH v_id IN ARRAY v_candidates LOOP
+        IF pg_try_advisory_xact_lock(__S__.lock_ns('workflow'), (v_id % 2147483647)::int) THEN
+            v_locked := v_locked || v_id;
+        END IF;
+    END LOOP;
+    SELECT array_agg(x) INTO v_ids FROM unnest(v_locked) x WHERE __S__.workflow_finished(x, p_keep);
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
@@ -550,4 +611,15 @@ BEGIN
     DELETE FROM __S__.workflows x WHERE x.workflow_id = ANY (v_ids);
     RETURN cardinality(v_ids);
 END
+$$;
+
+-- Whether every step of the workflow has an outcome, the last more than p_keep ago.
+CREATE OR REPLACE FUNCTION __S__.workflow_finished(p_workflow_id bigint, p_keep interval) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
+                       WHERE s.workflow_id = p_workflow_id
+                         AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                                         WHERE r.workflow_id = s.workflow_id AND r.step = s.step))
+       AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                       WHERE r.workflow_id = p_workflow_id AND r.finished_at >= __S__.engine_now() - p_keep)
 $$;

@@ -6,7 +6,7 @@ mod commands;
 use clap::{Parser, Subcommand};
 use commands::{
     bulk, callback, counts, cron, demo, dlq, grant, job, maintain, migrate, queue, ring, serve,
-    status, work, Group, Result,
+    status, work, workflow, Group, Result,
 };
 
 #[derive(Parser)]
@@ -103,6 +103,10 @@ enum Command {
     ///
     /// Example: ringwork job 42 --json
     Job(job::ShowArgs),
+    /// Show a workflow's steps and state, or cancel it.
+    ///
+    /// Example: ringwork workflow show 7
+    Workflow(Group<workflow::Action>),
     /// Run a worker process for the `sleep` job kind until interrupted (used by the crash tests).
     /// Prints "ready" once started and "completed N" every second.
     #[command(hide = true)]
@@ -132,6 +136,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Serve(args) => serve::run(args).await,
         Command::Ring(args) => ring::run(args).await,
         Command::Job(args) => job::show(args).await,
+        Command::Workflow(args) => workflow::run(args).await,
         Command::Work(args) => work::run(args).await,
         Command::Maintain(args) => maintain::run(args).await,
     }

@@ -40,6 +40,8 @@ async fn a_name_that_does_not_exist_exits_3_and_creates_nothing() {
         &["resume", "no_such_queue"],
         &["limit", "no_such_queue", "--max-running", "3"],
         &["cron", "pause", "no_such_schedule"],
+        &["workflow", "show", "987654321"],
+        &["workflow", "cancel", "987654321"],
     ] {
         let out = ringwork(&db, args);
         assert_eq!(out.status.code(), Some(3), "{args:?}: {}", stderr(&out));
@@ -169,5 +171,56 @@ async fn destructive_commands_ask_and_public_is_refused() {
         "{}",
         stderr(&out)
     );
+    db.drop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_workflow_is_shown_step_by_step_and_cancelled() {
+    let db = TestDatabase::new().await.unwrap();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let job = || NewJob::from_parts("k", json!({})).unwrap();
+    let inserted = db
+        .storage()
+        .insert_workflow(
+            &mut conn,
+            &ringwork::Workflow::new()
+                .step(ringwork::Step::new("fetch", job()))
+                .step(ringwork::Step::new("report", job()).after(&["fetch"])),
+        )
+        .await
+        .unwrap();
+    drop(conn);
+    let id = inserted.workflow_id.to_string();
+    let out = ringwork(&db, &["workflow", "show", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("fetch\t") && text.contains("\tavailable\t"),
+        "{text}"
+    );
+    assert!(
+        text.contains("report\t") && text.contains("\tpending\t") && text.contains("\tfetch\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("workflow {id}: running (1 pending, 1 available)")),
+        "{text}"
+    );
+    let out = ringwork(&db, &["workflow", "show", &id, "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["steps"][1]["depends_on"], json!(["fetch"]));
+    assert_eq!(shown["state"], "running");
+
+    let out = ringwork(&db, &["workflow", "cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("2 steps cancelled"),
+        "{}",
+        stdout(&out)
+    );
+    let out = ringwork(&db, &["workflow", "show", &id, "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], "cancelled");
+    assert_eq!(shown["cancelled"], true);
     db.drop().await.unwrap();
 }

@@ -15,6 +15,7 @@ pub mod ring;
 pub mod serve;
 pub mod status;
 pub mod work;
+pub mod workflow;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;

@@ -83,5 +83,6 @@ pub use storage::{
 };
 pub use telemetry::Telemetry;
 pub use workflow::{
-    DependencyFailure, InsertedWorkflow, Step, StepStatus, Workflow, WorkflowState, WorkflowStatus,
+    Batch, DependencyFailure, InsertedBatch, InsertedWorkflow, Step, StepStatus, Workflow,
+    WorkflowCounts, WorkflowState, WorkflowStatus,
 };

@@ -91,6 +91,7 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "workflows",
         include_str!("../migrations/0021_workflows.sql"),
     ),
+    ("batches", include_str!("../migrations/0022_batches.sql")),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -470,6 +471,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("workflow_released", ChurnClass::Backlog),
     ("workflow_outputs", ChurnClass::Backlog),
     ("workflow_cancels", ChurnClass::Backlog),
+    // which workflows are batches (migration 0022), deleted with them
+    ("workflow_batches", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

@@ -157,29 +157,18 @@ impl Workflow {
         let ambient = crate::trace_context::current_traceparent();
         let mut out = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
-            let job = &step.job;
-            job.validate()?;
-            if job.unique.is_some() || job.run_at.is_some() {
-                return Err(Error::Config(format!(
-                    "workflow step {:?}: a step cannot be unique or have a run_at (it runs when its dependencies are final)",
-                    step.name
-                )));
-            }
             let mut depends_on = step.depends_on.clone();
             depends_on.sort();
             depends_on.dedup();
-            out.push(serde_json::json!({
-                "step": step.name,
-                "kind": job.kind,
-                "args": job.args,
-                "queue": job.queue,
-                "priority": job.priority,
-                "max_attempts": job.max_attempts,
-                "timeout_ms": job.timeout_ms(),
-                "traceparent": job.traceparent.clone().or_else(|| ambient.clone()),
-                "depends_on": depends_on,
-                "on_dependency_failure": step.on_dependency_failure.as_str(),
-            }));
+            let mut value = job_json(
+                &step.job,
+                &ambient,
+                &format!("workflow step {:?}", step.name),
+            )?;
+            value["step"] = step.name.clone().into();
+            value["depends_on"] = depends_on.into();
+            value["on_dependency_failure"] = step.on_dependency_failure.as_str().into();
+            out.push(value);
         }
         Ok(serde_json::Value::Array(out))
     }
@@ -230,6 +219,125 @@ impl Workflow {
         left.sort();
         Some(left)
     }
+}
+
+/// A job as the SQL API takes a step, a batch member or a callback, after the checks that need no
+/// database. `what` names it in an error.
+pub(crate) fn job_json(
+    job: &NewJob,
+    ambient: &Option<String>,
+    what: &str,
+) -> Result<serde_json::Value> {
+    job.validate()?;
+    if job.unique.is_some() || job.run_at.is_some() {
+        return Err(Error::Config(format!(
+            "{what}: a workflow step or batch member cannot be unique or have a run_at (it runs when the jobs before it are final)"
+        )));
+    }
+    Ok(serde_json::json!({
+        "kind": job.kind,
+        "args": job.args,
+        "queue": job.queue,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "timeout_ms": job.timeout_ms(),
+        "traceparent": job.traceparent.clone().or_else(|| ambient.clone()),
+    }))
+}
+
+/// A group of jobs and a callback job that is enqueued exactly once when every member is final.
+/// A batch is a workflow: its members are its steps, the callback a step that depends on all of
+/// them (see [`Workflow`]); `Admin::workflow(batch_id)` shows it.
+///
+/// With a callback, the batch is sealed when it is inserted. Without one it stays open: members
+/// can be added (`Client::add_to_batch_tx`) until it is sealed (`Client::seal_batch_tx`).
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    members: Vec<NewJob>,
+    callback: Option<(NewJob, bool)>,
+}
+
+impl Batch {
+    /// No members yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add a member.
+    pub fn member(mut self, job: NewJob) -> Self {
+        self.members.push(job);
+        self
+    }
+
+    /// Seal the batch at insert with this callback, run once every member is final, whatever
+    /// their outcomes; it reads them with [`crate::JobContext::workflow_counts`].
+    pub fn callback(mut self, job: NewJob) -> Self {
+        self.callback = Some((job, false));
+        self
+    }
+
+    /// Seal the batch at insert with this callback, run only if every member completed (a member
+    /// that fails for good or is cancelled cancels it).
+    pub fn success_callback(mut self, job: NewJob) -> Self {
+        self.callback = Some((job, true));
+        self
+    }
+
+    pub(crate) fn members_json(&self) -> Result<serde_json::Value> {
+        members_json(&self.members)
+    }
+
+    pub(crate) fn callback_json(&self) -> Result<(Option<serde_json::Value>, bool)> {
+        match &self.callback {
+            Some((job, success_only)) => Ok((
+                Some(job_json(
+                    job,
+                    &crate::trace_context::current_traceparent(),
+                    "batch callback",
+                )?),
+                *success_only,
+            )),
+            None => Ok((None, false)),
+        }
+    }
+}
+
+pub(crate) fn members_json(members: &[NewJob]) -> Result<serde_json::Value> {
+    if members.is_empty() {
+        return Err(Error::Config("a batch needs at least one member".into()));
+    }
+    let ambient = crate::trace_context::current_traceparent();
+    members
+        .iter()
+        .map(|job| job_json(job, &ambient, "batch member"))
+        .collect::<Result<Vec<_>>>()
+        .map(serde_json::Value::Array)
+}
+
+/// What inserting a batch wrote.
+#[derive(Clone, Debug)]
+pub struct InsertedBatch {
+    /// The batch's id (a workflow id).
+    pub batch_id: i64,
+    /// The members' job ids, in the order given.
+    pub members: Vec<i64>,
+    /// The callback's job id, when the batch was sealed at insert.
+    pub callback: Option<i64>,
+}
+
+/// The other steps of a job's workflow (a batch callback's members) by their last outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkflowCounts {
+    /// The workflow (batch) id.
+    pub workflow_id: i64,
+    /// Completed.
+    pub completed: i64,
+    /// Failed for good (failed or dead-lettered).
+    pub failed: i64,
+    /// Cancelled.
+    pub cancelled: i64,
+    /// Not final yet.
+    pub unfinished: i64,
 }
 
 /// What inserting steps wrote: the workflow and each step's job id, in the order given.

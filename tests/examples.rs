@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::TestDb;
 
-const EXAMPLES: [&str; 15] = [
+const EXAMPLES: [&str; 16] = [
     "transactional_enqueue",
     "handler_errors",
     "complete_in_tx",
@@ -26,6 +26,7 @@ const EXAMPLES: [&str; 15] = [
     "approval",
     "axum_service",
     "workflow",
+    "batch",
 ];
 
 fn example_binary(name: &str) -> PathBuf {

@@ -799,3 +799,192 @@ async fn a_held_step_is_cancelled_when_its_dependency_can_never_complete() {
     assert_eq!(status.state, WorkflowState::Failed);
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_batch_callback_runs_once_after_every_member_and_reads_their_counts() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let batch = storage
+        .insert_batch(
+            &mut conn,
+            &ringwork::Batch::new()
+                .member(job(1))
+                .member(job(2))
+                .member(job(3))
+                .callback(job(9)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(batch.members.len(), 3);
+    let callback = batch.callback.unwrap();
+    assert_eq!(state(&db, callback).await, "pending");
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(claimed.len(), 3, "the members, not the callback");
+    assert_eq!(complete_one(&storage, &claimed[0]).await, Outcome::Applied);
+    fail(&storage, &claimed[1]).await;
+    assert_eq!(state(&db, callback).await, "pending");
+    assert_eq!(complete_one(&storage, &claimed[2]).await, Outcome::Applied);
+    let run = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(
+        run.iter().map(|c| c.job_id).collect::<Vec<_>>(),
+        vec![callback]
+    );
+    let counts = storage.workflow_counts(callback).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            counts.workflow_id,
+            counts.completed,
+            counts.failed,
+            counts.cancelled,
+            counts.unfinished
+        ),
+        (batch.batch_id, 2, 1, 0, 0)
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_success_callback_is_cancelled_by_a_member_that_fails() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let batch = storage
+        .insert_batch(
+            &mut conn,
+            &ringwork::Batch::new()
+                .member(job(1))
+                .member(job(2))
+                .success_callback(job(9)),
+        )
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    fail(&storage, &claimed[0]).await;
+    assert_eq!(state(&db, batch.callback.unwrap()).await, "cancelled");
+    assert_eq!(complete_one(&storage, &claimed[1]).await, Outcome::Applied);
+    assert!(storage.claim("default", 10, None).await.unwrap().is_empty());
+    let status = storage
+        .workflow_status(batch.batch_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, WorkflowState::Failed);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_open_batch_takes_members_until_sealed_and_a_member_ending_during_the_seal_counts_once()
+{
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let batch = storage
+        .insert_batch(
+            &mut conn,
+            &ringwork::Batch::new().member(job(1)).member(job(2)),
+        )
+        .await
+        .unwrap();
+    assert!(batch.callback.is_none());
+    let first = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(first.len(), 2);
+    // a member that ends before the seal counts when the seal comes
+    assert_eq!(complete_one(&storage, &first[0]).await, Outcome::Applied);
+    let added = storage
+        .add_to_batch(&mut conn, batch.batch_id, &[job(3)])
+        .await
+        .unwrap();
+    assert_eq!(added.len(), 1);
+    // the seal and a member's completion at once: the completion waits for the batch's lock
+    let mut sealing = db.pool.begin().await.unwrap();
+    let callback = storage
+        .seal_batch(&mut sealing, batch.batch_id, &job(9), false)
+        .await
+        .unwrap();
+    let completer = storage.clone();
+    let second = first[1].attempt_ref();
+    let racing = tokio::spawn(async move { completer.complete_batch(&[second]).await.unwrap() });
+    assert!(one_waits_for_a_lock(&db).await);
+    sealing.commit().await.unwrap();
+    assert_eq!(racing.await.unwrap(), vec![Outcome::Applied]);
+    assert_eq!(
+        state(&db, callback).await,
+        "pending",
+        "member 3 is not final yet"
+    );
+    let third = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(third.iter().map(|c| c.job_id).collect::<Vec<_>>(), added);
+    assert_eq!(complete_one(&storage, &third[0]).await, Outcome::Applied);
+    let last = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(
+        last.iter().map(|c| c.job_id).collect::<Vec<_>>(),
+        vec![callback]
+    );
+    // sealed: no more members, no second seal
+    let refused = storage
+        .add_to_batch(&mut conn, batch.batch_id, &[job(4)])
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("is sealed"), "{refused}");
+    let refused = storage
+        .seal_batch(&mut conn, batch.batch_id, &job(9), false)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("sealed already"), "{refused}");
+    // a workflow that is not a batch takes no members
+    let w = insert(&db, Workflow::new().step(step("a", &[]))).await;
+    let refused = storage
+        .add_to_batch(&mut conn, w.workflow_id, &[job(5)])
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("no batch"), "{refused}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_batch_from_sql_refuses_bad_members_with_22023() {
+    let db = TestDb::new().await;
+    for (members, expected) in [
+        (r#"[]"#, "non-empty JSON array"),
+        (
+            r#"[{"kind": "k", "depends_on": []}]"#,
+            "a batch member is a job object",
+        ),
+        (r#"[{"kind": ""}]"#, "invalid job kind"),
+    ] {
+        let error = sqlx::query(&format!(
+            "SELECT * FROM {}.enqueue_batch($1::jsonb, '{{\"kind\": \"done\"}}')",
+            db.schema
+        ))
+        .bind(members)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap_err();
+        let db_error = error.as_database_error().expect("a database error");
+        assert_eq!(
+            db_error.code().as_deref(),
+            Some("22023"),
+            "{members}: {db_error}"
+        );
+        assert!(
+            db_error.message().contains(expected),
+            "{members}: {db_error}"
+        );
+    }
+    let rows: Vec<(i64, i64, bool)> = sqlx::query_as(&format!(
+        "SELECT * FROM {}.enqueue_batch('[{{\"kind\": \"a\"}}, {{\"kind\": \"b\"}}]', '{{\"kind\": \"done\"}}')",
+        db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.iter().filter(|r| r.2).count(), 1);
+    assert_eq!(rows.len(), 3);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_batches")
+            .await,
+        1
+    );
+    db.cleanup().await;
+}

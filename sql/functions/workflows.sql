@@ -607,6 +607,7 @@ BEGIN
     DELETE FROM __S__.workflow_released x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflow_outputs x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflow_cancels x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_batches x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflow_steps x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflows x WHERE x.workflow_id = ANY (v_ids);
     RETURN cardinality(v_ids);
@@ -622,4 +623,112 @@ LANGUAGE sql STABLE AS $$
                                          WHERE r.workflow_id = s.workflow_id AND r.step = s.step))
        AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
                        WHERE r.workflow_id = p_workflow_id AND r.finished_at >= __S__.engine_now() - p_keep)
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Batches (migration 0022): a workflow whose steps are its members (jobs, each named member-<n>),
+-- and, once sealed, one step named callback that depends on every member. The callback runs once
+-- when every member is final: whatever their outcomes (policy run), or only when all completed
+-- (policy cancel: a member that failed for good or was cancelled cancels it). Members are added
+-- while the batch is open; sealing adds the callback, and a member already final arrives at once.
+-- p_members is a JSON array of job objects (kind, args, queue, priority, max_attempts, timeout_ms,
+-- traceparent; only kind is required), p_callback one such object.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.batch_steps(p_jobs jsonb) RETURNS jsonb
+LANGUAGE plpgsql SET jit = off AS $$
+BEGIN
+    IF p_jobs IS NULL OR jsonb_typeof(p_jobs) <> 'array' OR jsonb_array_length(p_jobs) = 0 THEN
+        RAISE EXCEPTION 'ringwork: batch members must be a non-empty JSON array of job objects'
+            USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_jobs) e
+               WHERE jsonb_typeof(e) <> 'object' OR e ? 'step' OR e ? 'depends_on' OR e ? 'on_dependency_failure') THEN
+        RAISE EXCEPTION 'ringwork: a batch member is a job object (kind, args, queue, priority, max_attempts, timeout_ms, traceparent), without step, depends_on or on_dependency_failure'
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN (SELECT jsonb_agg(e || jsonb_build_object('step', 'member-' || nextval('__S__.batch_member_ids'))
+                             ORDER BY n)
+            FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS x(e, n));
+END
+$$;
+
+-- Members added to an open batch; their job ids, in order.
+CREATE OR REPLACE FUNCTION __S__.batch_add(p_batch_id bigint, p_members jsonb) RETURNS SETOF bigint
+LANGUAGE plpgsql SET jit = off AS $$
+BEGIN
+    PERFORM __S__.lock_workflow(p_batch_id);
+    IF NOT EXISTS (SELECT 1 FROM __S__.workflow_batches b WHERE b.workflow_id = p_batch_id) THEN
+        RAISE EXCEPTION 'ringwork: no batch %', p_batch_id USING ERRCODE = 'P0002';
+    END IF;
+    IF EXISTS (SELECT 1 FROM __S__.workflow_steps s WHERE s.workflow_id = p_batch_id AND s.step = 'callback') THEN
+        RAISE EXCEPTION 'ringwork: batch % is sealed: no members can be added', p_batch_id USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY SELECT a.job_id FROM __S__.workflow_add_steps(p_batch_id, __S__.batch_steps(p_members)) a;
+END
+$$;
+
+-- Seal an open batch with its callback: the callback's job id. p_success_only: run it only if
+-- every member completed.
+CREATE OR REPLACE FUNCTION __S__.seal_batch(p_batch_id bigint, p_callback jsonb, p_success_only boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_members jsonb;
+BEGIN
+    PERFORM __S__.lock_workflow(p_batch_id);
+    IF NOT EXISTS (SELECT 1 FROM __S__.workflow_batches b WHERE b.workflow_id = p_batch_id) THEN
+        RAISE EXCEPTION 'ringwork: no batch %', p_batch_id USING ERRCODE = 'P0002';
+    END IF;
+    IF EXISTS (SELECT 1 FROM __S__.workflow_steps s WHERE s.workflow_id = p_batch_id AND s.step = 'callback') THEN
+        RAISE EXCEPTION 'ringwork: batch % is sealed already', p_batch_id USING ERRCODE = '22023';
+    END IF;
+    IF p_callback IS NULL OR jsonb_typeof(p_callback) <> 'object' OR p_callback ? 'step' OR p_callback ? 'depends_on'
+       OR p_callback ? 'on_dependency_failure' THEN
+        RAISE EXCEPTION 'ringwork: a batch callback is a job object (kind, args, queue, priority, max_attempts, timeout_ms, traceparent)'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT coalesce(jsonb_agg(s.step), '[]'::jsonb) INTO v_members
+    FROM __S__.workflow_steps s WHERE s.workflow_id = p_batch_id;
+    RETURN (SELECT a.job_id FROM __S__.workflow_add_steps(p_batch_id, jsonb_build_array(
+               p_callback || jsonb_build_object('step', 'callback', 'depends_on', v_members,
+                                                'on_dependency_failure',
+                                                CASE WHEN p_success_only THEN 'cancel' ELSE 'run' END))) a);
+END
+$$;
+
+-- A new batch with these members, sealed at once when p_callback is given. Rows: the batch id and
+-- each member's job id, then the callback's (callback true).
+CREATE OR REPLACE FUNCTION __S__.enqueue_batch(p_members jsonb, p_callback jsonb DEFAULT NULL,
+                                               p_success_only boolean DEFAULT false)
+RETURNS TABLE (batch_id bigint, job_id bigint, callback boolean)
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_id bigint := nextval('__S__.workflow_ids');
+BEGIN
+    INSERT INTO __S__.workflows (workflow_id, created_at) VALUES (v_id, __S__.engine_now());
+    INSERT INTO __S__.workflow_batches (workflow_id, created_at) VALUES (v_id, __S__.engine_now());
+    RETURN QUERY SELECT v_id, a, false FROM __S__.batch_add(v_id, p_members) a;
+    IF p_callback IS NOT NULL THEN
+        RETURN QUERY SELECT v_id, __S__.seal_batch(v_id, p_callback, p_success_only), true;
+    END IF;
+END
+$$;
+
+-- The members of p_job_id's workflow other than itself, by their last outcome (what a batch
+-- callback reports); no row when the job is not a workflow step.
+CREATE OR REPLACE FUNCTION __S__.workflow_counts(p_job_id bigint)
+RETURNS TABLE (workflow_id bigint, completed bigint, failed bigint, cancelled bigint, unfinished bigint)
+LANGUAGE sql STABLE SET jit = off AS $$
+    SELECT me.workflow_id,
+           count(*) FILTER (WHERE r.outcome = 'completed'),
+           count(*) FILTER (WHERE r.outcome = 'failed'),
+           count(*) FILTER (WHERE r.outcome = 'cancelled'),
+           count(*) FILTER (WHERE r.outcome IS NULL)
+    FROM __S__.workflow_steps me
+    JOIN __S__.workflow_steps s ON s.workflow_id = me.workflow_id AND s.job_id <> me.job_id
+    LEFT JOIN LATERAL (SELECT x.outcome FROM __S__.workflow_results x
+                       WHERE x.workflow_id = s.workflow_id AND x.step = s.step
+                       ORDER BY x.finished_at DESC, x.run_lease DESC LIMIT 1) r ON true
+    WHERE me.job_id = p_job_id
+    GROUP BY me.workflow_id
 $$;

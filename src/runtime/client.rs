@@ -411,6 +411,53 @@ impl Client {
         self.inner.storage.insert_workflow(conn, &workflow).await
     }
 
+    /// Insert a batch in one transaction of its own (sealed when it has a callback).
+    pub async fn insert_batch(&self, batch: crate::Batch) -> Result<crate::InsertedBatch> {
+        let mut tx = self.inner.storage.pool().begin().await?;
+        let inserted = self.inner.storage.insert_batch(&mut tx, &batch).await?;
+        tx.commit().await?;
+        Ok(inserted)
+    }
+
+    /// Insert a batch inside the caller's transaction (`&mut *tx`).
+    pub async fn insert_batch_tx(
+        &self,
+        conn: &mut PgConnection,
+        batch: crate::Batch,
+    ) -> Result<crate::InsertedBatch> {
+        self.inner.storage.insert_batch(conn, &batch).await
+    }
+
+    /// Add members to an open batch on `conn` (the caller's transaction, or a pool connection);
+    /// refused once the batch is sealed. Their job ids.
+    pub async fn add_to_batch_tx(
+        &self,
+        conn: &mut PgConnection,
+        batch_id: i64,
+        members: &[NewJob],
+    ) -> Result<Vec<i64>> {
+        self.inner
+            .storage
+            .add_to_batch(conn, batch_id, members)
+            .await
+    }
+
+    /// Seal an open batch on `conn` with its callback, run once every member is final (only if
+    /// every member completed, with `success_only`). Members already final count at once. The
+    /// callback's job id.
+    pub async fn seal_batch_tx(
+        &self,
+        conn: &mut PgConnection,
+        batch_id: i64,
+        callback: NewJob,
+        success_only: bool,
+    ) -> Result<i64> {
+        self.inner
+            .storage
+            .seal_batch(conn, batch_id, &callback, success_only)
+            .await
+    }
+
     /// Insert many jobs in one transaction of their own.
     pub async fn insert_many(&self, jobs: &[NewJob]) -> Result<Vec<i64>> {
         let mut tx = self.inner.storage.pool().begin().await?;

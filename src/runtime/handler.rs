@@ -264,6 +264,12 @@ impl JobContext {
             })
     }
 
+    /// The other steps of this job's workflow by their last outcome: what a batch callback reports
+    /// (`None` when this job is not a workflow step or batch callback).
+    pub async fn workflow_counts(&self) -> Result<Option<crate::WorkflowCounts>> {
+        self.writes.storage.workflow_counts(self.job_id).await
+    }
+
     /// Add steps to this job's workflow (dynamic fan-out: a child per row, then a summary that
     /// depends on them). New steps may depend on any step of the workflow, this one included. On
     /// `conn`: pass the transaction you give `complete_in`, so that a re-run after a crash does not

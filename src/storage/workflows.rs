@@ -10,7 +10,9 @@ use super::Storage;
 use crate::error::{Error, Result};
 use crate::job::JobStatus;
 use crate::schema::SchemaName;
-use crate::workflow::{InsertedWorkflow, StepStatus, Workflow, WorkflowStatus};
+use crate::workflow::{
+    Batch, InsertedBatch, InsertedWorkflow, StepStatus, Workflow, WorkflowCounts, WorkflowStatus,
+};
 
 /// This plane's statements, rendered once per schema.
 #[derive(Debug)]
@@ -23,6 +25,10 @@ pub(super) struct Statements {
     set_output: String,
     output: String,
     expire: String,
+    enqueue_batch: String,
+    batch_add: String,
+    seal_batch: String,
+    counts: String,
 }
 
 impl Statements {
@@ -38,6 +44,12 @@ impl Statements {
             set_output: format!("SELECT {s}.set_workflow_output($1, $2)"),
             output: format!("SELECT {s}.workflow_output($1, $2)"),
             expire: format!("SELECT {s}.workflow_expire(make_interval(secs => $1), $2)"),
+            enqueue_batch: format!(
+                "SELECT batch_id, job_id, callback FROM {s}.enqueue_batch($1, $2, $3)"
+            ),
+            batch_add: format!("SELECT {s}.batch_add($1, $2)"),
+            seal_batch: format!("SELECT {s}.seal_batch($1, $2, $3)"),
+            counts: format!("SELECT * FROM {s}.workflow_counts($1)"),
         }
     }
 }
@@ -167,6 +179,90 @@ impl Storage {
             .bind(step)
             .fetch_one(self.db())
             .await?)
+    }
+
+    /// Insert a batch on `conn` (sealed when it has a callback).
+    pub async fn insert_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch: &Batch,
+    ) -> Result<InsertedBatch> {
+        let members = batch.members_json()?;
+        let (callback, success_only) = batch.callback_json()?;
+        let rows: Vec<(i64, i64, bool)> = sqlx::query_as(&self.sql.workflows.enqueue_batch)
+            .bind(&members)
+            .bind(&callback)
+            .bind(success_only)
+            .fetch_all(self.on(conn))
+            .await?;
+        let mut inserted = InsertedBatch {
+            batch_id: 0,
+            members: Vec::with_capacity(rows.len()),
+            callback: None,
+        };
+        for (batch_id, job_id, is_callback) in rows {
+            inserted.batch_id = batch_id;
+            if is_callback {
+                inserted.callback = Some(job_id);
+            } else {
+                inserted.members.push(job_id);
+            }
+        }
+        Ok(inserted)
+    }
+
+    /// Add members to an open batch on `conn`; their job ids.
+    pub async fn add_to_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch_id: i64,
+        members: &[crate::NewJob],
+    ) -> Result<Vec<i64>> {
+        let members = crate::workflow::members_json(members)?;
+        Ok(sqlx::query_scalar(&self.sql.workflows.batch_add)
+            .bind(batch_id)
+            .bind(&members)
+            .fetch_all(self.on(conn))
+            .await?)
+    }
+
+    /// Seal an open batch on `conn` with its callback (run only if every member completed, with
+    /// `success_only`); the callback's job id.
+    pub async fn seal_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch_id: i64,
+        callback: &crate::NewJob,
+        success_only: bool,
+    ) -> Result<i64> {
+        let callback = crate::workflow::job_json(
+            callback,
+            &crate::trace_context::current_traceparent(),
+            "batch callback",
+        )?;
+        Ok(sqlx::query_scalar(&self.sql.workflows.seal_batch)
+            .bind(batch_id)
+            .bind(&callback)
+            .bind(success_only)
+            .fetch_one(self.on(conn))
+            .await?)
+    }
+
+    /// The other steps of `job_id`'s workflow by their last outcome; `None` when it is not a step.
+    pub async fn workflow_counts(&self, job_id: i64) -> Result<Option<WorkflowCounts>> {
+        let row: Option<(i64, i64, i64, i64, i64)> = sqlx::query_as(&self.sql.workflows.counts)
+            .bind(job_id)
+            .fetch_optional(self.db())
+            .await?;
+        Ok(row.map(
+            |(workflow_id, completed, failed, cancelled, unfinished)| WorkflowCounts {
+                workflow_id,
+                completed,
+                failed,
+                cancelled,
+                unfinished,
+            },
+        ))
     }
 
     /// Delete at most `limit` finished workflows whose last step finished more than `keep` ago.

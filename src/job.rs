@@ -64,6 +64,7 @@ pub struct NewJob {
     pub(crate) timeout: Option<std::time::Duration>,
     pub(crate) unique: Option<Unique>,
     pub(crate) traceparent: Option<String>,
+    pub(crate) sequence: Option<(String, crate::DependencyFailure)>,
 }
 
 /// Where a job is: the states `job_state`, history entries, counts and unique keys speak of.
@@ -255,7 +256,20 @@ impl NewJob {
             timeout: None,
             unique: None,
             traceparent: None,
+            sequence: None,
         })
+    }
+
+    /// Run this job one at a time with the other jobs of `key`, in insert order: it starts when the
+    /// job inserted before it with the same key is final. `on_failure` is what it does when that
+    /// job failed for good or was cancelled: run anyway (`Run`, continue the sequence), wait until
+    /// the failed job is retried from the dead-letter queue and completes (`Hold`), or be
+    /// cancelled with the rest of the jobs waiting behind it (`Cancel`). Keys run in parallel; a
+    /// key with a long backlog is never in another's way. A job in a sequence cannot be unique or
+    /// have a `run_at`.
+    pub fn sequence(mut self, key: &str, on_failure: crate::DependencyFailure) -> Self {
+        self.sequence = Some((key.to_string(), on_failure));
+        self
     }
 
     /// Deduplicate this job at insert time (see [`Unique`]).
@@ -390,6 +404,15 @@ impl NewJob {
             {
                 return Err(Error::Config(
                     "unique by_period must be at least one second".into(),
+                ));
+            }
+        }
+        if let Some((key, _)) = &self.sequence {
+            validate_new_name("sequence key", key)?;
+            if self.unique.is_some() || self.run_at.is_some() {
+                return Err(Error::Config(
+                    "a job in a sequence cannot be unique or have a run_at (it runs when the job before it is final)"
+                        .into(),
                 ));
             }
         }

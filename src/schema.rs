@@ -92,6 +92,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../migrations/0021_workflows.sql"),
     ),
     ("batches", include_str!("../migrations/0022_batches.sql")),
+    (
+        "sequences",
+        include_str!("../migrations/0023_sequences.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -473,6 +477,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("workflow_cancels", ChurnClass::Backlog),
     // which workflows are batches (migration 0022), deleted with them
     ("workflow_batches", ChurnClass::Backlog),
+    // which workflow holds a sequence key's jobs (migration 0023), deleted with it
+    ("workflow_sequences", ChurnClass::Backlog),
 ];
 
 /// The churn class of a table or of one of its ring children (`ready_entries_3` → Ring).

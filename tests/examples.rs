@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::TestDb;
 
-const EXAMPLES: [&str; 16] = [
+const EXAMPLES: [&str; 17] = [
     "transactional_enqueue",
     "handler_errors",
     "complete_in_tx",
@@ -27,6 +27,7 @@ const EXAMPLES: [&str; 16] = [
     "axum_service",
     "workflow",
     "batch",
+    "sequence",
 ];
 
 fn example_binary(name: &str) -> PathBuf {

@@ -237,3 +237,43 @@ async fn a_handler_that_always_snoozes_stops_the_drain_at_max_runs_and_the_schem
     assert_eq!(left, 0, "the test schema is gone");
     db.cleanup().await;
 }
+
+#[tokio::test]
+async fn drain_runs_a_workflow_in_dependency_order_to_its_end() {
+    let db = TestDb::new().await;
+    let schema = TestSchema::create(&db.pool).await.unwrap();
+    let client = client_on(&schema, Arc::default()).await;
+    let task = |how: &str| NewJob::new(&Task { how: how.into() }).unwrap();
+    let inserted = client
+        .insert_workflow(
+            ringwork::Workflow::new()
+                .step(ringwork::Step::new("first", task("ok")))
+                .step(ringwork::Step::new("left", task("flaky")).after(&["first"]))
+                .step(ringwork::Step::new("right", task("ok")).after(&["first"]))
+                .step(ringwork::Step::new("last", task("ok")).after(&["left", "right"])),
+        )
+        .await
+        .unwrap();
+    // the flaky step retries after a backoff: with_scheduled runs it at once
+    let drained = testing::drain_with(&client, "default", Drain::with_scheduled())
+        .await
+        .unwrap();
+    let order: Vec<i64> = drained
+        .runs
+        .iter()
+        .filter(|r| r.outcome == RunOutcome::Completed)
+        .map(|r| r.job_id)
+        .collect();
+    let id = |s: &str| inserted.job_id(s).unwrap();
+    assert_eq!(order.len(), 4, "{drained:?}");
+    assert_eq!(order[0], id("first"));
+    assert_eq!(order[3], id("last"), "last runs after both branches");
+    let status = client
+        .admin()
+        .workflow(inserted.workflow_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, ringwork::WorkflowState::Completed);
+    schema.drop().await.unwrap();
+}

@@ -988,3 +988,212 @@ async fn a_batch_from_sql_refuses_bad_members_with_22023() {
     );
     db.cleanup().await;
 }
+
+fn in_sequence(key: &str, n: i64) -> NewJob {
+    job(n).sequence(key, DependencyFailure::Run)
+}
+
+/// The `n` of each claimed job's args, in claim order.
+async fn claim_ns(storage: &ringwork::Storage) -> Vec<(i64, ringwork::ClaimedJob)> {
+    storage
+        .claim("default", 100, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.args["n"].as_i64().unwrap(), c))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sequence_runs_its_jobs_one_at_a_time_in_insert_order_and_keys_in_parallel() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    support::enqueue(
+        &db,
+        vec![
+            in_sequence("customer-1", 11),
+            in_sequence("customer-2", 21),
+            in_sequence("customer-1", 12),
+            in_sequence("customer-1", 13),
+            job(99),
+        ],
+    )
+    .await;
+    // a key's backlog is never in another's way: each key's head and the plain job run at once
+    let mut running = claim_ns(&storage).await;
+    running.sort_by_key(|(n, _)| *n);
+    assert_eq!(
+        running.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        vec![11, 21, 99]
+    );
+    assert!(claim_ns(&storage).await.is_empty(), "12 waits for 11");
+    // each completion releases exactly the next job of its key
+    let mut head = running.remove(0).1;
+    for next in [12, 13] {
+        assert_eq!(complete_one(&storage, &head).await, Outcome::Applied);
+        let mut claimed = claim_ns(&storage).await;
+        assert_eq!(
+            claimed.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            vec![next]
+        );
+        head = claimed.remove(0).1;
+    }
+    // the key's last job completes; a job inserted later starts at once, in a new workflow
+    assert_eq!(complete_one(&storage, &head).await, Outcome::Applied);
+    support::enqueue(&db, vec![in_sequence("customer-1", 14)]).await;
+    assert_eq!(
+        claim_ns(&storage)
+            .await
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>(),
+        vec![14]
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.workflow_sequences WHERE sequence_key = 'customer-1'"
+        )
+        .await,
+        2
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_sequence_continues_holds_or_cancels_after_a_failure_by_policy() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage.ensure_queue("default").await.unwrap();
+    assert!(storage
+        .set_queue_dead_letter("default", true)
+        .await
+        .unwrap());
+    support::enqueue(
+        &db,
+        vec![
+            job(1).sequence("go-on", DependencyFailure::Run),
+            job(2).sequence("go-on", DependencyFailure::Run),
+            job(3).sequence("held", DependencyFailure::Run),
+            job(4).sequence("held", DependencyFailure::Hold),
+            job(5).sequence("held", DependencyFailure::Hold),
+            job(6).sequence("stop", DependencyFailure::Run),
+            job(7).sequence("stop", DependencyFailure::Cancel),
+            job(8).sequence("stop", DependencyFailure::Cancel),
+        ],
+    )
+    .await;
+    let heads = claim_ns(&storage).await;
+    assert_eq!(
+        heads.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        vec![1, 3, 6]
+    );
+    for (_, claimed) in &heads {
+        fail(&storage, claimed).await;
+    }
+    // go-on continues; held waits for its dead-lettered head; stop cancels what waited behind
+    let next = claim_ns(&storage).await;
+    assert_eq!(next.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![2]);
+    let ids: Vec<i64> = heads.iter().map(|(_, c)| c.job_id).collect();
+    let state_of_n = |n: i64| {
+        let db = &db;
+        async move {
+            let id = db
+                .scalar_i64(&format!(
+                    "SELECT job_id FROM {{s}}.workflow_steps WHERE (args->>'n')::int = {n}"
+                ))
+                .await;
+            state(db, id).await
+        }
+    };
+    assert_eq!(state_of_n(4).await, "pending");
+    assert_eq!(state_of_n(5).await, "pending");
+    assert_eq!(state_of_n(7).await, "cancelled");
+    assert_eq!(state_of_n(8).await, "cancelled");
+    // the operator retries held's head; once it completes the sequence goes on in order
+    assert!(storage.dlq_retry(ids[1]).await.unwrap());
+    storage.promote_due(10).await.unwrap();
+    let again = claim_ns(&storage).await;
+    assert_eq!(again.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(complete_one(&storage, &again[0].1).await, Outcome::Applied);
+    let four = claim_ns(&storage).await;
+    assert_eq!(four.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![4]);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_producers_appending_to_one_key_at_once_keep_their_commit_order() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut first = db.pool.begin().await.unwrap();
+    let a = storage
+        .insert(&mut first, &in_sequence("k", 1))
+        .await
+        .unwrap();
+    let second_storage = storage.clone();
+    let pool = db.pool.clone();
+    let second = tokio::spawn(async move {
+        let mut tx = pool.begin().await.unwrap();
+        let id = second_storage
+            .insert(&mut tx, &in_sequence("k", 2))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        id
+    });
+    // the second waits for the key's lock, held by the first until it commits
+    assert!(one_waits_for_a_lock(&db).await);
+    first.commit().await.unwrap();
+    let b = second.await.unwrap();
+    assert!(b > a);
+    let heads = claim_ns(&storage).await;
+    assert_eq!(heads.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(complete_one(&storage, &heads[0].1).await, Outcome::Applied);
+    assert_eq!(
+        claim_ns(&storage)
+            .await
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+    // a job in a sequence cannot also be unique or scheduled
+    let mut conn = db.pool.acquire().await.unwrap();
+    let refused = storage
+        .insert(
+            &mut conn,
+            &in_sequence("k", 3).run_at(chrono::Utc::now() + chrono::Duration::hours(1)),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("sequence"), "{refused}");
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_rescued_sequence_head_holds_the_next_until_its_re_run_ends() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    support::enqueue(&db, vec![in_sequence("k", 1), in_sequence("k", 2)]).await;
+    let head = claim_ns(&storage).await.remove(0).1;
+    db.advance_clock(STALE + Duration::from_secs(1)).await;
+    assert_eq!(storage.rescue(STALE, 100).await.unwrap(), 1);
+    assert!(
+        claim_ns(&storage).await.is_empty(),
+        "2 waits through the rescue"
+    );
+    db.advance_clock(Duration::from_secs(3600)).await;
+    storage.promote_due(10).await.unwrap();
+    let rerun = claim_ns(&storage).await;
+    assert_eq!(rerun.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(complete_one(&storage, &head).await, Outcome::Stale);
+    assert_eq!(complete_one(&storage, &rerun[0].1).await, Outcome::Applied);
+    assert_eq!(
+        claim_ns(&storage)
+            .await
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+    db.cleanup().await;
+}

@@ -97,6 +97,8 @@ enum Command {
         width: usize,
         #[arg(long, default_value_t = 1_000)]
         workflows: usize,
+        #[arg(long, default_value_t = 1_000)]
+        keys: usize,
         #[arg(long, default_value_t = 32)]
         workers: usize,
         #[arg(long, default_value_t = 2)]
@@ -247,6 +249,7 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             database_url,
             width,
             workflows,
+            keys,
             workers,
             rounds,
         } => {
@@ -254,6 +257,7 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
                 database_url,
                 width,
                 workflows,
+                keys,
                 workers,
                 rounds: rounds.max(1),
             })

@@ -5,7 +5,9 @@
 //! - fan: a 1 → `--width` → 1 fan-out / fan-in workflow against `--width` + 2 independent jobs,
 //!   from insert to the last handler's end; and the fan-in's release latency (the last child's
 //!   handler end → the fan-in's handler start);
-//! - many: `--workflows` workflows of 10 steps (a → 8 parallel → z) against as many plain jobs.
+//! - many: `--workflows` workflows of 10 steps (a → 8 parallel → z) against as many plain jobs;
+//! - keys: `--keys` sequences of 10 jobs each (inserted a round of keys at a time) against as many
+//!   plain jobs.
 //!
 //! Prints a Markdown table; on a throwaway cluster with production defaults unless DATABASE_URL
 //! is given.
@@ -22,6 +24,7 @@ pub struct WorkflowsConfig {
     pub database_url: Option<String>,
     pub width: usize,
     pub workflows: usize,
+    pub keys: usize,
     pub workers: usize,
     pub rounds: usize,
 }
@@ -149,6 +152,28 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
             flow.1,
             flow.1 / plain.1
         ));
+        // keys: sequences of 10 jobs each, every key in parallel
+        let n = config.keys * 10;
+        let plain = run_plain(&client, &seen, n).await?;
+        let mut jobs = Vec::with_capacity(n);
+        for _ in 0..10 {
+            for key in 0..config.keys {
+                jobs.push(
+                    NewJob::new(&Work { fan_in: false })?
+                        .sequence(&format!("key-{key}"), ringwork::DependencyFailure::Run),
+                );
+            }
+        }
+        let keyed = run_jobs(&client, &seen, jobs).await?;
+        out.push_str(&format!(
+            "| {round} | {} keys × 10 in sequence | {:.2}, {:.2} | {:.2}, {:.2} | {:.2} | – |\n",
+            config.keys,
+            plain.0,
+            plain.1,
+            keyed.0,
+            keyed.1,
+            keyed.1 / plain.1
+        ));
     }
     running.shutdown(Duration::from_secs(10)).await;
     sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -159,10 +184,16 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
 
 /// Insert `n` plain jobs and wait for their handlers: (seconds to insert, seconds to the last).
 async fn run_plain(client: &Client, seen: &Seen, n: usize) -> Result<(f64, f64)> {
-    seen.ran.store(0, Ordering::SeqCst);
     let jobs: Vec<NewJob> = (0..n)
         .map(|_| NewJob::new(&Work { fan_in: false }))
         .collect::<Result<_>>()?;
+    run_jobs(client, seen, jobs).await
+}
+
+/// Insert these jobs, 5,000 a transaction, and wait for their handlers.
+async fn run_jobs(client: &Client, seen: &Seen, jobs: Vec<NewJob>) -> Result<(f64, f64)> {
+    let n = jobs.len();
+    seen.ran.store(0, Ordering::SeqCst);
     let started = Instant::now();
     for chunk in jobs.chunks(5_000) {
         client.insert_many(chunk).await?;

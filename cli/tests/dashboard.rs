@@ -443,6 +443,92 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         .unwrap();
     assert_eq!(text_of(&browser, "#state").await, "completed");
 
+    // a workflow: its steps drawn by depth, linked from a step's job page
+    let flow = client
+        .insert_workflow(
+            ringwork::Workflow::new()
+                .step(ringwork::Step::new(
+                    "fetch",
+                    mail("fetch@example.com", false),
+                ))
+                .step(
+                    ringwork::Step::new("north", mail("north@example.com", false))
+                        .after(&["fetch"]),
+                )
+                .step(
+                    ringwork::Step::new("south", mail("south@example.com", false))
+                        .after(&["fetch"]),
+                )
+                .step(
+                    ringwork::Step::new("report", mail("report@example.com", false))
+                        .after(&["north", "south"]),
+                ),
+        )
+        .await
+        .unwrap();
+    let admin = client.admin();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            admin
+                .workflow(flow.workflow_id)
+                .await
+                .unwrap()
+                .is_some_and(|w| w.state == ringwork::WorkflowState::Completed)
+        })
+        .await,
+        "the workflow did not complete"
+    );
+    let report = flow.job_id("report").unwrap();
+    browser
+        .goto(&format!("{base}/jobs/{report}"))
+        .await
+        .unwrap();
+    click(&browser, Locator::Id("workflow")).await;
+    assert_eq!(text_of(&browser, "#workflow-state").await, "completed");
+    assert_eq!(
+        browser
+            .find_all(Locator::Css("#steps .column"))
+            .await
+            .unwrap()
+            .len(),
+        3,
+        "fetch, then north and south, then report"
+    );
+    assert!(text_of(&browser, &format!("#step-{report}"))
+        .await
+        .contains("waits for north, south"));
+    screenshot(&browser, "workflow").await;
+    // a workflow waiting on a queue nobody works is cancelled from its page
+    let stuck = client
+        .insert_workflow(
+            ringwork::Workflow::new()
+                .step(ringwork::Step::new(
+                    "export",
+                    mail("x@example.com", false).queue("nobody"),
+                ))
+                .step(
+                    ringwork::Step::new("notify", mail("y@example.com", false)).after(&["export"]),
+                ),
+        )
+        .await
+        .unwrap();
+    browser
+        .goto(&format!("{base}/workflows/{}", stuck.workflow_id))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&browser, "#workflow-state").await, "running");
+    click(&browser, Locator::Id("cancel-workflow")).await;
+    wait_text(&browser, "#workflow-state", "cancelled").await;
+    assert_eq!(
+        storage
+            .job_state(stuck.job_id("notify").unwrap())
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        JobStatus::Cancelled
+    );
+
     // storage health
     browser.goto(&format!("{base}/storage")).await.unwrap();
     assert!(!browser

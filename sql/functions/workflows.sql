@@ -72,10 +72,10 @@ BEGIN
 END
 $$;
 
--- Move these steps of one workflow to the queue ring, one segment per (queue, priority), in step
--- job id order (the order they were added). The caller holds the workflow lock and has checked that
--- each is due and not yet released.
-CREATE OR REPLACE FUNCTION __S__.workflow_release(p_workflow_id bigint, p_steps text[]) RETURNS void
+-- Move these steps (p_steps[i] of workflow p_workflow_ids[i]) to the queue ring, one segment per
+-- (queue, priority) whatever their workflows, in step job id order (the order they were added).
+-- The caller holds the workflows' locks and has checked that each is due and not yet released.
+CREATE OR REPLACE FUNCTION __S__.workflow_release_many(p_workflow_ids bigint[], p_steps text[]) RETURNS void
 LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_group record;
@@ -85,9 +85,8 @@ BEGIN
         RETURN;
     END IF;
     FOR v_group IN SELECT s.queue, s.priority, array_agg(s.job_id ORDER BY s.job_id) AS job_ids
-                   FROM __S__.workflow_steps s
-                   JOIN unnest(p_steps) AS r(step) ON r.step = s.step
-                   WHERE s.workflow_id = p_workflow_id
+                   FROM unnest(p_workflow_ids, p_steps) AS r(workflow_id, step)
+                   JOIN __S__.workflow_steps s ON s.workflow_id = r.workflow_id AND s.step = r.step
                    GROUP BY s.queue, s.priority ORDER BY s.queue, s.priority LOOP
         SELECT * INTO v_seg FROM __S__.enqueue_segment(v_group.queue, v_group.priority,
                                                        cardinality(v_group.job_ids));
@@ -99,91 +98,116 @@ BEGIN
         JOIN __S__.workflow_steps s ON s.job_id = o.job_id;
     END LOOP;
     INSERT INTO __S__.workflow_released (workflow_id, step, released_at)
-    SELECT p_workflow_id, x, __S__.engine_now() FROM unnest(p_steps) x;
+    SELECT r.workflow_id, r.step, __S__.engine_now() FROM unnest(p_workflow_ids, p_steps) AS r(workflow_id, step);
 END
 $$;
 
--- Record that these steps of one workflow are final (outcomes completed, failed, cancelled,
--- dead_lettered; a step cancelled before its release has run lease 0), and follow every
--- consequence: arrivals at their dependents, dependents cancelled in turn (policy 'cancel'),
--- dependents released. The caller holds the workflow lock. A step already recorded at that run
--- lease is skipped, so a repeat is harmless. Set-based, a round per level of cancellations: a
--- completion batch of a thousand children of one fan-in is three statements, not three thousand.
-CREATE OR REPLACE FUNCTION __S__.workflow_settle_steps(p_workflow_id bigint, p_steps text[], p_run_leases bigint[],
-                                                       p_outcomes text[]) RETURNS void
+-- workflow_release_many for steps of one workflow.
+CREATE OR REPLACE FUNCTION __S__.workflow_release(p_workflow_id bigint, p_steps text[]) RETURNS void
+LANGUAGE sql AS $$
+    SELECT __S__.workflow_release_many(array_fill(p_workflow_id, ARRAY[coalesce(cardinality(p_steps), 0)]), p_steps)
+$$;
+
+-- Record that these steps (p_steps[i] of workflow p_workflow_ids[i]) are final (outcomes
+-- completed, failed, cancelled, dead_lettered; a step cancelled before its release has run lease 0),
+-- and follow every consequence: arrivals at their dependents, dependents cancelled in turn (policy
+-- 'cancel'), dependents released. The caller holds the workflows' locks. A step already recorded at
+-- that run lease is skipped, so a repeat is harmless. Set-based over all the workflows at once, a
+-- round per level of cancellations: a completion batch of a thousand steps, of one fan-in or of a
+-- thousand sequences, is a handful of statements and one segment per queue.
+CREATE OR REPLACE FUNCTION __S__.workflow_settle_many(p_workflow_ids bigint[], p_steps text[], p_run_leases bigint[],
+                                                      p_outcomes text[]) RETURNS void
 LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
+    v_workflows bigint[] := p_workflow_ids;
     v_steps text[] := p_steps;
     v_leases bigint[] := p_run_leases;
     v_outcomes text[] := p_outcomes;
+    v_settled_workflows bigint[];
     v_settled text[];
     v_settled_outcomes text[];
-    v_full text[];
-    v_cancel text[];
+    v_next_workflows bigint[];
+    v_next_steps text[];
+    v_release_workflows bigint[] := '{}';
     v_release text[] := '{}';
-    v_cancelled boolean;
 BEGIN
-    v_cancelled := EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = p_workflow_id);
     WHILE coalesce(cardinality(v_steps), 0) > 0 LOOP
         -- the results, and which of them are new
         WITH input AS (
-            SELECT DISTINCT ON (i.step, i.run_lease) i.step, i.run_lease, i.outcome
-            FROM unnest(v_steps, v_leases, v_outcomes) WITH ORDINALITY AS i(step, run_lease, outcome, n)
-            ORDER BY i.step, i.run_lease, i.n
+            SELECT DISTINCT ON (i.workflow_id, i.step, i.run_lease) i.workflow_id, i.step, i.run_lease, i.outcome
+            FROM unnest(v_workflows, v_steps, v_leases, v_outcomes) WITH ORDINALITY
+                 AS i(workflow_id, step, run_lease, outcome, n)
+            ORDER BY i.workflow_id, i.step, i.run_lease, i.n
         ), added AS (
             INSERT INTO __S__.workflow_results (workflow_id, step, run_lease, outcome, finished_at)
-            SELECT p_workflow_id, i.step, i.run_lease,
+            SELECT i.workflow_id, i.step, i.run_lease,
                    CASE WHEN i.outcome = 'dead_lettered' THEN 'failed' ELSE i.outcome END, __S__.engine_now()
             FROM input i
             ON CONFLICT DO NOTHING
-            RETURNING step, run_lease
+            RETURNING workflow_id, step, run_lease
         )
-        SELECT array_agg(a.step), array_agg(i.outcome) INTO v_settled, v_settled_outcomes
-        FROM added a JOIN input i ON i.step = a.step AND i.run_lease = a.run_lease;
+        SELECT array_agg(a.workflow_id), array_agg(a.step), array_agg(i.outcome)
+        INTO v_settled_workflows, v_settled, v_settled_outcomes
+        FROM added a JOIN input i ON i.workflow_id = a.workflow_id AND i.step = a.step AND i.run_lease = a.run_lease;
         EXIT WHEN v_settled IS NULL;
         -- what each new result does to each dependent still waiting
         WITH effects AS (
-            SELECT DISTINCT ON (e.step, e.depends_on) e.step, e.depends_on, d.dependencies,
-                   __S__.workflow_edge_effect(x.outcome, d.on_dependency_failure) AS effect
-            FROM unnest(v_settled, v_settled_outcomes) AS x(step, outcome)
-            JOIN __S__.workflow_edges e ON e.workflow_id = p_workflow_id AND e.depends_on = x.step
+            SELECT DISTINCT ON (e.workflow_id, e.step, e.depends_on) e.workflow_id, e.step, e.depends_on,
+                   d.dependencies, __S__.workflow_edge_effect(x.outcome, d.on_dependency_failure) AS effect
+            FROM unnest(v_settled_workflows, v_settled, v_settled_outcomes) AS x(workflow_id, step, outcome)
+            JOIN __S__.workflow_edges e ON e.workflow_id = x.workflow_id AND e.depends_on = x.step
             JOIN __S__.workflow_steps d ON d.workflow_id = e.workflow_id AND d.step = e.step
             WHERE NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = e.workflow_id AND r.step = e.step)
               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = e.workflow_id AND r.step = e.step)
-            ORDER BY e.step, e.depends_on,
+            ORDER BY e.workflow_id, e.step, e.depends_on,
                      -- a completion and a failure of one dependency in one call: the completion counts
                      CASE WHEN x.outcome = 'completed' THEN 0 ELSE 1 END
         ), arrived AS (
             -- numbered after the dependent's earlier arrivals (an edge arrives once)
             INSERT INTO __S__.workflow_arrivals (workflow_id, step, seen, depends_on)
-            SELECT p_workflow_id, f.step, coalesce(m.seen, 0) + row_number() OVER (PARTITION BY f.step ORDER BY f.depends_on),
+            SELECT f.workflow_id, f.step,
+                   coalesce(m.seen, 0) + row_number() OVER (PARTITION BY f.workflow_id, f.step ORDER BY f.depends_on),
                    f.depends_on
             FROM effects f
             LEFT JOIN LATERAL (SELECT a.seen FROM __S__.workflow_arrivals a
-                               WHERE a.workflow_id = p_workflow_id AND a.step = f.step
+                               WHERE a.workflow_id = f.workflow_id AND a.step = f.step
                                ORDER BY a.seen DESC LIMIT 1) m ON true
             WHERE f.effect = 'arrived'
               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_arrivals a
-                              WHERE a.workflow_id = p_workflow_id AND a.step = f.step AND a.depends_on = f.depends_on)
-            RETURNING step, seen
+                              WHERE a.workflow_id = f.workflow_id AND a.step = f.step AND a.depends_on = f.depends_on)
+            RETURNING workflow_id, step, seen
+        ), next AS (
+            -- the dependents whose last dependency arrived run, unless their workflow was
+            -- cancelled; the dependents a failure cancels are settled in the next round
+            SELECT DISTINCT a.workflow_id, a.step,
+                   EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = a.workflow_id) AS cancel
+            FROM arrived a
+            JOIN __S__.workflow_steps d ON d.workflow_id = a.workflow_id AND d.step = a.step
+            WHERE a.seen = d.dependencies
+            UNION
+            SELECT f.workflow_id, f.step, true FROM effects f WHERE f.effect = 'cancel'
         )
-        SELECT (SELECT array_agg(DISTINCT a.step) FROM arrived a
-                JOIN __S__.workflow_steps d ON d.workflow_id = p_workflow_id AND d.step = a.step
-                WHERE a.seen = d.dependencies),
-               (SELECT array_agg(DISTINCT f.step) FROM effects f WHERE f.effect = 'cancel')
-        INTO v_full, v_cancel;
-        -- the dependents whose last dependency arrived run, unless the workflow was cancelled
-        IF v_cancelled THEN
-            v_cancel := coalesce(v_cancel, '{}') || coalesce(v_full, '{}');
-        ELSE
-            v_release := v_release || coalesce(v_full, '{}');
-        END IF;
-        v_steps := coalesce(v_cancel, '{}');
+        SELECT coalesce(array_agg(n.workflow_id) FILTER (WHERE n.cancel), '{}'),
+               coalesce(array_agg(n.step) FILTER (WHERE n.cancel), '{}'),
+               v_release_workflows || coalesce(array_agg(n.workflow_id) FILTER (WHERE NOT n.cancel), '{}'),
+               v_release || coalesce(array_agg(n.step) FILTER (WHERE NOT n.cancel), '{}')
+        INTO v_next_workflows, v_next_steps, v_release_workflows, v_release
+        FROM next n;
+        v_workflows := v_next_workflows;
+        v_steps := v_next_steps;
         v_leases := array_fill(0::bigint, ARRAY[cardinality(v_steps)]);
         v_outcomes := array_fill('cancelled'::text, ARRAY[cardinality(v_steps)]);
     END LOOP;
-    PERFORM __S__.workflow_release(p_workflow_id, v_release);
+    PERFORM __S__.workflow_release_many(v_release_workflows, v_release);
 END
+$$;
+
+-- workflow_settle_many for steps of one workflow.
+CREATE OR REPLACE FUNCTION __S__.workflow_settle_steps(p_workflow_id bigint, p_steps text[], p_run_leases bigint[],
+                                                       p_outcomes text[]) RETURNS void
+LANGUAGE sql AS $$
+    SELECT __S__.workflow_settle_many(array_fill(p_workflow_id, ARRAY[coalesce(cardinality(p_steps), 0)]),
+                                      p_steps, p_run_leases, p_outcomes)
 $$;
 
 -- Settle the workflow steps among these jobs (others are ignored): p_outcomes are the jobs' final
@@ -192,19 +216,20 @@ CREATE OR REPLACE FUNCTION __S__.workflow_settle(p_job_ids bigint[], p_run_lease
 RETURNS void
 LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
-    v_group record;
+    v_workflows bigint[];
+    v_steps text[];
+    v_leases bigint[];
+    v_outcomes text[];
 BEGIN
     IF NOT __S__.lock_workflows_of(p_job_ids) THEN
         RETURN;
     END IF;
-    FOR v_group IN SELECT s.workflow_id, array_agg(s.step ORDER BY s.job_id) AS steps,
-                          array_agg(i.run_lease ORDER BY s.job_id) AS leases,
-                          array_agg(i.outcome ORDER BY s.job_id) AS outcomes
-                   FROM unnest(p_job_ids, p_run_leases, p_outcomes) AS i(job_id, run_lease, outcome)
-                   JOIN __S__.workflow_steps s ON s.job_id = i.job_id
-                   GROUP BY s.workflow_id ORDER BY s.workflow_id LOOP
-        PERFORM __S__.workflow_settle_steps(v_group.workflow_id, v_group.steps, v_group.leases, v_group.outcomes);
-    END LOOP;
+    SELECT array_agg(s.workflow_id ORDER BY s.job_id), array_agg(s.step ORDER BY s.job_id),
+           array_agg(i.run_lease ORDER BY s.job_id), array_agg(i.outcome ORDER BY s.job_id)
+    INTO v_workflows, v_steps, v_leases, v_outcomes
+    FROM unnest(p_job_ids, p_run_leases, p_outcomes) AS i(job_id, run_lease, outcome)
+    JOIN __S__.workflow_steps s ON s.job_id = i.job_id;
+    PERFORM __S__.workflow_settle_many(v_workflows, v_steps, v_leases, v_outcomes);
 END
 $$;
 
@@ -235,6 +260,75 @@ CREATE OR REPLACE TRIGGER workflow_settle AFTER INSERT ON __S__.done_entries
 CREATE OR REPLACE TRIGGER workflow_settle AFTER INSERT ON __S__.dlq_entries
     REFERENCING NEW TABLE AS finished FOR EACH STATEMENT EXECUTE FUNCTION __S__.workflow_settle_dead_lettered();
 
+-- What enqueue refuses, for a job given as a JSON object (a workflow step, a batch member, a job of a
+-- sequence): text fields must be strings, numbers numbers, and then validate_enqueue's rules and a
+-- timeout of 1..2147483647 ms. p_what names the job in the error (SQLSTATE 22023).
+CREATE OR REPLACE FUNCTION __S__.validate_step_job(p_job jsonb, p_what text) RETURNS void
+LANGUAGE plpgsql SET jit = off AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(ARRAY['kind', 'queue', 'traceparent']) f
+               WHERE p_job ? f AND jsonb_typeof(p_job->f) NOT IN ('string', 'null')) THEN
+        RAISE EXCEPTION 'ringwork: %: step, kind, queue and traceparent must be strings', p_what
+            USING ERRCODE = '22023';
+    END IF;
+    IF jsonb_typeof(p_job->'priority') IS DISTINCT FROM 'number' AND p_job ? 'priority'
+       OR jsonb_typeof(p_job->'max_attempts') IS DISTINCT FROM 'number' AND p_job ? 'max_attempts'
+       OR jsonb_typeof(p_job->'timeout_ms') NOT IN ('number', 'null') AND p_job ? 'timeout_ms' THEN
+        RAISE EXCEPTION 'ringwork: %: priority, max_attempts and timeout_ms must be numbers', p_what
+            USING ERRCODE = '22023';
+    END IF;
+    BEGIN
+        PERFORM __S__.validate_enqueue(coalesce(p_job->>'queue', 'default'), p_job->>'kind',
+                                       CASE WHEN p_job ? 'args' THEN
+                                           CASE WHEN jsonb_typeof(p_job->'args') = 'null' THEN NULL
+                                                ELSE p_job->'args' END
+                                       ELSE '{}'::jsonb END,
+                                       coalesce((p_job->>'priority')::int, 2),
+                                       coalesce((p_job->>'max_attempts')::int, 25), p_job->>'traceparent');
+        IF (p_job->>'timeout_ms')::int NOT BETWEEN 1 AND 2147483647 THEN
+            RAISE EXCEPTION 'ringwork: timeout_ms must be 1..2147483647, got %', p_job->>'timeout_ms'
+                USING ERRCODE = '22023';
+        END IF;
+    EXCEPTION
+        WHEN invalid_parameter_value OR invalid_text_representation OR numeric_value_out_of_range THEN
+            RAISE EXCEPTION 'ringwork: %: %', p_what, regexp_replace(SQLERRM, '^ringwork: ', '')
+                USING ERRCODE = '22023';
+    END;
+END
+$$;
+
+-- Whether every step is of the shapes enqueue surely takes (a quick check, stricter than the
+-- step-by-step one: a step it does not vouch for is looked at one by one, for its exact error).
+CREATE OR REPLACE FUNCTION __S__.workflow_steps_plain(p_steps jsonb) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(bool_and(
+               jsonb_typeof(e) = 'object'
+               AND NOT EXISTS (SELECT 1 FROM jsonb_object_keys(e) k
+                               WHERE k NOT IN ('step', 'kind', 'args', 'queue', 'priority', 'max_attempts',
+                                               'timeout_ms', 'traceparent', 'depends_on', 'on_dependency_failure'))
+               AND jsonb_typeof(e->'step') = 'string' AND __S__.valid_name(e->>'step')
+               AND jsonb_typeof(e->'kind') = 'string' AND __S__.valid_name(e->>'kind')
+               AND (NOT e ? 'queue' OR (jsonb_typeof(e->'queue') = 'string' AND __S__.valid_name(e->>'queue')))
+               AND (NOT e ? 'args' OR jsonb_typeof(e->'args') <> 'null')
+               AND (NOT e ? 'priority' OR (jsonb_typeof(e->'priority') = 'number' AND e->>'priority' ~ '^[1-4]$'))
+               AND (NOT e ? 'max_attempts' OR (jsonb_typeof(e->'max_attempts') = 'number'
+                                               AND e->>'max_attempts' ~ '^[1-9][0-9]{0,5}$|^1000000$'))
+               AND (NOT e ? 'timeout_ms' OR jsonb_typeof(e->'timeout_ms') = 'null'
+                    OR (jsonb_typeof(e->'timeout_ms') = 'number' AND e->>'timeout_ms' ~ '^[1-9][0-9]{0,8}$'))
+               AND (NOT e ? 'traceparent' OR jsonb_typeof(e->'traceparent') = 'null'
+                    OR (jsonb_typeof(e->'traceparent') = 'string' AND __S__.valid_traceparent(e->>'traceparent')))
+               AND coalesce(e->>'on_dependency_failure', 'cancel') IN ('cancel', 'run', 'hold')
+               AND (NOT e ? 'depends_on' OR (jsonb_typeof(e->'depends_on') = 'array'
+                    AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(e->'depends_on') d
+                                    WHERE jsonb_typeof(d) <> 'string')))
+               AND octet_length(coalesce(e->'args', '{}'::jsonb)::text) <= __S__.setting('max_args_bytes')), false)
+           -- numbers beyond a 64-bit float, or deep nesting, anywhere: the careful path
+           AND NOT jsonb_path_exists(p_steps, 'strict $.** ? (@.type() == "number"
+                                      && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))')
+           AND NOT jsonb_path_exists(p_steps, 'strict $.**{100 to last}')
+    FROM jsonb_array_elements(p_steps) e
+$$;
+
 -- ---------------------------------------------------------------------------------------------
 -- Adding steps: a new workflow (enqueue_workflow) or more steps of a running one (a step that fans
 -- out while it runs). p_steps is a JSON array of step objects:
@@ -258,6 +352,7 @@ DECLARE
     v_peeled jsonb := '{}';
     v_level jsonb;
     v_first_job bigint;
+    v_plain boolean;
     v_edge record;
     v_release text[] := '{}';
     v_cancel text[] := '{}';
@@ -275,8 +370,11 @@ BEGIN
         RAISE EXCEPTION 'ringwork: workflow % is cancelled: no steps can be added', p_workflow_id
             USING ERRCODE = '22023';
     END IF;
-    -- each step on its own
-    FOR v_step IN SELECT e FROM jsonb_array_elements(p_steps) e LOOP
+    v_plain := __S__.workflow_steps_plain(p_steps);
+    -- each step on its own: one statement for the common shapes, then, only if a step is not
+    -- one of them, a step at a time for the exact error
+    FOR v_step IN SELECT e FROM jsonb_array_elements(p_steps) e
+                  WHERE NOT v_plain LOOP
         IF jsonb_typeof(v_step) <> 'object' THEN
             RAISE EXCEPTION 'ringwork: a workflow step must be a JSON object, got %', left(v_step::text, 200)
                 USING ERRCODE = '22023';
@@ -293,35 +391,11 @@ BEGIN
             RAISE EXCEPTION 'ringwork: workflow step % has unknown fields %', quote_literal(v_name), v_extra
                 USING ERRCODE = '22023';
         END IF;
-        IF EXISTS (SELECT 1 FROM unnest(ARRAY['kind', 'queue', 'traceparent']) f
-                   WHERE v_step ? f AND jsonb_typeof(v_step->f) NOT IN ('string', 'null'))
-           OR jsonb_typeof(v_step->'step') <> 'string' THEN
+        IF jsonb_typeof(v_step->'step') <> 'string' THEN
             RAISE EXCEPTION 'ringwork: workflow step %: step, kind, queue and traceparent must be strings',
                 quote_literal(v_name) USING ERRCODE = '22023';
         END IF;
-        IF jsonb_typeof(v_step->'priority') IS DISTINCT FROM 'number' AND v_step ? 'priority'
-           OR jsonb_typeof(v_step->'max_attempts') IS DISTINCT FROM 'number' AND v_step ? 'max_attempts'
-           OR jsonb_typeof(v_step->'timeout_ms') NOT IN ('number', 'null') AND v_step ? 'timeout_ms' THEN
-            RAISE EXCEPTION 'ringwork: workflow step %: priority, max_attempts and timeout_ms must be numbers',
-                quote_literal(v_name) USING ERRCODE = '22023';
-        END IF;
-        BEGIN
-            PERFORM __S__.validate_enqueue(coalesce(v_step->>'queue', 'default'), v_step->>'kind',
-                                           CASE WHEN v_step ? 'args' THEN
-                                               CASE WHEN jsonb_typeof(v_step->'args') = 'null' THEN NULL
-                                                    ELSE v_step->'args' END
-                                           ELSE '{}'::jsonb END,
-                                           coalesce((v_step->>'priority')::int, 2),
-                                           coalesce((v_step->>'max_attempts')::int, 25), v_step->>'traceparent');
-            IF (v_step->>'timeout_ms')::int NOT BETWEEN 1 AND 2147483647 THEN
-                RAISE EXCEPTION 'ringwork: timeout_ms must be 1..2147483647, got %', v_step->>'timeout_ms'
-                    USING ERRCODE = '22023';
-            END IF;
-        EXCEPTION
-            WHEN invalid_parameter_value OR invalid_text_representation OR numeric_value_out_of_range THEN
-                RAISE EXCEPTION 'ringwork: workflow step %: %', quote_literal(v_name),
-                    regexp_replace(SQLERRM, '^ringwork: ', '') USING ERRCODE = '22023';
-        END;
+        PERFORM __S__.validate_step_job(v_step, 'workflow step ' || quote_literal(v_name));
         v_policy := coalesce(v_step->>'on_dependency_failure', 'cancel');
         IF v_policy NOT IN ('cancel', 'run', 'hold') THEN
             RAISE EXCEPTION 'ringwork: workflow step %: on_dependency_failure must be cancel, run or hold, got %',
@@ -608,6 +682,7 @@ BEGIN
     DELETE FROM __S__.workflow_outputs x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflow_cancels x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflow_batches x WHERE x.workflow_id = ANY (v_ids);
+    DELETE FROM __S__.workflow_sequences x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflow_steps x WHERE x.workflow_id = ANY (v_ids);
     DELETE FROM __S__.workflows x WHERE x.workflow_id = ANY (v_ids);
     RETURN cardinality(v_ids);
@@ -731,4 +806,115 @@ LANGUAGE sql STABLE SET jit = off AS $$
                        ORDER BY x.finished_at DESC, x.run_lease DESC LIMIT 1) r ON true
     WHERE me.job_id = p_job_id
     GROUP BY me.workflow_id
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Sequences (migration 0023): jobs that share a key run one at a time, in enqueue order. Each job
+-- is a step (link-<n>) of the key's current workflow that depends on the key's previous job; the
+-- next one is released when the previous is final, by the same evidence as any step. Policy on a
+-- final failure, the next job's: 'run' (continue with it, the default), 'hold' (the rest waits
+-- until the failed job, dead-lettered, is retried and completes; a failure nothing can retry
+-- cancels the rest) or 'cancel' (the jobs waiting behind it are cancelled). Keys are independent: a key's waiting jobs are off the ring and never in another's way.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence(p_key text, p_job jsonb, p_on_failure text DEFAULT 'run')
+RETURNS bigint
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_workflow bigint;
+    v_tail_step text;
+    v_tail_job bigint;
+    v_step text;
+    v_job bigint;
+    v_extra text[];
+    v_outcome text;
+    v_effect text;
+BEGIN
+    IF NOT __S__.valid_name(p_key) THEN
+        RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
+            quote_nullable(p_key) USING ERRCODE = '22023';
+    END IF;
+    IF p_on_failure IS NULL OR p_on_failure NOT IN ('run', 'hold', 'cancel') THEN
+        RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
+            quote_nullable(p_on_failure) USING ERRCODE = '22023';
+    END IF;
+    IF p_job IS NULL OR jsonb_typeof(p_job) <> 'object' THEN
+        RAISE EXCEPTION 'ringwork: a sequence job is a job object (kind, args, queue, priority, max_attempts, timeout_ms, traceparent)'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT array_agg(k ORDER BY k) INTO v_extra FROM jsonb_object_keys(p_job) k
+    WHERE k NOT IN ('kind', 'args', 'queue', 'priority', 'max_attempts', 'timeout_ms', 'traceparent');
+    IF v_extra IS NOT NULL THEN
+        RAISE EXCEPTION 'ringwork: a sequence job has unknown fields %', v_extra USING ERRCODE = '22023';
+    END IF;
+    PERFORM __S__.validate_step_job(p_job, 'sequence job');
+    -- the key's one lock, so two producers append to it one after the other
+    PERFORM pg_advisory_xact_lock(__S__.lock_ns('sequence'), hashtext(p_key));
+    SELECT max(q.workflow_id) INTO v_workflow FROM __S__.workflow_sequences q WHERE q.sequence_key = p_key;
+    IF v_workflow IS NOT NULL THEN
+        PERFORM __S__.lock_workflow(v_workflow);
+        SELECT s.step, s.job_id INTO v_tail_step, v_tail_job FROM __S__.workflow_steps s
+        WHERE s.workflow_id = v_workflow ORDER BY s.job_id DESC LIMIT 1;
+        -- a key whose last job is final (a dead-lettered one can still be retried: not final here)
+        -- starts a new workflow, so the old one can expire
+        IF v_tail_step IS NULL
+           OR (EXISTS (SELECT 1 FROM __S__.workflow_results r
+                       WHERE r.workflow_id = v_workflow AND r.step = v_tail_step)
+               AND NOT EXISTS (SELECT 1 FROM __S__.dlq_entries d WHERE d.job_id = v_tail_job))
+           OR EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = v_workflow) THEN
+            v_workflow := NULL;
+        END IF;
+    END IF;
+    IF v_workflow IS NULL THEN
+        v_workflow := nextval('__S__.workflow_ids');
+        INSERT INTO __S__.workflows (workflow_id, created_at) VALUES (v_workflow, __S__.engine_now());
+        INSERT INTO __S__.workflow_sequences (sequence_key, workflow_id) VALUES (p_key, v_workflow);
+        PERFORM __S__.lock_workflow(v_workflow);
+        v_tail_step := NULL;
+    END IF;
+    -- one step that depends on the tail: written directly, not through workflow_add_steps, whose
+    -- checks over a whole graph cost more than the append itself
+    v_step := 'link-' || nextval('__S__.sequence_link_ids');
+    v_job := nextval('__S__.job_ids');
+    INSERT INTO __S__.workflow_steps (workflow_id, step, job_id, queue, kind, args, priority, max_attempts,
+                                      timeout_ms, traceparent, on_dependency_failure, dependencies, created_at)
+    VALUES (v_workflow, v_step, v_job, coalesce(p_job->>'queue', 'default'), p_job->>'kind',
+            coalesce(p_job->'args', '{}'::jsonb), coalesce((p_job->>'priority')::int, 2)::smallint,
+            coalesce((p_job->>'max_attempts')::int, 25), (p_job->>'timeout_ms')::int,
+            __S__.traceparent_bytes(p_job->>'traceparent'), p_on_failure,
+            CASE WHEN v_tail_step IS NULL THEN 0 ELSE 1 END, __S__.engine_now());
+    IF v_tail_step IS NULL THEN
+        PERFORM __S__.workflow_release(v_workflow, ARRAY[v_step]);
+        RETURN v_job;
+    END IF;
+    INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step) VALUES (v_workflow, v_tail_step, v_step);
+    -- a tail that is final already (dead-lettered, kept above) counts now, by the job's policy
+    SELECT r.outcome INTO v_outcome FROM __S__.workflow_results r
+    WHERE r.workflow_id = v_workflow AND r.step = v_tail_step ORDER BY r.finished_at DESC, r.run_lease DESC LIMIT 1;
+    IF v_outcome IS NOT NULL THEN
+        v_effect := __S__.workflow_edge_effect(
+            CASE WHEN v_outcome = 'failed' AND EXISTS (SELECT 1 FROM __S__.dlq_entries d WHERE d.job_id = v_tail_job)
+                 THEN 'dead_lettered' ELSE v_outcome END, p_on_failure);
+        IF v_effect = 'arrived' THEN
+            PERFORM __S__.workflow_arrive(v_workflow, v_step, v_tail_step, 1);
+            PERFORM __S__.workflow_release(v_workflow, ARRAY[v_step]);
+        ELSIF v_effect = 'cancel' THEN
+            PERFORM __S__.workflow_settle_steps(v_workflow, ARRAY[v_step], ARRAY[0::bigint], ARRAY['cancelled']);
+        END IF;
+    END IF;
+    RETURN v_job;
+END
+$$;
+
+-- The key's jobs that are not final, oldest first (the head is running or available, the rest
+-- pending), and each one's state.
+CREATE OR REPLACE FUNCTION __S__.sequence_pending(p_key text, p_limit int DEFAULT 100)
+RETURNS TABLE (job_id bigint, state text)
+LANGUAGE sql STABLE SET jit = off AS $$
+    SELECT s.job_id, coalesce((SELECT j.state FROM __S__.job_state(s.job_id) j), 'pending')
+    FROM __S__.workflow_sequences q
+    JOIN __S__.workflow_steps s ON s.workflow_id = q.workflow_id
+    WHERE q.sequence_key = p_key
+      AND (NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+           OR EXISTS (SELECT 1 FROM __S__.dlq_entries d WHERE d.job_id = s.job_id))
+    ORDER BY s.job_id LIMIT p_limit
 $$;

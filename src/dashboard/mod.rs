@@ -207,6 +207,8 @@ impl Dashboard {
             .route("/jobs", get(pages::jobs))
             .route("/jobs/{id}", get(pages::job))
             .route("/jobs/{id}/{action}", post(job_action))
+            .route("/workflows/{id}", get(pages::workflow))
+            .route("/workflows/{id}/cancel", post(workflow_cancel))
             .route("/dlq", get(pages::dead_letters))
             .route("/dlq/{action}", post(dead_letter_action))
             .route("/storage", get(pages::storage))
@@ -621,6 +623,22 @@ async fn job_action(
             StatusCode::CONFLICT,
             "not retried: only scheduled, retryable and dead-lettered jobs can be retried",
         ),
+        Err(e) => failure(e),
+    }
+}
+
+async fn workflow_cancel(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    if let Err(refused) = shared.check_action(&headers, form.csrf.as_deref()) {
+        return refused.into_response();
+    }
+    match shared.storage.cancel_workflow(id).await {
+        Ok(Some(_)) => see_other(shared.href(&format!("/workflows/{id}"))),
+        Ok(None) => refuse(StatusCode::NOT_FOUND, "no such workflow"),
         Err(e) => failure(e),
     }
 }

@@ -539,6 +539,10 @@ pub(crate) async fn job(
         Ok(args) => args,
         Err(e) => return failure(e),
     };
+    let workflow = match shared.reads.workflow_of(id).await {
+        Ok(workflow) => workflow,
+        Err(e) => return failure(e),
+    };
     let state = record.state.state;
     let retryable = matches!(
         state,
@@ -560,6 +564,11 @@ pub(crate) async fn job(
             dt { "queue" } dd { (record.state.queue) }
             dt { "kind" } dd { (record.state.kind) }
             dt { "attempt" } dd { (record.state.attempt) }
+            @if let Some((workflow_id, step)) = &workflow {
+                dt { "workflow" }
+                dd { "step " b { (step) } " of "
+                     a id="workflow" href=(shared.href(&format!("/workflows/{workflow_id}"))) { "workflow " (workflow_id) } }
+            }
             @if let Some(detail) = &record.state.detail { dt { "detail" } dd.error id="detail" { (detail) } }
             @if let Some(progress) = &record.progress {
                 dt { "progress" }
@@ -605,6 +614,101 @@ pub(crate) async fn job(
         }
     };
     layout(&shared, &headers, "jobs", &format!("Job {id}"), body).await
+}
+
+/// A workflow (or batch, or sequence burst): its steps drawn in columns by depth, each with its
+/// state and what it waits for, so what waits on what reads left to right.
+pub(crate) async fn workflow(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+) -> Response {
+    let status = match shared.reads.workflow_status(id).await {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            return (
+                StatusCode::NOT_FOUND,
+                message_page(
+                    "Not found",
+                    &format!("workflow {id} is unknown, or it finished and expired"),
+                ),
+            )
+                .into_response()
+        }
+        Err(e) => return failure(e),
+    };
+    let columns = workflow_columns(&status.steps);
+    let counts: Vec<String> = JobStatus::ALL
+        .iter()
+        .map(|state| (state, status.count(*state)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(state, n)| format!("{n} {state}"))
+        .collect();
+    let may_act = shared.may_act(&headers);
+    let body = html! {
+        h1 { "Workflow " (id) }
+        dl.facts {
+            dt { "state" } dd id="workflow-state" { (state_badge(status.state.as_str())) }
+            dt { "steps" } dd id="workflow-counts" { (counts.join(", ")) }
+            @if status.cancelled { dt { "cancelled" } dd { "by an operator: nothing more is released" } }
+        }
+        @if may_act && status.state == crate::WorkflowState::Running && !status.cancelled {
+            div.actions {
+                form.inline method="post" action=(shared.href(&format!("/workflows/{id}/cancel"))) {
+                    (csrf_field(&shared)) button.danger id="cancel-workflow" type="submit" { "Cancel workflow" }
+                }
+            }
+        }
+        div.graph id="steps" {
+            @for (depth, column) in columns.iter().enumerate() {
+                div.column {
+                    div.muted { @if depth == 0 { "first" } @else { "after " (depth) } }
+                    @for step in column {
+                        div class={ "step " (step.state.as_str()) } id={ "step-" (step.job_id) } {
+                            a href=(shared.href(&format!("/jobs/{}", step.job_id))) { b { (step.step) } }
+                            " " (state_badge(step.state.as_str()))
+                            div.muted { (step.kind) " · " (step.queue) }
+                            @if !step.depends_on.is_empty() {
+                                div.waits { "waits for " (step.depends_on.join(", "))
+                                    @if step.on_dependency_failure != crate::DependencyFailure::Cancel {
+                                        " (" (step.on_dependency_failure.as_str()) " on failure)"
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    layout(&shared, &headers, "jobs", &format!("Workflow {id}"), body).await
+}
+
+/// The steps in columns by depth: a step sits one column right of its deepest dependency.
+fn workflow_columns(steps: &[crate::StepStatus]) -> Vec<Vec<&crate::StepStatus>> {
+    let index: std::collections::HashMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.step.as_str(), i))
+        .collect();
+    let mut depth = vec![0usize; steps.len()];
+    // steps come in the order they were added, and a step is added after what it depends on, so
+    // one pass in that order sees every dependency's depth first
+    for (i, step) in steps.iter().enumerate() {
+        depth[i] = step
+            .depends_on
+            .iter()
+            .filter_map(|d| index.get(d.as_str()))
+            .map(|&j| depth[j] + 1)
+            .max()
+            .unwrap_or(0);
+    }
+    let mut columns: Vec<Vec<&crate::StepStatus>> =
+        vec![Vec::new(); depth.iter().max().map_or(0, |d| d + 1)];
+    for (i, step) in steps.iter().enumerate() {
+        columns[depth[i]].push(step);
+    }
+    columns
 }
 
 pub(crate) async fn dead_letters(

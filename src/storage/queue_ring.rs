@@ -25,6 +25,7 @@ pub(super) struct Statements {
     ensure_lanes: String,
     queue_lanes_exist: String,
     insert_unique: String,
+    enqueue_in_sequence: String,
     max_args_bytes: String,
 }
 
@@ -49,6 +50,7 @@ impl Statements {
                 "SELECT count(*) = 4 * {s}.lane_base_shards() FROM {s}.queue_lanes
                  WHERE queue = $1 AND shard < {s}.lane_base_shards()"
             ),
+            enqueue_in_sequence: format!("SELECT {s}.enqueue_in_sequence($1, $2, $3)"),
             insert_unique: format!(
                 "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
             ),
@@ -83,11 +85,13 @@ fn single_statement(jobs: &[NewJob], now: DateTime<Utc>) -> bool {
         [first, rest @ ..] => {
             let same_group = |job: &NewJob| {
                 job.unique.is_none()
+                    && job.sequence.is_none()
                     && job.queue == first.queue
                     && job.priority == first.priority
                     && job.is_future(now) == first.is_future(now)
             };
             first.unique.is_none()
+                && first.sequence.is_none()
                 && rest.iter().all(same_group)
                 && (first.is_future(now) || jobs.len() <= COPY_THRESHOLD)
         }
@@ -274,7 +278,12 @@ impl Storage {
         // group by lane (immediate) or by (queue, priority) for the backlog, keeping input order
         let mut groups: Vec<((String, i16, bool), Vec<usize>)> = Vec::new();
         let mut unique: Vec<(String, usize)> = Vec::new();
+        let mut sequenced: Vec<usize> = Vec::new();
         for (index, job) in jobs.iter().enumerate() {
+            if job.sequence.is_some() {
+                sequenced.push(index);
+                continue;
+            }
             if let Some(options) = &job.unique {
                 unique.push((job.unique_key(options, now)?, index));
                 continue;
@@ -362,6 +371,24 @@ impl Storage {
             ids[index] = Inserted {
                 job_id,
                 duplicate: !inserted,
+            };
+        }
+        // Jobs of a sequence one statement each, in input order (their order in their key)
+        for index in sequenced {
+            let job = &jobs[index];
+            let Some((key, on_failure)) = &job.sequence else {
+                continue;
+            };
+            let json = crate::workflow::job_json(job, &texts[index].traceparent, "sequence job")?;
+            let job_id: i64 = sqlx::query_scalar(&self.sql.queue_ring.enqueue_in_sequence)
+                .bind(key)
+                .bind(&json)
+                .bind(on_failure.as_str())
+                .fetch_one(self.on(conn))
+                .await?;
+            ids[index] = Inserted {
+                job_id,
+                duplicate: false,
             };
         }
         Ok(ids)

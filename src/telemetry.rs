@@ -11,8 +11,10 @@
 //!   (rotations, prunes, prune skips by reason, rescued, promoted);
 //! - **state**, gauges read from the database by `Telemetry::record_state` (on a Prometheus
 //!   scrape, or on a timer for OTLP): exact depth per queue and state, paused queues, both rings'
-//!   slots, prune blockers, horizon holders and the live and dead tuples of ringwork's own tables.
-//!   Each is one cheap statement; none scans job rows except the terminal counts still in the ring.
+//!   slots, prune blockers, horizon holders and the live and dead tuples of ringwork's own tables,
+//!   and workflows by kind and state. Each is one cheap statement; none scans job rows except the
+//!   terminal counts still in the ring, and the workflow count reads the steps of the workflows
+//!   kept (bounded by `keep_completed`).
 //!
 //! Attribute names are short on purpose (`queue`, `kind`, `outcome`, `state`, `ring`): they become
 //! Prometheus labels that operators type.
@@ -56,6 +58,7 @@ struct Instruments {
     prune_skips: Counter<u64>,
     archive_truncations: Counter<u64>,
     queue_jobs: Gauge<i64>,
+    workflows: Gauge<i64>,
     queue_paused: Gauge<i64>,
     queue_oldest_wait: Gauge<f64>,
     queue_unworked: Gauge<i64>,
@@ -158,6 +161,11 @@ impl Telemetry {
                     "ringwork.queue.jobs",
                     "Exact jobs per queue and state; completed, failed and cancelled are durable \
                      totals since the schema gained them (migration 0006)",
+                ),
+                workflows: gauge(
+                    "ringwork.workflows",
+                    "Workflows kept (until keep_completed after their last step), by kind \
+                     (workflow, batch, sequence) and state (running, completed, failed, cancelled)",
                 ),
                 queue_paused: gauge("ringwork.queue.paused", "1 when the queue is paused"),
                 queue_oldest_wait: gauge_f64(
@@ -330,14 +338,15 @@ impl Telemetry {
         storage: &Storage,
         horizon_min_age: Duration,
     ) -> Result<()> {
-        let (counts, rings, blockers, horizon, tables) = futures::join!(
+        let (counts, rings, blockers, horizon, tables, workflows) = futures::join!(
             self.record_counts(storage),
             self.record_rings(storage),
             self.record_prune_blockers(storage),
             self.record_horizon(storage, horizon_min_age),
             self.record_tables(storage),
+            self.record_workflows(storage),
         );
-        let results = [counts, rings, blockers, horizon, tables];
+        let results = [counts, rings, blockers, horizon, tables, workflows];
         let first_error = results.into_iter().find_map(std::result::Result::err);
         self.i
             .state_read_ok
@@ -348,6 +357,23 @@ impl Telemetry {
     /// Mark the state gauges stale (a read that did not finish in time).
     pub fn state_read_failed(&self) {
         self.i.state_read_ok.record(0, &[]);
+    }
+
+    async fn record_workflows(&self, storage: &Storage) -> Result<()> {
+        let counts = storage.workflows_by_state().await?;
+        for kind in ["workflow", "batch", "sequence"] {
+            for state in ["running", "completed", "failed", "cancelled"] {
+                let n = counts
+                    .iter()
+                    .find(|(k, s, _)| k == kind && s == state)
+                    .map_or(0, |(_, _, n)| *n);
+                self.i.workflows.record(
+                    n,
+                    &[KeyValue::new("kind", kind), KeyValue::new("state", state)],
+                );
+            }
+        }
+        Ok(())
     }
 
     async fn record_counts(&self, storage: &Storage) -> Result<()> {

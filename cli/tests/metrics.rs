@@ -98,6 +98,32 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
             .await
             .unwrap();
     }
+    // a workflow waiting in a queue nobody works, and a batch cancelled, for the workflow gauges
+    let idle = || {
+        NewJob::new(&Outcome { fail: false })
+            .unwrap()
+            .queue("metrics_idle")
+    };
+    client
+        .insert_workflow(
+            ringwork::Workflow::new()
+                .step(ringwork::Step::new("first", idle()))
+                .step(ringwork::Step::new("second", idle()).after(&["first"])),
+        )
+        .await
+        .unwrap();
+    let batch = client
+        .insert_batch(ringwork::Batch::new().member(idle()).callback(idle()))
+        .await
+        .unwrap();
+    assert_eq!(
+        client
+            .admin()
+            .cancel_workflow(batch.batch_id)
+            .await
+            .unwrap(),
+        Some(2)
+    );
     // a session pinning the horizon, for the canary's gauges
     let mut holder = db.pool().acquire().await.unwrap();
     sqlx::raw_sql("BEGIN; SELECT txid_current();")
@@ -204,6 +230,33 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         Some(0.0)
     );
     assert_eq!(sample(&text, "ringwork_queue_paused", &[q]), Some(0.0));
+    assert_eq!(
+        sample(
+            &text,
+            "ringwork_workflows",
+            &[("kind", "workflow"), ("state", "running")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ringwork_workflows",
+            &[("kind", "batch"), ("state", "cancelled")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ringwork_workflows",
+            &[("kind", "sequence"), ("state", "running")]
+        ),
+        Some(0.0),
+        "{text}"
+    );
     assert_eq!(
         sample(&text, "ringwork_queue_oldest_wait_seconds", &[q]),
         Some(0.0),

@@ -918,3 +918,30 @@ LANGUAGE sql STABLE SET jit = off AS $$
            OR EXISTS (SELECT 1 FROM __S__.dlq_entries d WHERE d.job_id = s.job_id))
     ORDER BY s.job_id LIMIT p_limit
 $$;
+
+-- Workflows kept, by kind and state: running while a step has no outcome, then failed (a step
+-- failed for good), cancelled (a step was cancelled) or completed. Reads the steps of every
+-- workflow kept: bounded by retention (keep_completed after a workflow's last step).
+CREATE OR REPLACE FUNCTION __S__.workflows_by_state()
+RETURNS TABLE (kind text, state text, n bigint)
+LANGUAGE sql STABLE SET jit = off AS $$
+    WITH per AS (
+        SELECT s.workflow_id,
+               CASE WHEN bool_or(r.outcome IS NULL) THEN 'running'
+                    WHEN bool_or(r.outcome = 'failed') THEN 'failed'
+                    WHEN bool_or(r.outcome = 'cancelled') THEN 'cancelled'
+                    ELSE 'completed' END AS state
+        FROM __S__.workflow_steps s
+        LEFT JOIN LATERAL (SELECT x.outcome FROM __S__.workflow_results x
+                           WHERE x.workflow_id = s.workflow_id AND x.step = s.step
+                           ORDER BY x.finished_at DESC, x.run_lease DESC LIMIT 1) r ON true
+        GROUP BY s.workflow_id
+    )
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM __S__.workflow_batches b WHERE b.workflow_id = p.workflow_id)
+                    THEN 'batch'
+                WHEN EXISTS (SELECT 1 FROM __S__.workflow_sequences q WHERE q.workflow_id = p.workflow_id)
+                    THEN 'sequence'
+                ELSE 'workflow' END,
+           p.state, count(*)
+    FROM per p GROUP BY 1, 2
+$$;

@@ -29,6 +29,7 @@ pub(super) struct Statements {
     batch_add: String,
     seal_batch: String,
     counts: String,
+    by_state: String,
 }
 
 impl Statements {
@@ -50,6 +51,7 @@ impl Statements {
             batch_add: format!("SELECT {s}.batch_add($1, $2)"),
             seal_batch: format!("SELECT {s}.seal_batch($1, $2, $3)"),
             counts: format!("SELECT * FROM {s}.workflow_counts($1)"),
+            by_state: format!("SELECT kind, state, n FROM {s}.workflows_by_state()"),
         }
     }
 }
@@ -263,6 +265,14 @@ impl Storage {
                 unfinished,
             },
         ))
+    }
+
+    /// Workflows kept, by kind (`workflow`, `batch`, `sequence`) and state (`running`,
+    /// `completed`, `failed`, `cancelled`).
+    pub async fn workflows_by_state(&self) -> Result<Vec<(String, String, i64)>> {
+        Ok(sqlx::query_as(&self.sql.workflows.by_state)
+            .fetch_all(self.db())
+            .await?)
     }
 
     /// Delete at most `limit` finished workflows whose last step finished more than `keep` ago.

@@ -341,7 +341,8 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.workflow_add_steps(p_workflow_id bigint, p_steps jsonb)
 RETURNS TABLE (step text, job_id bigint)
-LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
+-- plan_cache_mode is restored when the function returns (its own SET), whatever the body sets
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = auto AS $$
 DECLARE
     v_step jsonb;
     v_name text;
@@ -361,6 +362,12 @@ BEGIN
     IF p_steps IS NULL OR jsonb_typeof(p_steps) <> 'array' OR jsonb_array_length(p_steps) = 0 THEN
         RAISE EXCEPTION 'ringwork: workflow steps must be a non-empty JSON array of step objects'
             USING ERRCODE = '22023';
+    END IF;
+    -- a large call plans each statement for its arguments (a generic plan cached while the tables
+    -- were small scans them whole); a small one keeps the cached plans, whose planning would cost
+    -- more than running them
+    IF jsonb_array_length(p_steps) > 64 THEN
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
     END IF;
     PERFORM __S__.lock_workflow(p_workflow_id);
     IF NOT EXISTS (SELECT 1 FROM __S__.workflows w WHERE w.workflow_id = p_workflow_id) THEN

@@ -251,3 +251,98 @@ async fn rotation_prune_and_rescue_cursors_rewrite_no_row_under_a_held_horizon()
     horizon.rollback().await.unwrap();
     db.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workflows_batches_and_sequences_update_and_delete_nothing_while_they_run() {
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .maintenance(no_maintenance())
+        .queue("default", queue(16))
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap();
+    let metrics = client.metrics();
+    let running = client.start().await.unwrap();
+    let count = |n: u64| NewJob::new(&Count { n }).unwrap();
+    for w in 0..50 {
+        client
+            .insert_workflow(
+                ringwork::Workflow::new()
+                    .step(ringwork::Step::new("a", count(w)))
+                    .step(ringwork::Step::new("b", count(w)).after(&["a"]))
+                    .step(ringwork::Step::new("c", count(w)).after(&["a"]))
+                    .step(ringwork::Step::new("d", count(w)).after(&["b", "c"])),
+            )
+            .await
+            .unwrap();
+    }
+    for b in 0..20 {
+        let mut batch = ringwork::Batch::new();
+        for m in 0..5 {
+            batch = batch.member(count(b * 10 + m));
+        }
+        client.insert_batch(batch.callback(count(b))).await.unwrap();
+    }
+    let sequenced: Vec<NewJob> = (0..100)
+        .map(|n| count(n).sequence(&format!("key-{}", n % 10), ringwork::DependencyFailure::Run))
+        .collect();
+    client.insert_many(&sequenced).await.unwrap();
+    let expected = 50 * 4 + 20 * 6 + 100;
+    let all_done = eventually(Duration::from_secs(120), || {
+        let metrics = Arc::clone(&metrics);
+        async move { metrics.completed() == expected }
+    })
+    .await;
+    running.shutdown(Duration::from_secs(10)).await;
+    assert!(all_done, "completed {} of {expected}", metrics.completed());
+
+    let url = db.url.clone();
+    let schema = db.schema.clone();
+    db.pool.close().await;
+    let pool = TestDb::connect(&url, 2).await;
+    let flushed = eventually(Duration::from_secs(30), || {
+        let pool = pool.clone();
+        let schema = schema.clone();
+        async move {
+            let inserted: i64 = sqlx::query_scalar(
+                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
+                 WHERE schemaname = $1 AND relname = 'workflow_results'",
+            )
+            .bind(schema.as_str())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            inserted >= expected as i64
+        }
+    })
+    .await;
+    assert!(flushed, "statistics never caught up");
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_dead_tup, n_tup_upd, n_tup_del FROM pg_stat_user_tables
+         WHERE schemaname = $1",
+    )
+    .bind(schema.as_str())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    for (table, dead, updated, deleted) in &rows {
+        let class = churn_class(table).unwrap_or_else(|| panic!("{table} has no churn class"));
+        // the ring never; the workflow tables only append while workflows run (retention deletes
+        // finished ones later, a handler's output is an upsert)
+        if class == ChurnClass::Ring
+            || (table.starts_with("workflow") && table != "workflow_outputs")
+        {
+            assert_eq!(
+                (*dead, *updated, *deleted),
+                (0, 0, 0),
+                "{table}: dead/upd/del"
+            );
+        }
+    }
+    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

@@ -229,6 +229,11 @@ pub(crate) fn job_json(
     what: &str,
 ) -> Result<serde_json::Value> {
     job.validate()?;
+    if job.sequence.is_some() && what != "sequence job" {
+        return Err(Error::Config(format!(
+            "{what}: a workflow step or batch member cannot also be in a sequence"
+        )));
+    }
     if job.unique.is_some() || job.run_at.is_some() {
         return Err(Error::Config(format!(
             "{what}: a workflow step or batch member cannot be unique or have a run_at (it runs when the jobs before it are final)"

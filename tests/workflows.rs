@@ -1197,3 +1197,94 @@ async fn a_rescued_sequence_head_holds_the_next_until_its_re_run_ends() {
     );
     db.cleanup().await;
 }
+
+/// The job id of the sequence job whose args' `n` is `n`.
+async fn job_of_n(db: &TestDb, n: i64) -> i64 {
+    db.scalar_i64(&format!(
+        "SELECT job_id FROM {{s}}.workflow_steps WHERE (args->>'n')::int = {n}"
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn a_sequence_job_cancelled_while_it_waits_is_skipped_not_a_turn() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    support::enqueue(
+        &db,
+        vec![
+            in_sequence("k", 1),
+            in_sequence("k", 2),
+            in_sequence("k", 3),
+        ],
+    )
+    .await;
+    let head = claim_ns(&storage).await.remove(0).1;
+    // the middle job is cancelled while 1 runs: 3 still waits for 1
+    assert_eq!(
+        storage
+            .cancel_job(job_of_n(&db, 2).await, "not needed")
+            .await
+            .unwrap(),
+        CancelOutcome::Cancelled
+    );
+    assert!(claim_ns(&storage).await.is_empty(), "3 runs only after 1");
+    // the last waiting job is cancelled, then another is appended: it waits for 1 too
+    assert_eq!(
+        storage
+            .cancel_job(job_of_n(&db, 3).await, "not needed")
+            .await
+            .unwrap(),
+        CancelOutcome::Cancelled
+    );
+    support::enqueue(&db, vec![in_sequence("k", 4)]).await;
+    assert!(claim_ns(&storage).await.is_empty(), "4 runs only after 1");
+    assert_eq!(complete_one(&storage, &head).await, Outcome::Applied);
+    assert_eq!(
+        claim_ns(&storage)
+            .await
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>(),
+        vec![4]
+    );
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dead_lettered_sequence_job_holds_its_key_until_retried_or_purged() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage.ensure_queue("default").await.unwrap();
+    assert!(storage
+        .set_queue_dead_letter("default", true)
+        .await
+        .unwrap());
+    support::enqueue(&db, vec![job(1).sequence("k", DependencyFailure::Hold)]).await;
+    let first = claim_ns(&storage).await.remove(0).1;
+    fail(&storage, &first).await;
+    // retried from the dead-letter queue, then a job appended: it waits for the retried run
+    assert!(storage.dlq_retry(first.job_id).await.unwrap());
+    support::enqueue(&db, vec![job(2).sequence("k", DependencyFailure::Hold)]).await;
+    storage.promote_due(10).await.unwrap();
+    let rerun = claim_ns(&storage).await;
+    assert_eq!(rerun.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![1]);
+    fail(&storage, &rerun[0].1).await;
+    assert_eq!(state(&db, job_of_n(&db, 2).await).await, "pending");
+    // its entry purged, nothing can retry it: the held job is cancelled and the key moves on
+    assert_eq!(
+        storage.dlq_purge(None, Some(first.job_id)).await.unwrap(),
+        1
+    );
+    assert_eq!(state(&db, job_of_n(&db, 2).await).await, "cancelled");
+    support::enqueue(&db, vec![job(3).sequence("k", DependencyFailure::Hold)]).await;
+    assert_eq!(
+        claim_ns(&storage)
+            .await
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>(),
+        vec![3]
+    );
+    db.cleanup().await;
+}

@@ -5,15 +5,20 @@
 -- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 
--- Retry a dead-lettered job: it leaves the DLQ (DELETE ... RETURNING: of two concurrent retries
--- exactly one gets the row) and is scheduled now with fresh attempts and its run_lease kept, so
+-- Retry a dead-lettered job: it leaves the DLQ (its row locked first: of two concurrent retries
+-- exactly one gets it) and is scheduled now with fresh attempts and its run_lease kept, so
 -- the next claim's run_lease is higher than any before it.
 CREATE OR REPLACE FUNCTION __S__.dlq_retry(p_job_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v __S__.dlq_entries;
 BEGIN
-    DELETE FROM __S__.dlq_entries WHERE job_id = p_job_id RETURNING * INTO v;
+    -- a workflow step: its workflow's lock first (workflows.sql), so a sequence that looks at
+    -- whether this job is final sees it before or after the retry, never in between
+    PERFORM __S__.lock_workflows_of(ARRAY[p_job_id]);
+    -- the row locked (of two concurrent retries the second finds it gone), the job scheduled, then
+    -- the row deleted: a delete trigger (workflows.sql) tells a retry from a purge by that schedule
+    SELECT * INTO v FROM __S__.dlq_entries WHERE job_id = p_job_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -21,6 +26,7 @@ BEGIN
                                      run_at, created_at, last_error, timeout_ms, traceparent)
     VALUES (v.job_id, v.queue, v.kind, v.args, v.priority, 0, v.run_lease, v.max_attempts, now(),
             v.created_at, v.error, v.timeout_ms, v.traceparent);
+    DELETE FROM __S__.dlq_entries WHERE job_id = p_job_id;
     RETURN true;
 END
 $$;

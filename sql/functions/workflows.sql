@@ -126,6 +126,10 @@ DECLARE
     v_settled_workflows bigint[];
     v_settled text[];
     v_settled_outcomes text[];
+    v_settled_leases bigint[];
+    v_defer_workflows bigint[];
+    v_defer_steps text[];
+    v_defer_from text[];
     v_next_workflows bigint[];
     v_next_steps text[];
     v_release_workflows bigint[] := '{}';
@@ -146,15 +150,26 @@ BEGIN
             ON CONFLICT DO NOTHING
             RETURNING workflow_id, step, run_lease
         )
-        SELECT array_agg(a.workflow_id), array_agg(a.step), array_agg(i.outcome)
-        INTO v_settled_workflows, v_settled, v_settled_outcomes
+        SELECT array_agg(a.workflow_id), array_agg(a.step), array_agg(i.outcome), array_agg(a.run_lease)
+        INTO v_settled_workflows, v_settled, v_settled_outcomes, v_settled_leases
         FROM added a JOIN input i ON i.workflow_id = a.workflow_id AND i.step = a.step AND i.run_lease = a.run_lease;
         EXIT WHEN v_settled IS NULL;
         -- what each new result does to each dependent still waiting
         WITH effects AS (
             SELECT DISTINCT ON (e.workflow_id, e.step, e.depends_on) e.workflow_id, e.step, e.depends_on,
-                   d.dependencies, __S__.workflow_edge_effect(x.outcome, d.on_dependency_failure) AS effect
-            FROM unnest(v_settled_workflows, v_settled, v_settled_outcomes) AS x(workflow_id, step, outcome)
+                   d.dependencies,
+                   -- a sequence job cancelled while it waited is skipped, not a turn: the job behind
+                   -- it (continuing on failure) waits for what it waited for instead
+                   CASE WHEN x.outcome = 'cancelled' AND x.run_lease = 0 AND d.on_dependency_failure = 'run'
+                             AND EXISTS (SELECT 1 FROM __S__.workflow_sequences q WHERE q.workflow_id = e.workflow_id)
+                             AND EXISTS (SELECT 1 FROM __S__.workflow_edges p
+                                         WHERE p.workflow_id = e.workflow_id AND p.step = x.step
+                                           AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                                                           WHERE r.workflow_id = p.workflow_id AND r.step = p.depends_on))
+                        THEN 'defer'
+                        ELSE __S__.workflow_edge_effect(x.outcome, d.on_dependency_failure) END AS effect
+            FROM unnest(v_settled_workflows, v_settled, v_settled_outcomes, v_settled_leases)
+                 AS x(workflow_id, step, outcome, run_lease)
             JOIN __S__.workflow_edges e ON e.workflow_id = x.workflow_id AND e.depends_on = x.step
             JOIN __S__.workflow_steps d ON d.workflow_id = e.workflow_id AND d.step = e.step
             WHERE NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = e.workflow_id AND r.step = e.step)
@@ -190,9 +205,21 @@ BEGIN
         SELECT coalesce(array_agg(n.workflow_id) FILTER (WHERE n.cancel), '{}'),
                coalesce(array_agg(n.step) FILTER (WHERE n.cancel), '{}'),
                v_release_workflows || coalesce(array_agg(n.workflow_id) FILTER (WHERE NOT n.cancel), '{}'),
-               v_release || coalesce(array_agg(n.step) FILTER (WHERE NOT n.cancel), '{}')
-        INTO v_next_workflows, v_next_steps, v_release_workflows, v_release
+               v_release || coalesce(array_agg(n.step) FILTER (WHERE NOT n.cancel), '{}'),
+               (SELECT array_agg(f.workflow_id) FROM effects f WHERE f.effect = 'defer'),
+               (SELECT array_agg(f.step) FROM effects f WHERE f.effect = 'defer'),
+               (SELECT array_agg(f.depends_on) FROM effects f WHERE f.effect = 'defer')
+        INTO v_next_workflows, v_next_steps, v_release_workflows, v_release,
+             v_defer_workflows, v_defer_steps, v_defer_from
         FROM next n;
+        -- the skipped job's unfinished predecessor becomes the next one's (an edge appended)
+        INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step)
+        SELECT f.workflow_id, p.depends_on, f.step
+        FROM unnest(v_defer_workflows, v_defer_steps, v_defer_from) AS f(workflow_id, step, from_step)
+        JOIN __S__.workflow_edges p ON p.workflow_id = f.workflow_id AND p.step = f.from_step
+        WHERE NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                          WHERE r.workflow_id = p.workflow_id AND r.step = p.depends_on)
+        ON CONFLICT DO NOTHING;
         v_workflows := v_next_workflows;
         v_steps := v_next_steps;
         v_leases := array_fill(0::bigint, ARRAY[cardinality(v_steps)]);
@@ -764,6 +791,9 @@ BEGIN
     IF EXISTS (SELECT 1 FROM __S__.workflow_steps s WHERE s.workflow_id = p_batch_id AND s.step = 'callback') THEN
         RAISE EXCEPTION 'ringwork: batch % is sealed already', p_batch_id USING ERRCODE = '22023';
     END IF;
+    IF p_success_only IS NULL THEN
+        RAISE EXCEPTION 'ringwork: success_only must be true or false, not NULL' USING ERRCODE = '22023';
+    END IF;
     IF p_callback IS NULL OR jsonb_typeof(p_callback) <> 'object' OR p_callback ? 'step' OR p_callback ? 'depends_on'
        OR p_callback ? 'on_dependency_failure' THEN
         RAISE EXCEPTION 'ringwork: a batch callback is a job object (kind, args, queue, priority, max_attempts, timeout_ms, traceparent)'
@@ -833,7 +863,9 @@ DECLARE
     v_step text;
     v_job bigint;
     v_extra text[];
-    v_outcome text;
+    v_tail_state text;
+    v_tail_lease bigint;
+    v_result_lease bigint;
     v_effect text;
 BEGIN
     IF NOT __S__.valid_name(p_key) THEN
@@ -859,14 +891,22 @@ BEGIN
     SELECT max(q.workflow_id) INTO v_workflow FROM __S__.workflow_sequences q WHERE q.sequence_key = p_key;
     IF v_workflow IS NOT NULL THEN
         PERFORM __S__.lock_workflow(v_workflow);
+        -- the key's last job, skipping jobs cancelled while they waited (they never had a turn)
         SELECT s.step, s.job_id INTO v_tail_step, v_tail_job FROM __S__.workflow_steps s
-        WHERE s.workflow_id = v_workflow ORDER BY s.job_id DESC LIMIT 1;
-        -- a key whose last job is final (a dead-lettered one can still be retried: not final here)
-        -- starts a new workflow, so the old one can expire
-        IF v_tail_step IS NULL
-           OR (EXISTS (SELECT 1 FROM __S__.workflow_results r
-                       WHERE r.workflow_id = v_workflow AND r.step = v_tail_step)
-               AND NOT EXISTS (SELECT 1 FROM __S__.dlq_entries d WHERE d.job_id = v_tail_job))
+        WHERE s.workflow_id = v_workflow
+          AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                          WHERE r.workflow_id = s.workflow_id AND r.step = s.step
+                            AND r.outcome = 'cancelled' AND r.run_lease = 0)
+        ORDER BY s.job_id DESC LIMIT 1;
+        SELECT j.state, j.run_lease INTO v_tail_state, v_tail_lease FROM __S__.job_state(v_tail_job) j;
+        v_result_lease := (SELECT max(r.run_lease) FROM __S__.workflow_results r
+                           WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
+        -- a key whose last job is final starts a new workflow, so the old one can expire. A
+        -- dead-lettered job is not final (it may be retried, and a held job waits for it), nor is
+        -- one retried since its result (waiting again, or running at a higher lease); one whose
+        -- dead-letter entry was purged is (its claim's rows alone look like a running attempt)
+        IF v_tail_step IS NULL OR v_tail_state IN ('completed', 'failed', 'cancelled')
+           OR (v_tail_state = 'running' AND v_tail_lease <= v_result_lease)
            OR EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = v_workflow) THEN
             v_workflow := NULL;
         END IF;
@@ -894,13 +934,9 @@ BEGIN
         RETURN v_job;
     END IF;
     INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step) VALUES (v_workflow, v_tail_step, v_step);
-    -- a tail that is final already (dead-lettered, kept above) counts now, by the job's policy
-    SELECT r.outcome INTO v_outcome FROM __S__.workflow_results r
-    WHERE r.workflow_id = v_workflow AND r.step = v_tail_step ORDER BY r.finished_at DESC, r.run_lease DESC LIMIT 1;
-    IF v_outcome IS NOT NULL THEN
-        v_effect := __S__.workflow_edge_effect(
-            CASE WHEN v_outcome = 'failed' AND EXISTS (SELECT 1 FROM __S__.dlq_entries d WHERE d.job_id = v_tail_job)
-                 THEN 'dead_lettered' ELSE v_outcome END, p_on_failure);
+    -- a dead-lettered tail (kept above) counts now, by the job's policy
+    IF v_tail_state = 'dead_lettered' THEN
+        v_effect := __S__.workflow_edge_effect('dead_lettered', p_on_failure);
         IF v_effect = 'arrived' THEN
             PERFORM __S__.workflow_arrive(v_workflow, v_step, v_tail_step, 1);
             PERFORM __S__.workflow_release(v_workflow, ARRAY[v_step]);
@@ -952,3 +988,37 @@ LANGUAGE sql STABLE SET jit = off AS $$
            p.state, count(*)
     FROM per p GROUP BY 1, 2
 $$;
+
+-- A dead-lettered step whose entry is deleted other than by a retry (a purge, retention) can never
+-- complete: the steps held by it (policy hold) are cancelled, as if it had failed where nothing can
+-- retry it. dlq_retry schedules the job before it deletes the entry, so a retried job is told
+-- apart by its deferred row.
+CREATE OR REPLACE FUNCTION __S__.workflow_dead_letter_gone() RETURNS trigger
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_jobs bigint[];
+    v_workflows bigint[];
+    v_steps text[];
+BEGIN
+    SELECT array_agg(g.job_id) INTO v_jobs FROM gone g
+    WHERE NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs x WHERE x.job_id = g.job_id);
+    IF v_jobs IS NULL OR NOT __S__.lock_workflows_of(v_jobs) THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(d.workflow_id), array_agg(d.step) INTO v_workflows, v_steps
+    FROM __S__.workflow_steps s
+    JOIN __S__.workflow_edges e ON e.workflow_id = s.workflow_id AND e.depends_on = s.step
+    JOIN __S__.workflow_steps d ON d.workflow_id = e.workflow_id AND d.step = e.step
+    WHERE s.job_id = ANY (v_jobs) AND d.on_dependency_failure = 'hold'
+      AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = d.workflow_id AND r.step = d.step)
+      AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = d.workflow_id AND r.step = d.step);
+    IF v_steps IS NOT NULL THEN
+        PERFORM __S__.workflow_settle_many(v_workflows, v_steps, array_fill(0::bigint, ARRAY[cardinality(v_steps)]),
+                                          array_fill('cancelled'::text, ARRAY[cardinality(v_steps)]));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER workflow_dead_letter_gone AFTER DELETE ON __S__.dlq_entries
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION __S__.workflow_dead_letter_gone();

@@ -692,16 +692,26 @@ fn workflow_columns(steps: &[crate::StepStatus]) -> Vec<Vec<&crate::StepStatus>>
         .map(|(i, s)| (s.step.as_str(), i))
         .collect();
     let mut depth = vec![0usize; steps.len()];
-    // steps come in the order they were added, and a step is added after what it depends on, so
-    // one pass in that order sees every dependency's depth first
-    for (i, step) in steps.iter().enumerate() {
-        depth[i] = step
-            .depends_on
-            .iter()
-            .filter_map(|d| index.get(d.as_str()))
-            .map(|&j| depth[j] + 1)
-            .max()
-            .unwrap_or(0);
+    // one call may add a step before the steps it depends on: relax until nothing moves (a
+    // workflow has no cycle, so at most one pass per step)
+    for _ in 0..steps.len() {
+        let mut moved = false;
+        for (i, step) in steps.iter().enumerate() {
+            let d = step
+                .depends_on
+                .iter()
+                .filter_map(|d| index.get(d.as_str()))
+                .map(|&j| depth[j] + 1)
+                .max()
+                .unwrap_or(0);
+            if d != depth[i] {
+                depth[i] = d;
+                moved = true;
+            }
+        }
+        if !moved {
+            break;
+        }
     }
     let mut columns: Vec<Vec<&crate::StepStatus>> =
         vec![Vec::new(); depth.iter().max().map_or(0, |d| d + 1)];

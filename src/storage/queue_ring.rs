@@ -373,7 +373,12 @@ impl Storage {
                 duplicate: !inserted,
             };
         }
-        // Jobs of a sequence one statement each, in input order (their order in their key)
+        // Jobs of a sequence one statement each, keys in order (two producers appending to the
+        // same keys take their locks in the same order), each key's jobs in input order
+        sequenced.sort_by(|a, b| {
+            let key = |i: &usize| jobs[*i].sequence.as_ref().map(|(k, _)| k.clone());
+            key(a).cmp(&key(b))
+        });
         for index in sequenced {
             let job = &jobs[index];
             let Some((key, on_failure)) = &job.sequence else {

@@ -17,6 +17,9 @@
 //! | `Rescue(i)` | stale rescue of the dependency's attempt: it runs again, not final |
 //! | `SealLock`, `Seal`, `SealCommit` | `seal_batch` → `workflow_add_steps`: edges, arrivals of final members |
 //!
+//! A rescue changes nothing of the release (it writes no result): the model checks that a release
+//! still comes after one, not the rescue's own race with a completion (`tests/model.rs`).
+//!
 //! Safety, in every reachable state: the step is released at most once, never before both
 //! dependencies are final (committed), and once everything has committed it has been released.
 //! Each broken variant must produce a counterexample: releasing early, checking after the commit
@@ -46,7 +49,11 @@ enum Phase {
 enum SealPhase {
     Open,
     Locked,
-    Wrote { arrivals: u8, release: bool },
+    /// The seal's statement saw these members final (its snapshot): they arrive with its commit.
+    Wrote {
+        seen_final: [bool; 2],
+        release: bool,
+    },
     Sealed,
 }
 
@@ -208,16 +215,22 @@ impl Model for ReleaseModel {
             }
             Action::Seal => {
                 // edges written now; the members already final (committed) arrive at once
-                let arrivals = s.final_.iter().filter(|f| **f).count() as u8;
                 n.seal = SealPhase::Wrote {
-                    arrivals,
-                    release: arrivals == 2,
+                    seen_final: s.final_,
+                    release: s.final_.iter().all(|f| *f),
                 };
             }
             Action::SealCommit => {
-                if let SealPhase::Wrote { release, .. } = s.seal {
+                if let SealPhase::Wrote {
+                    seen_final,
+                    release,
+                } = s.seal
+                {
                     n.edges = true;
-                    n.arrived = s.final_;
+                    // what its statement saw, not what committed since (that is the race)
+                    for (arrived, seen) in n.arrived.iter_mut().zip(seen_final) {
+                        *arrived |= seen;
+                    }
                     if release {
                         n.released = (n.released + 1).min(2);
                     }

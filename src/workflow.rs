@@ -50,7 +50,8 @@ impl DependencyFailure {
         }
     }
 
-    fn parse(name: &str) -> Self {
+    /// The policy a database name stands for (`cancel` for anything unknown).
+    pub(crate) fn parse(name: &str) -> Self {
         match name {
             "run" => Self::Run,
             "hold" => Self::Hold,
@@ -117,7 +118,7 @@ impl Workflow {
 
     /// The steps as the SQL API takes them (`enqueue_workflow`, `workflow_add_steps`), after the
     /// checks that need no database: every job valid, names unique, no step depending on itself
-    /// or on an unknown step of this call unless `known_elsewhere`, and no cycle.
+    /// or (unless `adding` to a workflow that may have it) on a step not in this call, no cycle.
     pub(crate) fn to_json(&self, adding: bool) -> Result<serde_json::Value> {
         if self.steps.is_empty() {
             return Err(Error::Config("a workflow needs at least one step".into()));
@@ -463,8 +464,4 @@ impl WorkflowStatus {
     pub fn step(&self, name: &str) -> Option<&StepStatus> {
         self.steps.iter().find(|s| s.step == name)
     }
-}
-
-pub(crate) fn parse_policy(name: &str) -> DependencyFailure {
-    DependencyFailure::parse(name)
 }

@@ -63,37 +63,7 @@ async fn ring_tables_gain_no_dead_tuples_from_enqueue_claim_complete() {
     running.shutdown(Duration::from_secs(10)).await;
     assert!(all_done, "completed {}", metrics.completed());
 
-    // Closing every connection makes each backend flush its statistics on exit; then wait until
-    // the inserts are visible in the statistics before reading the dead-tuple counts.
-    let url = db.url.clone();
-    let schema = db.schema.clone();
-    db.pool.close().await;
-    let pool = TestDb::connect(&url, 2).await;
-    let flushed = eventually(Duration::from_secs(30), || {
-        let pool = pool.clone();
-        let schema = schema.clone();
-        async move {
-            let inserted: i64 = sqlx::query_scalar(
-                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
-                 WHERE schemaname = $1 AND relname LIKE 'ready_entries%'",
-            )
-            .bind(schema.as_str())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            inserted >= 20_100
-        }
-    })
-    .await;
-    assert!(flushed, "statistics never caught up");
-    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT relname::text, n_dead_tup, n_tup_upd, n_tup_del, n_tup_ins FROM pg_stat_user_tables
-         WHERE schemaname = $1",
-    )
-    .bind(schema.as_str())
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let (pool, schema, rows) = flushed_table_stats(db, "ready_entries%", 20_100).await;
     let mut ring_inserts = 0;
     for (table, dead, updated, deleted, inserted) in &rows {
         let class = churn_class(table)
@@ -115,6 +85,51 @@ async fn ring_tables_gain_no_dead_tuples_from_enqueue_claim_complete() {
         .execute(&pool)
         .await
         .unwrap();
+}
+
+/// Every table's dead tuples, updates, deletes and inserts, once the statistics show at least
+/// `at_least` inserts into the tables named like `tables`. Closing every connection of the test's
+/// pool makes each backend flush its statistics on exit; returns a fresh pool and the schema.
+async fn flushed_table_stats(
+    db: TestDb,
+    tables: &str,
+    at_least: i64,
+) -> (
+    sqlx::PgPool,
+    ringwork::SchemaName,
+    Vec<(String, i64, i64, i64, i64)>,
+) {
+    let url = db.url.clone();
+    let schema = db.schema.clone();
+    db.pool.close().await;
+    let pool = TestDb::connect(&url, 2).await;
+    let flushed = eventually(Duration::from_secs(30), || {
+        let pool = pool.clone();
+        let schema = schema.clone();
+        async move {
+            let inserted: i64 = sqlx::query_scalar(
+                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
+                 WHERE schemaname = $1 AND relname LIKE $2",
+            )
+            .bind(schema.as_str())
+            .bind(tables)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            inserted >= at_least
+        }
+    })
+    .await;
+    assert!(flushed, "statistics never caught up");
+    let rows = sqlx::query_as(
+        "SELECT relname::text, n_dead_tup, n_tup_upd, n_tup_del, n_tup_ins FROM pg_stat_user_tables
+         WHERE schemaname = $1",
+    )
+    .bind(schema.as_str())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    (pool, schema, rows)
 }
 
 const NO_WAIT: Duration = Duration::from_millis(25);
@@ -298,36 +313,8 @@ async fn workflows_batches_and_sequences_update_and_delete_nothing_while_they_ru
     running.shutdown(Duration::from_secs(10)).await;
     assert!(all_done, "completed {} of {expected}", metrics.completed());
 
-    let url = db.url.clone();
-    let schema = db.schema.clone();
-    db.pool.close().await;
-    let pool = TestDb::connect(&url, 2).await;
-    let flushed = eventually(Duration::from_secs(30), || {
-        let pool = pool.clone();
-        let schema = schema.clone();
-        async move {
-            let inserted: i64 = sqlx::query_scalar(
-                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
-                 WHERE schemaname = $1 AND relname = 'workflow_results'",
-            )
-            .bind(schema.as_str())
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            inserted >= expected as i64
-        }
-    })
-    .await;
-    assert!(flushed, "statistics never caught up");
-    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT relname::text, n_dead_tup, n_tup_upd, n_tup_del FROM pg_stat_user_tables
-         WHERE schemaname = $1",
-    )
-    .bind(schema.as_str())
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    for (table, dead, updated, deleted) in &rows {
+    let (pool, schema, rows) = flushed_table_stats(db, "workflow_results", expected as i64).await;
+    for (table, dead, updated, deleted, _) in &rows {
         let class = churn_class(table).unwrap_or_else(|| panic!("{table} has no churn class"));
         // the ring never; the workflow tables only append while workflows run (retention deletes
         // finished ones later, a handler's output is an upsert)

@@ -1094,21 +1094,18 @@ async fn a_sequence_continues_holds_or_cancels_after_a_failure_by_policy() {
     let next = claim_ns(&storage).await;
     assert_eq!(next.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![2]);
     let ids: Vec<i64> = heads.iter().map(|(_, c)| c.job_id).collect();
-    let state_of_n = |n: i64| {
-        let db = &db;
-        async move {
-            let id = db
-                .scalar_i64(&format!(
-                    "SELECT job_id FROM {{s}}.workflow_steps WHERE (args->>'n')::int = {n}"
-                ))
-                .await;
-            state(db, id).await
-        }
-    };
-    assert_eq!(state_of_n(4).await, "pending");
-    assert_eq!(state_of_n(5).await, "pending");
-    assert_eq!(state_of_n(7).await, "cancelled");
-    assert_eq!(state_of_n(8).await, "cancelled");
+    for (n, expected) in [
+        (4, "pending"),
+        (5, "pending"),
+        (7, "cancelled"),
+        (8, "cancelled"),
+    ] {
+        assert_eq!(
+            state(&db, job_of_n(&db, n).await).await,
+            expected,
+            "job {n}"
+        );
+    }
     // the operator retries held's head; once it completes the sequence goes on in order
     assert!(storage.dlq_retry(ids[1]).await.unwrap());
     storage.promote_due(10).await.unwrap();

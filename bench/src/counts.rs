@@ -20,19 +20,23 @@ pub struct CountsConfig {
     pub keep_schema: bool,
 }
 
-pub async fn run(config: CountsConfig) -> Result<String> {
-    let embedded = match &config.database_url {
-        Some(_) => None,
+/// The server to measure: `database_url`, or else a throwaway cluster with production defaults,
+/// kept running as long as the returned handle lives.
+pub fn server(database_url: &Option<String>) -> Result<(Option<EmbeddedPostgres>, String)> {
+    match database_url {
+        Some(url) => Ok((None, url.clone())),
         None => {
             eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster (autovacuum on)…");
-            Some(EmbeddedPostgres::start().map_err(|e| ringwork::Error::Config(e.to_string()))?)
+            let pg =
+                EmbeddedPostgres::start().map_err(|e| ringwork::Error::Config(e.to_string()))?;
+            let url = pg.url();
+            Ok((Some(pg), url))
         }
-    };
-    let url = match (&config.database_url, &embedded) {
-        (Some(url), _) => url.clone(),
-        (None, Some(pg)) => pg.url(),
-        (None, None) => unreachable!("one of the two is set above"),
-    };
+    }
+}
+
+pub async fn run(config: CountsConfig) -> Result<String> {
+    let (embedded, url) = server(&config.database_url)?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect(&url)

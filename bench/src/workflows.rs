@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ringwork::embedded::EmbeddedPostgres;
 use ringwork::{Client, JobContext, NewJob, QueueConfig, Result, SchemaName, Step, Workflow};
 use serde::{Deserialize, Serialize};
 
@@ -47,18 +46,7 @@ struct Seen {
 }
 
 pub async fn run(config: WorkflowsConfig) -> Result<String> {
-    let embedded = match &config.database_url {
-        Some(_) => None,
-        None => {
-            eprintln!("no DATABASE_URL: starting a throwaway PostgreSQL cluster (autovacuum on)…");
-            Some(EmbeddedPostgres::start().map_err(|e| ringwork::Error::Config(e.to_string()))?)
-        }
-    };
-    let url = match (&config.database_url, &embedded) {
-        (Some(url), _) => url.clone(),
-        (None, Some(pg)) => pg.url(),
-        (None, None) => unreachable!("one of the two is set above"),
-    };
+    let (_embedded, url) = crate::counts::server(&config.database_url)?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(16)
         .connect(&url)

@@ -7,9 +7,10 @@
 -- settlement appends evidence (workflow_results, workflow_arrivals) under the workflow's advisory
 -- lock; the arrival whose number equals a dependent's dependency count releases it, once.
 --
--- Lock order: a workflow's lock before any attempt lock. complete_batch, close_batch and cancel_job
--- take the workflow locks of their jobs first (lock_workflows_of), so cancel_workflow, which holds
--- the workflow lock while it cancels the running steps, never waits in a cycle with a completion.
+-- Lock order: a sequence key's lock, then a workflow's, then attempt locks. complete_batch,
+-- close_batch, cancel_job, resolve_callback and dlq_retry take the workflow locks of their jobs first
+-- (lock_workflows_of), and rescue tries them first, so cancel_workflow, which holds the workflow lock
+-- while it cancels the running steps, never waits in a cycle with a completion.
 --
 -- JIT is off in this plane's functions: their statements over a call's JSON steps are estimated
 -- far above jit_above_cost, and compiling them took ten times longer than running them. And they
@@ -761,17 +762,26 @@ BEGIN
 END
 $$;
 
--- Members added to an open batch; their job ids, in order.
-CREATE OR REPLACE FUNCTION __S__.batch_add(p_batch_id bigint, p_members jsonb) RETURNS SETOF bigint
-LANGUAGE plpgsql SET jit = off AS $$
+-- Lock a batch that is still open (no callback step yet), or refuse: 'ringwork: batch N is sealed'
+-- followed by p_refusal.
+CREATE OR REPLACE FUNCTION __S__.lock_open_batch(p_batch_id bigint, p_refusal text) RETURNS void
+LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM __S__.lock_workflow(p_batch_id);
     IF NOT EXISTS (SELECT 1 FROM __S__.workflow_batches b WHERE b.workflow_id = p_batch_id) THEN
         RAISE EXCEPTION 'ringwork: no batch %', p_batch_id USING ERRCODE = 'P0002';
     END IF;
     IF EXISTS (SELECT 1 FROM __S__.workflow_steps s WHERE s.workflow_id = p_batch_id AND s.step = 'callback') THEN
-        RAISE EXCEPTION 'ringwork: batch % is sealed: no members can be added', p_batch_id USING ERRCODE = '22023';
+        RAISE EXCEPTION 'ringwork: batch % is sealed%', p_batch_id, p_refusal USING ERRCODE = '22023';
     END IF;
+END
+$$;
+
+-- Members added to an open batch; their job ids, in order.
+CREATE OR REPLACE FUNCTION __S__.batch_add(p_batch_id bigint, p_members jsonb) RETURNS SETOF bigint
+LANGUAGE plpgsql SET jit = off AS $$
+BEGIN
+    PERFORM __S__.lock_open_batch(p_batch_id, ': no members can be added');
     RETURN QUERY SELECT a.job_id FROM __S__.workflow_add_steps(p_batch_id, __S__.batch_steps(p_members)) a;
 END
 $$;
@@ -784,13 +794,7 @@ LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
     v_members jsonb;
 BEGIN
-    PERFORM __S__.lock_workflow(p_batch_id);
-    IF NOT EXISTS (SELECT 1 FROM __S__.workflow_batches b WHERE b.workflow_id = p_batch_id) THEN
-        RAISE EXCEPTION 'ringwork: no batch %', p_batch_id USING ERRCODE = 'P0002';
-    END IF;
-    IF EXISTS (SELECT 1 FROM __S__.workflow_steps s WHERE s.workflow_id = p_batch_id AND s.step = 'callback') THEN
-        RAISE EXCEPTION 'ringwork: batch % is sealed already', p_batch_id USING ERRCODE = '22023';
-    END IF;
+    PERFORM __S__.lock_open_batch(p_batch_id, ' already');
     IF p_success_only IS NULL THEN
         RAISE EXCEPTION 'ringwork: success_only must be true or false, not NULL' USING ERRCODE = '22023';
     END IF;

@@ -126,7 +126,7 @@ impl Storage {
                 kind: row.try_get("kind")?,
                 state: state.parse::<JobStatus>()?,
                 depends_on: row.try_get("depends_on")?,
-                on_dependency_failure: crate::workflow::parse_policy(&policy),
+                on_dependency_failure: crate::DependencyFailure::parse(&policy),
                 finished_at,
             });
         }

@@ -79,6 +79,16 @@ async fn a_claim_is_stale_and_a_scheduled_job_due_once_the_clock_passes_them() {
     db.cleanup().await;
 }
 
+/// The current slots were opened when the test database's template was made: write both (job 1,
+/// claimed) and rotate them on to slots opened now, which nothing has written.
+async fn move_to_fresh_slots(db: &TestDb) {
+    let storage = db.storage();
+    enqueue(db, vec![job(1)]).await;
+    assert_eq!(storage.claim("default", 1, None).await.unwrap().len(), 1);
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+}
+
 /// A ring slot's age is on the engine clock, and so is the time a rotation records: a slot
 /// opened an hour ago on the clock rotates, one opened after the clock moved does not. A job whose
 /// `run_at` the clock has passed is enqueued ready, not scheduled.
@@ -87,12 +97,8 @@ async fn rotation_ages_and_an_enqueues_run_at_follow_the_clock() {
     let db = TestDb::new().await;
     let storage = db.storage();
     let hour = Duration::from_secs(3600);
-    // both current slots hold a claim, so both may rotate once old enough; they were opened when
-    // the test database's template was made, so move on to slots opened now first
-    enqueue(&db, vec![job(1)]).await;
-    assert_eq!(storage.claim("default", 1, None).await.unwrap().len(), 1);
-    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
-    assert!(storage.rotate_claim_ring(Duration::ZERO).await.unwrap());
+    // both current slots hold a claim, so both may rotate once old enough
+    move_to_fresh_slots(&db).await;
     enqueue(&db, vec![job(2), job(3)]).await;
     let first = storage.claim("default", 1, None).await.unwrap();
     assert_eq!(first.len(), 1);
@@ -138,5 +144,60 @@ async fn rotation_ages_and_an_enqueues_run_at_follow_the_clock() {
         "available",
         "ready at once, not scheduled"
     );
+    db.cleanup().await;
+}
+
+/// `rotation_due` (what the maintenance leader reads instead of trying three rotations) says zero
+/// exactly when a rotation can move a ring, how long until then while a written slot is young,
+/// and nothing while no ring's current slot was written.
+#[tokio::test]
+async fn rotation_due_agrees_with_the_rotations() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let hour = Duration::from_secs(3600);
+    move_to_fresh_slots(&db).await;
+    let idle = storage.rotation_due(hour).await.unwrap();
+    assert_eq!(idle, None, "no current slot written");
+    db.advance_clock(2 * hour).await;
+    assert_eq!(
+        storage.rotation_due(hour).await.unwrap(),
+        None,
+        "old, but unwritten"
+    );
+    assert!(!storage.rotate_queue_ring(hour).await.unwrap());
+    assert!(!storage.rotate_claim_ring(hour).await.unwrap());
+    // written: due an hour after the slot opened, which the clock has passed
+    enqueue(&db, vec![job(2)]).await;
+    assert_eq!(
+        storage.rotation_due(hour).await.unwrap(),
+        Some(Duration::ZERO)
+    );
+    assert!(storage.rotate_queue_ring(hour).await.unwrap());
+    // the claim ring is unwritten and the queue ring's new slot too
+    assert_eq!(storage.rotation_due(hour).await.unwrap(), None);
+    // a claim writes the claim ring's old slot: due now; once rotated, the new slots are young
+    assert_eq!(storage.claim("default", 1, None).await.unwrap().len(), 1);
+    assert_eq!(
+        storage.rotation_due(hour).await.unwrap(),
+        Some(Duration::ZERO)
+    );
+    assert!(storage.rotate_claim_ring(hour).await.unwrap());
+    enqueue(&db, vec![job(3)]).await;
+    let due = storage
+        .rotation_due(hour)
+        .await
+        .unwrap()
+        .expect("a written slot");
+    assert!(
+        due > hour - Duration::from_secs(60) && due <= hour,
+        "young: due in {due:?}"
+    );
+    assert!(!storage.rotate_queue_ring(hour).await.unwrap(), "young");
+    db.advance_clock(hour).await;
+    assert_eq!(
+        storage.rotation_due(hour).await.unwrap(),
+        Some(Duration::ZERO)
+    );
+    assert!(storage.rotate_queue_ring(hour).await.unwrap());
     db.cleanup().await;
 }

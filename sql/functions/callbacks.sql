@@ -104,6 +104,7 @@ BEGIN
         VALUES (l.job_id, l.queue, l.kind, l.args, l.priority,
                 CASE WHEN v_action = 'resume' THEN l.attempt - 1 ELSE l.attempt END, l.run_lease, l.max_attempts,
                 __S__.engine_now(), l.created_at, v_error, l.timeout_ms, l.traceparent);
+        PERFORM __S__.wake_promotion();
     ELSE
         RAISE EXCEPTION 'unknown callback action %', v_action USING ERRCODE = '22023';
     END IF;
@@ -307,6 +308,25 @@ BEGIN
     INSERT INTO __S__.lease_ring_ledger (lease_slot, generation, opened_at) VALUES (v_next, v_generation, v_now);
     PERFORM setval('__S__.lease_ring_current', v_next, true);
     RETURN 'rotated';
+END
+$$;
+
+-- How long until rotate_lease_ring could turn the ring (zero: now), by the conditions it checks;
+-- NULL while the ring's current slot was never written and no lease is held (rotate.sql's
+-- rotation_due).
+CREATE OR REPLACE FUNCTION __S__.lease_rotation_due(p_min_age interval, p_now timestamptz) RETURNS interval
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_cur int := pg_sequence_last_value('__S__.lease_ring_current')::int;
+    v_opened timestamptz;
+BEGIN
+    IF pg_relation_size(format('%I.%I', '__S__', 'leases_' || v_cur)) = 0
+       AND NOT EXISTS (SELECT 1 FROM __S__.leases l) THEN
+        RETURN NULL;
+    END IF;
+    SELECT max(g.opened_at) INTO v_opened FROM __S__.lease_ring_ledger g WHERE g.lease_slot = v_cur;
+    -- no opening on record reads as old (rotate_lease_ring's comparison with NULL)
+    RETURN coalesce(v_opened + p_min_age - p_now, interval '0');
 END
 $$;
 

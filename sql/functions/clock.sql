@@ -34,6 +34,9 @@ BEGIN
     INSERT INTO __S__.clock_offset AS c (only_row, offset_us) VALUES (true, v_us)
     ON CONFLICT (only_row) DO UPDATE SET offset_us = c.offset_us + excluded.offset_us
     RETURNING offset_us INTO v_offset;
+    -- the maintenance leader paces its services by what it last saw on this clock: now moved, all
+    -- of them are due (src/maintenance/runner.rs)
+    PERFORM pg_notify('ringwork___S___maintenance', 'clock');
     RETURN make_interval(secs => v_offset / 1e6);
 END
 $$;

@@ -202,6 +202,10 @@ BEGIN
            EXISTS (SELECT 1 FROM open o WHERE o.receipt_id = i.receipt_id AND o.claim_slot = i.claim_slot
                           AND o.job_id = i.job_id AND o.run_lease = i.run_lease)
     FROM input i;
+    -- a retry or a snooze is due later, and the maintenance leader may sleep past it unless told
+    IF EXISTS (SELECT 1 FROM __S__.deferred_jobs d WHERE d.job_id = ANY (p_job_ids)) THEN
+        PERFORM __S__.wake_promotion();
+    END IF;
 END
 $$;
 

@@ -104,6 +104,9 @@ BEGIN
         IF v_old_path IS NOT NULL AND v_old_path IS DISTINCT FROM p_key_path THEN
             UPDATE __S__.deferred_jobs d SET held_key = NULL, run_at = d.created_at
             WHERE d.queue = p_queue AND d.held_key IS NOT NULL;
+            IF FOUND THEN
+                PERFORM __S__.wake_promotion();
+            END IF;
         END IF;
         PERFORM pg_notify('ringwork___S__', p_queue);
         RETURN true;
@@ -380,6 +383,7 @@ BEGIN
             WHERE d.job_id = v_job AND d.run_at > __S__.engine_now();
             IF FOUND THEN
                 retried := retried + 1;
+                PERFORM __S__.wake_promotion();
             END IF;
         END IF;
     END LOOP;
@@ -422,6 +426,10 @@ BEGIN
     -- already due (not yet promoted) counts as retried: it runs at the next promotion
     UPDATE __S__.deferred_jobs d SET run_at = least(d.run_at, __S__.engine_now())
     WHERE d.job_id = p_job_id AND d.held_key IS NULL;
-    RETURN CASE WHEN FOUND THEN 'retried' ELSE 'not_retryable' END;
+    IF FOUND THEN
+        PERFORM __S__.wake_promotion();
+        RETURN 'retried';
+    END IF;
+    RETURN 'not_retryable';
 END
 $$;

@@ -26,6 +26,7 @@ BEGIN
                                      run_at, created_at, last_error, timeout_ms, traceparent)
     VALUES (v.job_id, v.queue, v.kind, v.args, v.priority, 0, v.run_lease, v.max_attempts, now(),
             v.created_at, v.error, v.timeout_ms, v.traceparent);
+    PERFORM __S__.wake_promotion();
     DELETE FROM __S__.dlq_entries WHERE job_id = p_job_id;
     RETURN true;
 END

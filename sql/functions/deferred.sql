@@ -5,12 +5,23 @@
 -- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 
+-- Tell the maintenance leader that a deferred job may be due sooner than it knows. Between
+-- promotions the leader sleeps until the earliest run_at it saw (promote_due's next_due_in), or at
+-- most a few seconds while its process LISTENs (src/maintenance/runner.rs); every statement that
+-- inserts a deferred job that is not held, or moves a run_at earlier, calls this, so such a job is
+-- still promoted within a tick of being due. Delivered at commit, once per transaction.
+CREATE OR REPLACE FUNCTION __S__.wake_promotion() RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('ringwork___S___maintenance', 'deferred')
+$$;
+
 CREATE OR REPLACE FUNCTION __S__.schedule_jobs(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
                                     p_max_attempts int[], p_run_at timestamptz[], p_timeouts_ms int[],
                                     p_traceparents text[])
 RETURNS SETOF bigint
 LANGUAGE sql AS $$
     SELECT __S__.ensure_lane(p_queue, p_priority);
+    SELECT __S__.wake_promotion();
     INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
                                      run_at, created_at, timeout_ms, traceparent)
     SELECT nextval('__S__.job_ids'), p_queue, k, a, p_priority, 0, 0, m, r, now(), t, __S__.traceparent_bytes(tp)
@@ -83,28 +94,31 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION __S__.promote_due(p_limit int) RETURNS int
+-- Move up to p_limit due deferred jobs to the queue ring; next_due_in is how long until the
+-- earliest deferred job left is due (at most zero when some are due already: the batch was full;
+-- NULL when none waits; a job held under a key limit waits at 9999-01-01, never due).
+CREATE OR REPLACE FUNCTION __S__.promote_due(p_limit int, OUT promoted int, OUT next_due_in interval)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_group record;
     v_ids bigint[];
-    v_total int := 0;
     v_now timestamptz := __S__.engine_now();
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM __S__.deferred_jobs WHERE run_at <= v_now) THEN
-        RETURN 0;
+    promoted := 0;
+    IF EXISTS (SELECT 1 FROM __S__.deferred_jobs WHERE run_at <= v_now) THEN
+        FOR v_group IN SELECT DISTINCT d.queue, d.priority FROM __S__.deferred_jobs d WHERE d.run_at <= v_now LOOP
+            EXIT WHEN promoted >= p_limit;
+            SELECT array_agg(x.job_id ORDER BY x.run_at, x.job_id) INTO v_ids
+            FROM (SELECT d.job_id, d.run_at FROM __S__.deferred_jobs d
+                  WHERE d.queue = v_group.queue AND d.priority = v_group.priority AND d.run_at <= v_now
+                  ORDER BY d.run_at, d.job_id LIMIT p_limit - promoted FOR UPDATE SKIP LOCKED) x;
+            CONTINUE WHEN v_ids IS NULL;
+            PERFORM __S__.promote_jobs(v_group.queue, v_group.priority, v_ids);
+            promoted := promoted + cardinality(v_ids);
+        END LOOP;
     END IF;
-    FOR v_group IN SELECT DISTINCT d.queue, d.priority FROM __S__.deferred_jobs d WHERE d.run_at <= v_now LOOP
-        EXIT WHEN v_total >= p_limit;
-        SELECT array_agg(x.job_id ORDER BY x.run_at, x.job_id) INTO v_ids
-        FROM (SELECT d.job_id, d.run_at FROM __S__.deferred_jobs d
-              WHERE d.queue = v_group.queue AND d.priority = v_group.priority AND d.run_at <= v_now
-              ORDER BY d.run_at, d.job_id LIMIT p_limit - v_total FOR UPDATE SKIP LOCKED) x;
-        CONTINUE WHEN v_ids IS NULL;
-        PERFORM __S__.promote_jobs(v_group.queue, v_group.priority, v_ids);
-        v_total := v_total + cardinality(v_ids);
-    END LOOP;
-    RETURN v_total;
+    -- the first entry of deferred_jobs_due; rows locked by another promotion count as waiting
+    next_due_in := (SELECT d.run_at FROM __S__.deferred_jobs d ORDER BY d.run_at, d.job_id LIMIT 1) - v_now;
 END
 $$;
 
@@ -112,6 +126,7 @@ $$;
 -- an operator's "run now", and how a test drains retries without waiting out their backoff.
 CREATE OR REPLACE FUNCTION __S__.run_deferred_now(p_queue text) RETURNS int
 LANGUAGE sql AS $$
+    SELECT __S__.wake_promotion();
     WITH due AS (
         UPDATE __S__.deferred_jobs d SET run_at = __S__.engine_now()
         WHERE d.queue = p_queue AND d.run_at > __S__.engine_now() AND d.held_key IS NULL RETURNING 1

@@ -89,6 +89,41 @@ BEGIN
 END
 $$;
 
+-- How long until a rotate_* call could move a ring (the queue ring, the claim ring, the lease ring of
+-- callbacks.sql): zero when one could now (or a ring's sequence needs the repair above), NULL when
+-- every ring's current slot is unused (a rotation is then due only once something is written).
+-- Read-only, on the engine's clock, with the same conditions as the rotations themselves, so the
+-- maintenance leader looks once instead of trying three rotations at every pace (runner.rs).
+CREATE OR REPLACE FUNCTION __S__.rotation_due(p_min_age interval) RETURNS interval
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_queue record;
+    v_claim record;
+    v_due interval;
+    v_now timestamptz := __S__.engine_now();
+BEGIN
+    SELECT * INTO v_queue FROM __S__.queue_ring_slots WHERE state = 'current';
+    SELECT * INTO v_claim FROM __S__.claim_ring_slots WHERE state = 'current';
+    IF pg_sequence_last_value('__S__.queue_ring_current') IS DISTINCT FROM v_queue.slot
+       OR pg_sequence_last_value('__S__.claim_ring_current') IS DISTINCT FROM v_claim.slot THEN
+        RETURN interval '0';
+    END IF;
+    IF EXISTS (SELECT 1 FROM __S__.ready_segments WHERE ready_slot = v_queue.slot)
+       OR EXISTS (SELECT 1 FROM __S__.done_entries WHERE ready_slot = v_queue.slot)
+       OR EXISTS (SELECT 1 FROM __S__.receipt_completion_batches WHERE ready_slot = v_queue.slot)
+       OR EXISTS (SELECT 1 FROM __S__.ready_claim_attempt_batches WHERE ready_slot = v_queue.slot) THEN
+        v_due := v_queue.state_since + p_min_age - v_now;
+    END IF;
+    IF EXISTS (SELECT 1 FROM __S__.lease_claim_batches WHERE claim_slot = v_claim.slot)
+       OR EXISTS (SELECT 1 FROM __S__.lease_claims WHERE claim_slot = v_claim.slot) THEN
+        v_due := least(v_due, v_claim.state_since + p_min_age - v_now);
+    END IF;
+    v_due := least(v_due, __S__.lease_rotation_due(p_min_age, v_now));
+    -- greatest() ignores a NULL: nothing written stays NULL
+    RETURN CASE WHEN v_due IS NOT NULL THEN greatest(v_due, interval '0') END;
+END
+$$;
+
 -- The current slot, for the hot paths: a sequence read, no table and no lock on a ring child. A
 -- sequence that was never set (a database restored from a dump taken before its first setval) falls
 -- back to the ledger; PL/pgSQL plans that statement only when it runs, so the hot path never locks

@@ -1,5 +1,5 @@
 //! Maintenance: one process per schema, elected by a session advisory lock (`runner`), runs the
-//! services below on every tick, each in a file of its own:
+//! services below, each at its own pace (`runner::Pacing`) and in a file of its own:
 //! - `rotate`: moves each ring's write slot on once it is old enough and in use;
 //! - `rescue`: closes and re-queues stale and past-deadline claims (the gating step for prune);
 //! - `prune`: truncates sealed slots whose two-phase proof passes, any slot, not only the oldest;
@@ -16,6 +16,7 @@ mod retention;
 mod rotate;
 mod runner;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -169,7 +170,8 @@ pub struct TickReport {
     pub rescued: i32,
     /// Waits for a callback that timed out and were ended (retried, or failed).
     pub callbacks_timed_out: i32,
-    /// `rotated`, `young`, `empty` or `busy` (the lease ring).
+    /// `rotated`, `young`, `empty` or `busy` (the lease ring); `not due` when no ring could rotate
+    /// and no rotation was tried.
     pub lease_ring: String,
     /// Dead-letter entries deleted past `dlq_retention` (at most `promote_batch`).
     pub dlq_expired: i32,
@@ -183,6 +185,12 @@ pub struct TickReport {
     pub totals_buckets_folded: i32,
     /// Sealed slots left for a later tick: (ring, reason), the reason as `PruneResult::Skipped`.
     pub prune_skips: Vec<(&'static str, String)>,
+    /// When this tick promoted: how long until the earliest deferred job left is due (`None`: none
+    /// waits). The leader sleeps that long before promoting again, unless told of a sooner one.
+    pub next_promotion_in: Option<Duration>,
+    /// When this tick looked at rotation: how long until a ring could rotate, as it was before any
+    /// rotation this tick (zero: the tick tried them; `None`: no ring's current slot was written).
+    pub rotation_due_in: Option<Duration>,
 }
 
 impl TickReport {
@@ -204,9 +212,12 @@ impl TickReport {
     }
 }
 
-/// The services a pass runs besides promotion, which runs in every pass.
+/// The services a pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Services {
+    /// Promotion also runs in any pass whose rescue closed an attempt or whose prune reclaimed a
+    /// queue slot: both can leave due jobs in `deferred_jobs` without telling anyone.
+    pub(crate) promote: bool,
     pub(crate) rotate: bool,
     pub(crate) rescue: bool,
     /// Prune also runs in any pass whose rotation sealed a slot.
@@ -216,6 +227,7 @@ pub(crate) struct Services {
 
 impl Services {
     pub(crate) const ALL: Self = Self {
+        promote: true,
         rotate: true,
         rescue: true,
         prune: true,
@@ -223,19 +235,36 @@ impl Services {
     };
 }
 
+/// What the process's LISTEN (runtime/notifier.rs) tells its maintenance loop between ticks.
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    /// A deferred job may be due sooner than the last promotion saw (`wake_promotion()`).
+    pub(crate) deferred: AtomicBool,
+    /// The engine's clock moved (`advance_clock`): every service's pace was measured on it.
+    pub(crate) clock: AtomicBool,
+}
+
+impl Signals {
+    /// Notifications may have been sent while nobody listened: act as if both arrived.
+    pub(crate) fn missed(&self) {
+        self.deferred.store(true, Ordering::Relaxed);
+        self.clock.store(true, Ordering::Relaxed);
+    }
+}
+
 /// One maintenance pass: every service once, in the order that lets each help the next. Operators
 /// and tests drive it by hand through [`crate::Admin::run_maintenance`] (`ringwork maintain`).
 pub(crate) async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickReport> {
-    pass(storage, config, Services::ALL).await
+    Ok(pass(storage, config, Services::ALL).await?.0)
 }
 
-/// A pass of promotion and the given services, in the order that lets each help the next. The
-/// leader's loop chooses the services at each tick (runner.rs).
+/// A pass of the given services, in the order that lets each help the next, and the services it
+/// ran (promotion may have been added). The leader's loop chooses them at each tick (runner.rs).
 pub(crate) async fn pass(
     storage: &Storage,
     config: &MaintenanceConfig,
-    services: Services,
-) -> Result<TickReport> {
+    mut services: Services,
+) -> Result<(TickReport, Services)> {
     let mut report = TickReport::default();
     if services.rotate {
         rotate::run(storage, config, &mut report).await?;
@@ -250,6 +279,11 @@ pub(crate) async fn pass(
     if services.retention {
         retention::run(storage, config, &mut report).await?;
     }
-    promote::run(storage, config, &mut report).await?;
-    Ok(report)
+    services.promote |= report.rescued > 0
+        || report.callbacks_timed_out > 0
+        || !report.pruned_queue_slots.is_empty();
+    if services.promote {
+        promote::run(storage, config, &mut report).await?;
+    }
+    Ok((report, services))
 }

@@ -20,6 +20,8 @@
 //! advisory lock, promotion deletes the deferred row it moves) — a second runner costs work, not
 //! correctness.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -28,35 +30,60 @@ use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::{pass, MaintenanceConfig, Services, TickReport};
+use super::{pass, MaintenanceConfig, Services, Signals, TickReport};
 use crate::storage::Storage;
 use crate::telemetry::Telemetry;
 
 /// How often the leader looks for horizon holders to warn about.
 const HORIZON_CHECK_EVERY: Duration = Duration::from_secs(30);
 
-/// Retention (dead letters, unique keys, archive buckets, totals folds) acts on hours and days; a
-/// pass every 10 s keeps every bound it promises (the shortest retention allowed is a minute).
-const RETENTION_EVERY: Duration = Duration::from_secs(10);
+/// The longest a leader waits between promotions while its process LISTENs, when no deferred job
+/// is due sooner: every statement that makes a deferred job due sooner notifies
+/// (`wake_promotion()` in deferred.sql), so this only bounds what a missed notification costs.
+/// Without a LISTEN the leader promotes at every tick.
+const PROMOTE_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
 /// Followers try the leader's lock at most this often (and at most once a tick): a leader that
 /// exits or dies is replaced within about a second, for one statement a second per follower.
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
-/// When each service is next due on the leader. Promotion runs at every tick: a scheduled job is
-/// late by at most a tick. The other services' work appears slowly, or only after another's, and
-/// each of their statements every tick was most of an idle process's load (28 of its 36 statements
-/// a second):
-/// - rotation moves a slot only once it is `rotate_interval` old and holds something: a look
-///   every fifth of the interval makes a slot at most a fifth older than asked;
+/// Retention (dead letters, unique keys, finished workflows, archive buckets, totals folds) acts on
+/// the configured retentions: a pass every sixth of the shortest (an archive's keep counted as its
+/// bucket, a thirtieth of it) keeps each within a sixth of its bound, between every 10 s and every
+/// minute (with the defaults, every minute).
+fn retention_every(config: &MaintenanceConfig) -> Duration {
+    [
+        Some(config.dlq_retention),
+        Some(config.unique_key_retention),
+        Some(config.keep_completed / 30).filter(|d| !d.is_zero()),
+        Some(config.keep_failed / 30).filter(|d| !d.is_zero()),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .map_or(Duration::from_secs(60), |d| d / 6)
+    .clamp(Duration::from_secs(10), Duration::from_secs(60))
+}
+
+/// When each service is next due on the leader. Each waits for its work to be able to appear, so
+/// an idle leader makes about one statement a second (each of them every tick was most of an idle
+/// process's load once):
+/// - promotion, when the earliest deferred job is due, or at the next tick after a notification
+///   that one is due sooner (`wake_promotion()`), or `PROMOTE_AT_LEAST_EVERY`; every tick without
+///   a LISTEN. A scheduled job is late by at most a tick;
+/// - rotation, when `rotation_due` says a ring could move (a slot `rotate_interval` old that holds
+///   something), looked at again every fifth of the interval after a try; while no ring's slot
+///   was written, once an interval (a slot written since rotates at most an interval late);
 /// - rescue closes attempts `stale_after` without a heartbeat: a look every twentieth of it (at
 ///   most 5 s) adds at most that to a dead worker's jobs' wait;
 /// - prune has work only while sealed slots wait: after a rotation sealed one, and while the last
 ///   prune left some (each tick then, as before: a prune gets in between a reader's transactions);
-/// - retention, `RETENTION_EVERY`.
+/// - retention, `retention_every`.
 ///
-/// A service whose pass filled its batch, or whose lock was busy, is due again at the next tick.
+/// A service whose pass filled its batch, or whose lock was busy, is due again at the next tick;
+/// a moved engine clock (`advance_clock`) makes every service due.
 struct Pacing {
+    promote_at: Instant,
     rotate_at: Instant,
     rescue_at: Instant,
     retention_at: Instant,
@@ -67,6 +94,7 @@ impl Pacing {
     /// Everything due now: a new leader knows nothing of what its predecessor left.
     fn new(now: Instant) -> Self {
         Self {
+            promote_at: now,
             rotate_at: now,
             rescue_at: now,
             retention_at: now,
@@ -76,6 +104,7 @@ impl Pacing {
 
     fn due(&self, now: Instant) -> Services {
         Services {
+            promote: now >= self.promote_at,
             rotate: now >= self.rotate_at,
             rescue: now >= self.rescue_at,
             prune: self.prune,
@@ -83,12 +112,14 @@ impl Pacing {
         }
     }
 
+    /// `listening`: this process's LISTEN is in place, so `wake_promotion()` reaches it.
     fn after(
         &mut self,
         now: Instant,
         ran: Services,
         report: &TickReport,
         config: &MaintenanceConfig,
+        listening: bool,
     ) {
         let next = |every: Duration, again: bool| {
             now + if again {
@@ -97,8 +128,24 @@ impl Pacing {
                 every.max(config.tick)
             }
         };
+        if ran.promote {
+            let idle = if listening {
+                PROMOTE_AT_LEAST_EVERY
+            } else {
+                config.tick
+            };
+            let wait = report.next_promotion_in.map_or(idle, |due| due.min(idle));
+            // a job due before the next tick is promoted at that tick
+            self.promote_at = now + wait;
+        }
         if ran.rotate {
-            self.rotate_at = next(config.rotate_interval / 5, report.lease_ring == "busy");
+            self.rotate_at = match report.rotation_due_in {
+                _ if report.lease_ring == "busy" => now,
+                // tried: a ring that could not move (no free slot) is looked at again soon
+                Some(due) if due.is_zero() => next(config.rotate_interval / 5, false),
+                Some(due) => next(due, false),
+                None => next(config.rotate_interval, false),
+            };
         }
         if ran.rescue {
             let full = report.rescued >= config.rescue_batch
@@ -109,7 +156,7 @@ impl Pacing {
             let full = report.dlq_expired >= config.promote_batch
                 || report.unique_keys_expired >= config.promote_batch
                 || report.workflows_expired >= config.promote_batch;
-            self.retention_at = next(RETENTION_EVERY, full);
+            self.retention_at = next(retention_every(config), full);
         }
         if ran.prune || report.rotated_queue || report.rotated_claim {
             self.prune = !report.prune_skips.is_empty();
@@ -126,10 +173,13 @@ pub(crate) fn takeover_after(config: &MaintenanceConfig) -> Duration {
     config.stale_after * 2
 }
 
+/// `listening` is the process's LISTEN in place (runtime/notifier.rs), which also sets `signals`.
 pub(crate) async fn run(
     storage: Storage,
     config: MaintenanceConfig,
     telemetry: Telemetry,
+    listening: Arc<AtomicBool>,
+    signals: Arc<Signals>,
     mut stop: watch::Receiver<bool>,
 ) {
     let Some(session) = storage.session_pool().cloned() else {
@@ -183,6 +233,14 @@ pub(crate) async fn run(
             }
             Some(_) => {}
         }
+        // taken whether or not this process leads: a new leader starts with everything due anyway
+        let clock_moved = signals.clock.swap(false, Ordering::Relaxed);
+        let deferred_sooner = signals.deferred.swap(false, Ordering::Relaxed);
+        if clock_moved {
+            pacing = Pacing::new(Instant::now());
+        } else if deferred_sooner {
+            pacing.promote_at = Instant::now();
+        }
         if let Some(conn) = leader.as_mut() {
             // Touch the lock connection while the tick runs (every stale_after / 2), so that a
             // long tick (a deep promotion backlog, prune lock waits, a slow pool) never looks like
@@ -201,8 +259,9 @@ pub(crate) async fn run(
                 }
             };
             match outcome {
-                Some(Ok(report)) => {
-                    pacing.after(Instant::now(), services, &report, &config);
+                Some(Ok((report, ran))) => {
+                    let listens = listening.load(Ordering::Relaxed);
+                    pacing.after(Instant::now(), ran, &report, &config, listens);
                     report.record(&telemetry);
                 }
                 Some(Err(e)) => {
@@ -366,47 +425,113 @@ mod tests {
         TickReport::default()
     }
 
+    const NONE: Services = Services {
+        promote: false,
+        rotate: false,
+        rescue: false,
+        prune: false,
+        retention: false,
+    };
+
     #[test]
-    fn a_quiet_leader_promotes_every_tick_and_runs_the_rest_at_their_pace() {
+    fn a_quiet_leader_runs_each_service_only_when_its_work_can_have_appeared() {
         let config = MaintenanceConfig::default(); // tick 500 ms, rotate 5 s, stale 60 s
         let t0 = Instant::now();
         let mut pacing = Pacing::new(t0);
         // a new leader runs everything at once
         assert_eq!(pacing.due(t0), Services::ALL);
-        pacing.after(t0, Services::ALL, &quiet(), &config);
+        // nothing deferred, no ring written, nothing sealed
+        pacing.after(t0, Services::ALL, &quiet(), &config, true);
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let none = Services {
-            rotate: false,
-            rescue: false,
-            prune: false,
-            retention: false,
+        assert_eq!(pacing.due(at(500)), NONE);
+        assert_eq!(pacing.due(at(2_500)), NONE);
+        assert_eq!(
+            pacing.due(at(3_000)),
+            Services {
+                rescue: true,
+                ..NONE
+            }
+        );
+        assert_eq!(
+            pacing.due(at(5_000)),
+            Services {
+                promote: true,
+                rotate: true,
+                rescue: true,
+                ..NONE
+            }
+        );
+        assert!(!pacing.due(at(59_000)).retention);
+        assert!(
+            pacing.due(at(60_000)).retention,
+            "a minute with the defaults"
+        );
+        // without a LISTEN, nothing tells the leader of a deferred job: it promotes every tick
+        let mut polling = Pacing::new(t0);
+        polling.after(t0, Services::ALL, &quiet(), &config, false);
+        assert!(polling.due(at(500)).promote);
+    }
+
+    #[test]
+    fn promotion_waits_for_the_earliest_deferred_job_and_at_most_its_idle_bound() {
+        let config = MaintenanceConfig::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut pacing = Pacing::new(t0);
+        let soon = TickReport {
+            next_promotion_in: Some(Duration::from_millis(1_200)),
+            ..quiet()
         };
-        // nothing sealed, nothing rotated: no prune until a rotation seals a slot
-        assert_eq!(pacing.due(at(500)), none);
-        assert_eq!(
-            pacing.due(at(1000)),
-            Services {
-                rotate: true,
-                ..none
-            }
-        );
-        assert_eq!(
-            pacing.due(at(3000)),
-            Services {
-                rotate: true,
-                rescue: true,
-                ..none
-            }
-        );
-        assert_eq!(
-            pacing.due(at(10_000)),
-            Services {
-                rotate: true,
-                rescue: true,
-                prune: false,
-                retention: true,
-            }
-        );
+        pacing.after(t0, Services::ALL, &soon, &config, true);
+        assert!(!pacing.due(at(1_000)).promote);
+        assert!(pacing.due(at(1_200)).promote);
+        // one due in an hour: the idle bound still looks every 5 s
+        let later = TickReport {
+            next_promotion_in: Some(Duration::from_secs(3600)),
+            ..quiet()
+        };
+        pacing.after(t0, Services::ALL, &later, &config, true);
+        assert!(!pacing.due(at(4_500)).promote);
+        assert!(pacing.due(at(5_000)).promote);
+        // some were due already (another promotion held them): the next tick
+        let overdue = TickReport {
+            next_promotion_in: Some(Duration::ZERO),
+            ..quiet()
+        };
+        pacing.after(t0, Services::ALL, &overdue, &config, true);
+        assert!(pacing.due(at(0)).promote);
+    }
+
+    #[test]
+    fn rotation_is_looked_at_when_a_written_ring_comes_of_age() {
+        let config = MaintenanceConfig::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut pacing = Pacing::new(t0);
+        // a written slot 3.5 s old: due in 1.5 s
+        let young = TickReport {
+            rotation_due_in: Some(Duration::from_millis(1_500)),
+            ..quiet()
+        };
+        pacing.after(t0, Services::ALL, &young, &config, true);
+        assert!(!pacing.due(at(1_000)).rotate);
+        assert!(pacing.due(at(1_500)).rotate);
+        // tried (due was zero): looked at again a fifth of the interval later
+        let tried = TickReport {
+            rotation_due_in: Some(Duration::ZERO),
+            ..quiet()
+        };
+        pacing.after(t0, Services::ALL, &tried, &config, true);
+        assert!(!pacing.due(at(900)).rotate);
+        assert!(pacing.due(at(1_000)).rotate);
+        // a busy lease ring: the next tick
+        let busy = TickReport {
+            rotation_due_in: Some(Duration::ZERO),
+            lease_ring: "busy".into(),
+            ..quiet()
+        };
+        pacing.after(t0, Services::ALL, &busy, &config, true);
+        assert!(pacing.due(at(0)).rotate);
     }
 
     #[test]
@@ -417,9 +542,26 @@ mod tests {
         };
         let t0 = Instant::now();
         let mut pacing = Pacing::new(t0);
-        pacing.after(t0, Services::ALL, &quiet(), &config);
+        pacing.after(t0, Services::ALL, &quiet(), &config, false);
         let next = pacing.due(t0 + config.tick);
-        assert!(next.rotate && next.rescue && next.retention && !next.prune);
+        assert!(next.promote && next.rotate && next.rescue && !next.prune);
+        assert!(pacing.due(t0 + 2 * config.tick).retention);
+    }
+
+    #[test]
+    fn retention_runs_every_sixth_of_the_shortest_retention_within_its_bounds() {
+        let defaults = MaintenanceConfig::default();
+        assert_eq!(retention_every(&defaults), Duration::from_secs(60));
+        let short = MaintenanceConfig {
+            dlq_retention: Duration::from_secs(120),
+            ..MaintenanceConfig::default()
+        };
+        assert_eq!(retention_every(&short), Duration::from_secs(20));
+        let shortest = MaintenanceConfig {
+            keep_completed: Duration::from_secs(60),
+            ..MaintenanceConfig::default()
+        };
+        assert_eq!(retention_every(&shortest), Duration::from_secs(10));
     }
 
     #[test]
@@ -427,17 +569,22 @@ mod tests {
         let config = MaintenanceConfig::default();
         let t0 = Instant::now();
         let mut pacing = Pacing::new(t0);
-        pacing.after(t0, Services::ALL, &quiet(), &config);
+        let written = TickReport {
+            rotation_due_in: Some(Duration::from_secs(1)),
+            ..quiet()
+        };
+        pacing.after(t0, Services::ALL, &written, &config, true);
         let t1 = t0 + Duration::from_secs(1);
         let ran = pacing.due(t1);
         assert!(ran.rotate && !ran.prune);
         // the rotation sealed a slot, prune (run in the same pass) could not take it yet
         let sealed = TickReport {
             rotated_queue: true,
+            rotation_due_in: Some(Duration::ZERO),
             prune_skips: vec![("queue", "claims_open".into())],
             ..TickReport::default()
         };
-        pacing.after(t1, ran, &sealed, &config);
+        pacing.after(t1, ran, &sealed, &config, true);
         let t2 = t1 + config.tick;
         assert!(
             pacing.due(t2).prune,
@@ -452,6 +599,7 @@ mod tests {
                 ..TickReport::default()
             },
             &config,
+            true,
         );
         assert!(!pacing.due(t2 + config.tick).prune);
         // a rescue that filled its batch runs again at the next tick, not in 3 s
@@ -462,17 +610,7 @@ mod tests {
             rescued: config.rescue_batch,
             ..TickReport::default()
         };
-        pacing.after(t3, ran, &full, &config);
+        pacing.after(t3, ran, &full, &config, true);
         assert!(pacing.due(t3 + config.tick).rescue);
-        // and a busy lease ring is rotated again at the next tick
-        let t4 = t0 + Duration::from_secs(4);
-        let ran = pacing.due(t4);
-        assert!(ran.rotate);
-        let busy = TickReport {
-            lease_ring: "busy".into(),
-            ..TickReport::default()
-        };
-        pacing.after(t4, ran, &busy, &config);
-        assert!(pacing.due(t4 + config.tick).rotate);
     }
 }

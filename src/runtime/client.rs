@@ -526,10 +526,12 @@ impl Client {
         let mut tasks = Vec::new();
 
         let listening = Arc::new(AtomicBool::new(false));
+        let maintenance_signals = Arc::new(maintenance::Signals::default());
         tasks.push(tokio::spawn(notifier::listen(
             Arc::clone(&self.inner),
             Arc::clone(&wakers),
             Arc::clone(&listening),
+            Arc::clone(&maintenance_signals),
             stop_rx.clone(),
         )));
         let flush = Arc::new(completer::FlushSignals::default());
@@ -586,6 +588,8 @@ impl Client {
                 self.inner.engine.clone(),
                 self.inner.maintenance.clone(),
                 self.inner.telemetry.clone(),
+                Arc::clone(&listening),
+                maintenance_signals,
                 stop_rx.clone(),
             )));
         }

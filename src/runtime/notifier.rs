@@ -1,5 +1,6 @@
 //! LISTEN/NOTIFY: enqueue notifications wake the queue's dispatcher; cancel notifications signal a
-//! running attempt's handler.
+//! running attempt's handler; maintenance notifications (a deferred job due sooner, a moved engine
+//! clock) reach the maintenance loop.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use tokio::sync::{watch, Notify};
 use tracing::debug;
 
 use super::Inner;
+use crate::maintenance::Signals;
 
 /// `cancel_job` notifies "job_id:run_lease" of a running attempt it closed; tell its handler.
 pub(super) fn signal_cancel(inner: &Inner, payload: &str) {
@@ -35,6 +37,7 @@ pub(super) async fn listen(
     inner: Arc<Inner>,
     wakers: Arc<HashMap<String, Arc<Notify>>>,
     listening: Arc<AtomicBool>,
+    maintenance: Arc<Signals>,
     mut stop: watch::Receiver<bool>,
 ) {
     let wake_all = || {
@@ -50,6 +53,7 @@ pub(super) async fn listen(
     };
     let channel = storage.schema().notify_channel();
     let cancel_channel = format!("{channel}_cancel");
+    let maintenance_channel = format!("{channel}_maintenance");
     loop {
         let mut listener = match PgListener::connect_with(session).await {
             Ok(l) => l,
@@ -62,7 +66,11 @@ pub(super) async fn listen(
             }
         };
         if let Err(e) = listener
-            .listen_all([channel.as_str(), cancel_channel.as_str()])
+            .listen_all([
+                channel.as_str(),
+                cancel_channel.as_str(),
+                maintenance_channel.as_str(),
+            ])
             .await
         {
             debug!(error = %e, "LISTEN failed; polling only for now");
@@ -75,10 +83,18 @@ pub(super) async fn listen(
         // claims once now, before it may wait long.
         listening.store(true, Ordering::Relaxed);
         wake_all();
+        maintenance.missed();
         loop {
             tokio::select! {
                 message = listener.try_recv() => match message {
                     Ok(Some(n)) if n.channel() == cancel_channel => signal_cancel(&inner, n.payload()),
+                    Ok(Some(n)) if n.channel() == maintenance_channel => {
+                        let signal = match n.payload() {
+                            "clock" => &maintenance.clock,
+                            _ => &maintenance.deferred,
+                        };
+                        signal.store(true, Ordering::Relaxed);
+                    }
                     Ok(Some(n)) => {
                         if let Some(w) = wakers.get(n.payload()) {
                             w.notify_one();

@@ -12,6 +12,7 @@ use crate::schema::SchemaName;
 pub(super) struct Statements {
     rotate_queue_ring: String,
     rotate_claim_ring: String,
+    rotation_due: String,
 }
 
 impl Statements {
@@ -19,6 +20,9 @@ impl Statements {
         Self {
             rotate_queue_ring: format!("SELECT {s}.rotate_queue_ring(make_interval(secs => $1))"),
             rotate_claim_ring: format!("SELECT {s}.rotate_claim_ring(make_interval(secs => $1))"),
+            rotation_due: format!(
+                "SELECT extract(epoch FROM {s}.rotation_due(make_interval(secs => $1)))::float8"
+            ),
         }
     }
 }
@@ -38,5 +42,15 @@ impl Storage {
             .bind(min_age.as_secs_f64())
             .fetch_one(self.db())
             .await?)
+    }
+
+    /// How long until a ring (queue, claim or lease) could rotate with `min_age`: zero when one
+    /// could now, `None` while no ring's current slot was written.
+    pub async fn rotation_due(&self, min_age: Duration) -> Result<Option<Duration>> {
+        let due: Option<f64> = sqlx::query_scalar(&self.sql.rotate.rotation_due)
+            .bind(min_age.as_secs_f64())
+            .fetch_one(self.db())
+            .await?;
+        Ok(due.map(super::deferred::seconds))
     }
 }

@@ -281,9 +281,26 @@ async fn forged_malformed_and_late_callbacks_are_refused_and_a_timeout_retries_t
     assert!(err.to_string().contains("NUL"), "{err}");
     assert_eq!(state(&storage, claimed.job_id).await, JobStatus::Waiting);
 
+    // maintenance's rescue also asks whether a wait exists, and skips rescue_callbacks when not
+    let minute = Duration::from_secs(60);
+    assert_eq!(
+        storage
+            .rescue_and_callbacks_waiting(minute, 100)
+            .await
+            .unwrap(),
+        (0, true)
+    );
     // the timeout passes: retried (one attempt left)
     db.advance_clock(Duration::from_millis(1200)).await;
     assert_eq!(storage.rescue_callbacks(100).await.unwrap(), 1);
+    assert_eq!(
+        storage
+            .rescue_and_callbacks_waiting(minute, 100)
+            .await
+            .unwrap(),
+        (0, false),
+        "no wait left"
+    );
     let after = storage.job_state(claimed.job_id).await.unwrap().unwrap();
     assert!(
         matches!(after.state, JobStatus::Scheduled | JobStatus::Retryable),

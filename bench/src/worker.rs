@@ -88,11 +88,15 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
             },
         )
         // A crashed worker's claims are rescued after 10 s (heartbeats every 2.5 s keep live
-        // ones), so crash scenarios recover within a phase. Baselines, through the environment
-        // inherited from the bench process: RINGWORK_BENCH_NO_PARK turns parking off (the
-        // paused-queue baseline), RINGWORK_BENCH_NO_ARCHIVE the archive (the WAL cost of history).
+        // ones), so crash scenarios recover within a phase; RINGWORK_BENCH_STALE_AFTER_S=N sets
+        // it (60: the default, for what an idle process costs as configured out of the box).
+        // Baselines, through the environment inherited from the bench process:
+        // RINGWORK_BENCH_NO_PARK turns parking off (the paused-queue baseline),
+        // RINGWORK_BENCH_NO_ARCHIVE the archive (the WAL cost of history).
         .maintenance(MaintenanceConfig {
-            stale_after: Duration::from_secs(10),
+            stale_after: Duration::from_secs(
+                env_number("RINGWORK_BENCH_STALE_AFTER_S").unwrap_or(10),
+            ),
             park_idle: match std::env::var_os("RINGWORK_BENCH_NO_PARK") {
                 Some(_) => None,
                 None => MaintenanceConfig::default().park_idle,

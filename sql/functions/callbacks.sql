@@ -330,6 +330,16 @@ BEGIN
 END
 $$;
 
+-- Whether any attempt waits for a callback: rescue_callbacks has nothing to look at otherwise, and
+-- maintenance asks this with each rescue (src/storage/rescue.rs) rather than running it.
+CREATE OR REPLACE FUNCTION __S__.callbacks_waiting() RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM __S__.lease_ring_shared();
+    RETURN EXISTS (SELECT 1 FROM __S__.leases l WHERE l.state = 'waiting');
+END
+$$;
+
 -- How many jobs of the queue wait for a callback (queue_counts).
 CREATE OR REPLACE FUNCTION __S__.waiting_count(p_queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$

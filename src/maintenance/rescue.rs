@@ -12,10 +12,14 @@ pub(super) async fn run(
     config: &MaintenanceConfig,
     report: &mut TickReport,
 ) -> Result<()> {
-    report.rescued = storage
-        .rescue(config.stale_after, config.rescue_batch)
+    let (rescued, callbacks_waiting) = storage
+        .rescue_and_callbacks_waiting(config.stale_after, config.rescue_batch)
         .await?;
-    // waits for a callback past their timeout, on the lease side
-    report.callbacks_timed_out = storage.rescue_callbacks(config.rescue_batch).await?;
+    report.rescued = rescued;
+    // waits for a callback past their timeout, on the lease side; a process that uses no
+    // callbacks skips the statement
+    if callbacks_waiting {
+        report.callbacks_timed_out = storage.rescue_callbacks(config.rescue_batch).await?;
+    }
     Ok(())
 }

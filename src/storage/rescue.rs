@@ -11,12 +11,16 @@ use crate::schema::SchemaName;
 #[derive(Debug)]
 pub(super) struct Statements {
     rescue: String,
+    rescue_and_callbacks_waiting: String,
 }
 
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
             rescue: format!("SELECT {s}.rescue(make_interval(secs => $1), $2)"),
+            rescue_and_callbacks_waiting: format!(
+                "SELECT {s}.rescue(make_interval(secs => $1), $2), {s}.callbacks_waiting()"
+            ),
         }
     }
 }
@@ -29,5 +33,21 @@ impl Storage {
             .bind(limit)
             .fetch_one(self.db())
             .await?)
+    }
+
+    /// [`Storage::rescue`], and whether any attempt waits for a callback (else
+    /// [`Storage::rescue_callbacks`] has nothing to look at), in one statement.
+    pub async fn rescue_and_callbacks_waiting(
+        &self,
+        stale_after: Duration,
+        limit: i32,
+    ) -> Result<(i32, bool)> {
+        Ok(
+            sqlx::query_as(&self.sql.rescue.rescue_and_callbacks_waiting)
+                .bind(stale_after.as_secs_f64())
+                .bind(limit)
+                .fetch_one(self.db())
+                .await?,
+        )
     }
 }

@@ -17,6 +17,7 @@ mod check;
 mod counts;
 mod cpu;
 mod disturbances;
+mod pgque;
 mod processes;
 mod report;
 mod runner;
@@ -158,7 +159,12 @@ enum Command {
         /// The schema the awa adapter installs into.
         #[arg(long, default_value = "awa")]
         awa_schema: String,
-        /// Skip ringwork (only with --awa-adapter).
+        /// Also run PgQue, installed from this file (`sql/pgque.sql` of a checkout of
+        /// github.com/NikolayS/PgQue), same profiles; its tick period is
+        /// RINGWORK_BENCH_PGQUE_TICK_MS (default 100).
+        #[arg(long)]
+        pgque_sql: Option<std::path::PathBuf>,
+        /// Skip ringwork (only with --awa-adapter or --pgque-sql).
         #[arg(long)]
         no_ringwork: bool,
         /// Shell command restarting the DATABASE_URL server (pg-restart scenario).
@@ -188,6 +194,12 @@ enum Command {
         workers: usize,
         #[arg(long, default_value_t = 0)]
         job_ms: u64,
+    },
+    /// PgQue's processes for `run --pgque-sql` (the adapter protocol, pgque.rs).
+    #[command(hide = true)]
+    Pgque {
+        #[command(subcommand)]
+        command: pgque::PgqueCommand,
     },
     /// A benchmark producer process (line protocol of `ringwork-bench run`).
     #[command(hide = true)]
@@ -297,6 +309,7 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             paused_jobs,
             awa_adapter,
             awa_schema,
+            pgque_sql,
             no_ringwork,
             pg_restart_cmd,
             autovacuum,
@@ -314,9 +327,12 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
                     schema: SchemaName::new(&awa_schema)?.to_string(),
                 });
             }
+            if let Some(sql) = pgque_sql {
+                systems.push(System::Pgque { sql });
+            }
             if systems.is_empty() {
                 return Err(ringwork::Error::Config(
-                    "nothing to run: --no-ringwork without --awa-adapter".into(),
+                    "nothing to run: --no-ringwork without --awa-adapter or --pgque-sql".into(),
                 ));
             }
             if !(1..=150).contains(&held_txs) || hold_secs == 0 {
@@ -356,6 +372,7 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             let results = run(config.clone()).await?;
             println!("{}", markdown(&config, &results));
         }
+        Command::Pgque { command } => pgque::run(command).await?,
         Command::Worker {
             database_url,
             schema,

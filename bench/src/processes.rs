@@ -122,14 +122,21 @@ pub(crate) struct Processes {
 impl Processes {
     pub(crate) fn program(&self) -> Result<PathBuf> {
         match &self.system {
-            System::Ringwork => std::env::current_exe()
+            System::Ringwork | System::Pgque { .. } => std::env::current_exe()
                 .map_err(|e| Error::Config(format!("cannot find this binary: {e}"))),
             System::Awa { adapter, .. } => Ok(adapter.clone()),
         }
     }
 
-    pub(crate) fn common(&self) -> Vec<String> {
-        let mut args = vec!["--database-url".to_string(), self.url.clone()];
+    /// The arguments of one of the system's process commands: the verb (the adapter protocol's
+    /// name; ringwork's worker is `worker`), then the database and, for ringwork, the schema.
+    pub(crate) fn command(&self, verb: &str) -> Vec<String> {
+        let mut args = match (&self.system, verb) {
+            (System::Ringwork, "work") => vec!["worker".to_string()],
+            (System::Pgque { .. }, _) => vec!["pgque".to_string(), verb.to_string()],
+            _ => vec![verb.to_string()],
+        };
+        args.extend(["--database-url".to_string(), self.url.clone()]);
         if self.system == System::Ringwork {
             args.extend(["--schema".to_string(), BENCH_SCHEMA.to_string()]);
         }
@@ -137,12 +144,7 @@ impl Processes {
     }
 
     pub(crate) fn spawn_worker(&mut self) -> Result<()> {
-        let verb = match self.system {
-            System::Ringwork => "worker",
-            System::Awa { .. } => "work",
-        };
-        let mut args = vec![verb.to_string()];
-        args.extend(self.common());
+        let mut args = self.command("work");
         args.extend([
             "--workers".to_string(),
             self.workers_per_process.to_string(),
@@ -155,12 +157,7 @@ impl Processes {
     }
 
     pub(crate) fn spawn_producer(&mut self, fixed_rate: Option<u64>, depth: u64) -> Result<()> {
-        let verb = match self.system {
-            System::Ringwork => "produce",
-            System::Awa { .. } => "produce",
-        };
-        let mut args = vec![verb.to_string()];
-        args.extend(self.common());
+        let mut args = self.command("produce");
         match fixed_rate {
             Some(rate) => args.extend([
                 "--mode".to_string(),
@@ -185,11 +182,10 @@ impl Processes {
 
     /// One `depth` line of the adapter: the exact counts, or (`fast`) only a cheap `available`.
     pub(crate) async fn adapter_counts(&self, fast: bool) -> Result<serde_json::Value> {
-        let mut args = vec!["depth".to_string()];
+        let mut args = self.command("depth");
         if fast {
             args.push("--fast".to_string());
         }
-        args.extend(self.common());
         let output = Command::new(self.program()?)
             .args(&args)
             .output()
@@ -219,8 +215,8 @@ impl Processes {
         }
     }
 
-    /// Available jobs only (queue depth). For awa, the adapter's cheap probe: its exact count
-    /// costs seconds per call at tens of thousands of stored jobs.
+    /// Available jobs only (queue depth). For an adapter, its cheap probe (awa's exact count
+    /// costs seconds per call at tens of thousands of stored jobs).
     pub(crate) async fn depth(&self, storage: Option<&Storage>) -> Result<i64> {
         match (&self.system, storage) {
             (System::Ringwork, Some(storage)) => storage.available_count(BENCH_QUEUE).await,

@@ -351,6 +351,20 @@ pub(crate) async fn run_one(
             }
             None
         }
+        System::Pgque { sql } => {
+            let program = std::env::current_exe()
+                .map_err(|e| Error::Config(format!("cannot find this binary: {e}")))?;
+            let status = Command::new(program)
+                .args(["pgque", "migrate", "--database-url", &server.url, "--sql"])
+                .arg(sql)
+                .status()
+                .await
+                .map_err(|e| Error::Config(format!("pgque migrate: {e}")))?;
+            if !status.success() {
+                return Err(Error::Config(format!("pgque migrate exited {status}")));
+            }
+            None
+        }
     };
     let mut processes = Processes {
         system: system.clone(),
@@ -604,10 +618,9 @@ pub(crate) async fn run_phase(
                     )));
                 }
             }
-            // awa: the adapter holds the transactions, with awa's own transactional insert
+            // an adapter holds the transactions, with its system's own transactional insert
             None => {
-                let mut args = vec!["hold".to_string()];
-                args.extend(processes.common());
+                let mut args = processes.command("hold");
                 args.extend([
                     "--txs".to_string(),
                     config.held_txs.to_string(),

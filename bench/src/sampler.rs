@@ -74,7 +74,7 @@ pub(crate) async fn sample(
         .map(|(name, live, dead, bytes)| {
             let class = match processes.system {
                 System::Ringwork => churn_class(&name).map(|c| format!("{c:?}").to_lowercase()),
-                System::Awa { .. } => None,
+                System::Awa { .. } | System::Pgque { .. } => None,
             };
             (
                 name,
@@ -97,7 +97,7 @@ pub(crate) async fn sample(
         .fetch_one(admin)
         .await
         .unwrap_or((0, 0)),
-        System::Awa { .. } => (0, 0),
+        System::Awa { .. } | System::Pgque { .. } => (0, 0),
     };
     Ok(Sample {
         at: started.elapsed().as_secs_f64(),
@@ -116,7 +116,7 @@ pub(crate) async fn sample(
         // statement each); an adapter's depth, in a process of its own, is counted with awa's
         own_commits: match processes.system {
             System::Ringwork => 4,
-            System::Awa { .. } => 2,
+            System::Awa { .. } | System::Pgque { .. } => 2,
         },
     })
 }

@@ -40,6 +40,10 @@ pub enum System {
         adapter: PathBuf,
         schema: String,
     },
+    /// PgQue through this binary's `pgque` commands (pgque.rs), installed from this SQL file.
+    Pgque {
+        sql: PathBuf,
+    },
 }
 
 impl System {
@@ -47,6 +51,7 @@ impl System {
         match self {
             System::Ringwork => "ringwork",
             System::Awa { .. } => "awa",
+            System::Pgque { .. } => "pgque",
         }
     }
 
@@ -54,6 +59,7 @@ impl System {
         match self {
             System::Ringwork => BENCH_SCHEMA,
             System::Awa { schema, .. } => schema,
+            System::Pgque { .. } => "pgque",
         }
     }
 }

@@ -21,7 +21,7 @@ const GENERIC_PLAN_FUNCTIONS: &[&str] = &[
     "enqueue_jobs",
     "lane_cursor",
     "lane_available",
-    "promote_due",
+    "promote_due_next",
     "rescue",
     "rescue_close",
     "rescue_stale_slot",

@@ -197,6 +197,46 @@ async fn every_path_that_makes_a_deferred_job_due_sooner_wakes_the_leader_and_co
         "retry"
     );
 
+    // an operator's bulk retry of scheduled jobs
+    enqueue(&db, vec![job(5).run_at(later)]).await;
+    assert_eq!(next(&mut listener, &db, &channel).await, "deferred");
+    let scheduled = ringwork::JobFilter {
+        queue: Some("default".into()),
+        kind: None,
+        states: vec![ringwork::JobStatus::Scheduled],
+        older_than: None,
+    };
+    assert!(storage.bulk_retry(&scheduled).await.unwrap().changed >= 1);
+    assert_eq!(
+        next(&mut listener, &db, &channel).await,
+        "deferred",
+        "bulk retry"
+    );
+    storage.promote_due(10).await.unwrap();
+
+    // a callback answered with a retry
+    let (_waiting, callback) =
+        support::waiting_job(&db, &storage, "callbacks", 3, Duration::from_secs(60)).await;
+    assert_eq!(
+        next(&mut listener, &db, &channel).await,
+        "sentinel",
+        "a wait"
+    );
+    storage
+        .resolve_callback(
+            &callback,
+            ringwork::CallbackAction::Retry {
+                error: "again".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut listener, &db, &channel).await,
+        "deferred",
+        "callback retry"
+    );
+
     // a moved engine clock makes every service due
     db.advance_clock(Duration::from_secs(1)).await;
     assert_eq!(next(&mut listener, &db, &channel).await, "clock");
@@ -229,6 +269,11 @@ async fn a_deferred_job_made_due_while_the_leader_sleeps_runs_at_the_next_tick()
         .await
         .unwrap();
     let running = client.start().await.unwrap();
+    // listening before anything is asked: a LISTEN that came later would make every service due
+    // by itself (the notifications it may have missed), and prove nothing
+    support::listener_pid(&db, &db.schema.notify_channel())
+        .await
+        .expect("the client listens");
     let completed = |id: i64| {
         let db = &db;
         async move { state(db, id).await == "completed" }

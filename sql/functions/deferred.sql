@@ -97,7 +97,7 @@ $$;
 -- Move up to p_limit due deferred jobs to the queue ring; next_due_in is how long until the
 -- earliest deferred job left is due (at most zero when some are due already: the batch was full;
 -- NULL when none waits; a job held under a key limit waits at 9999-01-01, never due).
-CREATE OR REPLACE FUNCTION __S__.promote_due(p_limit int, OUT promoted int, OUT next_due_in interval)
+CREATE OR REPLACE FUNCTION __S__.promote_due_next(p_limit int, OUT promoted int, OUT next_due_in interval)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_group record;
@@ -120,6 +120,13 @@ BEGIN
     -- the first entry of deferred_jobs_due; rows locked by another promotion count as waiting
     next_due_in := (SELECT d.run_at FROM __S__.deferred_jobs d ORDER BY d.run_at, d.job_id LIMIT 1) - v_now;
 END
+$$;
+
+-- promote_due_next's count alone: what processes of an earlier build call while a rollout replaces
+-- them (docs/operations.md, "Upgrading").
+CREATE OR REPLACE FUNCTION __S__.promote_due(p_limit int) RETURNS int
+LANGUAGE sql AS $$
+    SELECT n.promoted FROM __S__.promote_due_next(p_limit) n
 $$;
 
 -- Make a queue's scheduled and retryable jobs due now (the next promotion moves them to ready):

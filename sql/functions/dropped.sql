@@ -57,13 +57,13 @@ DROP FUNCTION IF EXISTS __S__.archive_slot(int, interval, interval);
 DROP FUNCTION IF EXISTS __S__.held_ring_slots(interval);
 -- proven segments (migration 0018): archive_slot gained p_ready_segments
 DROP FUNCTION IF EXISTS __S__.archive_slot(int, bigint, interval, interval);
--- idle maintenance: promote_due also says when the next deferred job is due (a changed result
--- cannot be replaced in place)
+-- promote_due(int) returned its OUT parameters for one commit of main before they moved to
+-- promote_due_next (a changed result cannot be replaced in place)
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_proc p
                WHERE p.oid = to_regprocedure('__S__.promote_due(int)')
-                 AND NOT ('next_due_in' = ANY (coalesce(p.proargnames, '{}')))) THEN
+                 AND 'next_due_in' = ANY (coalesce(p.proargnames, '{}'))) THEN
         DROP FUNCTION __S__.promote_due(int);
     END IF;
 END

@@ -81,6 +81,7 @@ DECLARE
     v_slot int;
     v_cursor bigint;
     v_n int;
+    v_stranded int;
 BEGIN
     DELETE FROM __S__.parked_lanes p WHERE p.lane_id = p_lane_id;
     IF NOT FOUND THEN
@@ -115,8 +116,11 @@ BEGIN
         FROM moved m WHERE NOT m.cancelled AND m.lane_pos <= v_cursor
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM back) + (SELECT count(*) FROM stranded) INTO v_n;
-    RETURN v_n;
+    SELECT (SELECT count(*) FROM back), (SELECT count(*) FROM stranded) INTO v_n, v_stranded;
+    IF v_stranded > 0 THEN
+        PERFORM __S__.wake_promotion();
+    END IF;
+    RETURN v_n + v_stranded;
 END
 $$;
 

@@ -215,8 +215,6 @@ impl TickReport {
 /// The services a pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Services {
-    /// Promotion also runs in any pass whose rescue closed an attempt or whose prune reclaimed a
-    /// queue slot: both can leave due jobs in `deferred_jobs` without telling anyone.
     pub(crate) promote: bool,
     pub(crate) rotate: bool,
     pub(crate) rescue: bool,
@@ -255,16 +253,16 @@ impl Signals {
 /// One maintenance pass: every service once, in the order that lets each help the next. Operators
 /// and tests drive it by hand through [`crate::Admin::run_maintenance`] (`ringwork maintain`).
 pub(crate) async fn tick(storage: &Storage, config: &MaintenanceConfig) -> Result<TickReport> {
-    Ok(pass(storage, config, Services::ALL).await?.0)
+    pass(storage, config, Services::ALL).await
 }
 
-/// A pass of the given services, in the order that lets each help the next, and the services it
-/// ran (promotion may have been added). The leader's loop chooses them at each tick (runner.rs).
+/// A pass of the given services, in the order that lets each help the next. The leader's loop
+/// chooses them at each tick (runner.rs).
 pub(crate) async fn pass(
     storage: &Storage,
     config: &MaintenanceConfig,
-    mut services: Services,
-) -> Result<(TickReport, Services)> {
+    services: Services,
+) -> Result<TickReport> {
     let mut report = TickReport::default();
     if services.rotate {
         rotate::run(storage, config, &mut report).await?;
@@ -279,11 +277,8 @@ pub(crate) async fn pass(
     if services.retention {
         retention::run(storage, config, &mut report).await?;
     }
-    services.promote |= report.rescued > 0
-        || report.callbacks_timed_out > 0
-        || !report.pruned_queue_slots.is_empty();
     if services.promote {
         promote::run(storage, config, &mut report).await?;
     }
-    Ok((report, services))
+    Ok(report)
 }

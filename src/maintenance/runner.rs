@@ -240,6 +240,9 @@ pub(crate) async fn run(
             pacing = Pacing::new(Instant::now());
         } else if deferred_sooner {
             pacing.promote_at = Instant::now();
+        } else if !listening.load(Ordering::Relaxed) {
+            // no LISTEN (lost, or not yet in place): nothing would tell of a deferred job
+            pacing.promote_at = pacing.promote_at.min(Instant::now() + config.tick);
         }
         if let Some(conn) = leader.as_mut() {
             // Touch the lock connection while the tick runs (every stale_after / 2), so that a
@@ -259,9 +262,9 @@ pub(crate) async fn run(
                 }
             };
             match outcome {
-                Some(Ok((report, ran))) => {
+                Some(Ok(report)) => {
                     let listens = listening.load(Ordering::Relaxed);
-                    pacing.after(Instant::now(), ran, &report, &config, listens);
+                    pacing.after(Instant::now(), services, &report, &config, listens);
                     report.record(&telemetry);
                 }
                 Some(Err(e)) => {
@@ -535,7 +538,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tick_longer_than_every_pace_runs_every_service_each_tick() {
+    fn a_tick_longer_than_every_pace_runs_every_service_but_retention_each_tick() {
         let config = MaintenanceConfig {
             tick: Duration::from_secs(30),
             ..MaintenanceConfig::default()

@@ -11,14 +11,17 @@ use crate::schema::SchemaName;
 #[derive(Debug)]
 pub(super) struct Statements {
     promote_due: String,
+    promote_due_next: String,
     run_deferred_now: String,
 }
 
 impl Statements {
     pub(super) fn new(s: &SchemaName) -> Self {
         Self {
-            promote_due: format!(
-                "SELECT promoted, extract(epoch FROM next_due_in)::float8 FROM {s}.promote_due($1)"
+            promote_due: format!("SELECT {s}.promote_due($1)"),
+            promote_due_next: format!(
+                "SELECT promoted, extract(epoch FROM next_due_in)::float8 \
+                 FROM {s}.promote_due_next($1)"
             ),
             run_deferred_now: format!("SELECT {s}.run_deferred_now($1)"),
         }
@@ -28,13 +31,16 @@ impl Statements {
 impl Storage {
     /// Move up to `limit` due `deferred_jobs` to ready. Returns how many moved.
     pub async fn promote_due(&self, limit: i32) -> Result<i32> {
-        Ok(self.promote_due_next(limit).await?.0)
+        Ok(sqlx::query_scalar(&self.sql.deferred.promote_due)
+            .bind(limit)
+            .fetch_one(self.db())
+            .await?)
     }
 
     /// [`Storage::promote_due`], and how long until the earliest deferred job left is due (zero:
     /// some are due already; `None`: none waits).
     pub async fn promote_due_next(&self, limit: i32) -> Result<(i32, Option<Duration>)> {
-        let (moved, next): (i32, Option<f64>) = sqlx::query_as(&self.sql.deferred.promote_due)
+        let (moved, next): (i32, Option<f64>) = sqlx::query_as(&self.sql.deferred.promote_due_next)
             .bind(limit)
             .fetch_one(self.db())
             .await?;

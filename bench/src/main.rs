@@ -104,6 +104,15 @@ enum Command {
         workers: usize,
         #[arg(long, default_value_t = 2)]
         rounds: usize,
+        /// Jobs a second of the shapes inserted at a rate (one insert each).
+        #[arg(long, default_value_t = 400)]
+        rate: u64,
+        /// Seconds of each shape inserted at a rate.
+        #[arg(long, default_value_t = 10)]
+        rate_secs: u64,
+        /// Jobs waiting in the one hot key beside the keyed jobs at a rate.
+        #[arg(long, default_value_t = 100_000)]
+        hot_key: usize,
     },
     /// Run benchmark scenarios (see docs/benchmarks.md): R worker processes x W workers, one
     /// producer, metrics sampled from the database; JSON and Markdown results under --out.
@@ -264,6 +273,9 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             keys,
             workers,
             rounds,
+            rate,
+            rate_secs,
+            hot_key,
         } => {
             let report = workflows::run(workflows::WorkflowsConfig {
                 database_url,
@@ -272,6 +284,9 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
                 keys,
                 workers,
                 rounds: rounds.max(1),
+                rate: rate.max(2),
+                rate_secs: rate_secs.max(1),
+                hot_key,
             })
             .await?;
             print!("{report}");

@@ -7,7 +7,15 @@
 //!   handler end → the fan-in's handler start);
 //! - many: `--workflows` workflows of 10 steps (a → 8 parallel → z) against as many plain jobs;
 //! - keys: `--keys` sequences of 10 jobs each (inserted a round of keys at a time) against as many
-//!   plain jobs.
+//!   plain jobs;
+//! - at a rate: `--rate` jobs/s for `--rate-secs`, each insert its own transaction, as a service
+//!   inserts them: plain jobs' pickup (insert → handler start) against chains a → b (`--rate` / 2
+//!   workflows/s) and b's release (a's handler end → b's handler start, a's completion flush
+//!   included).
+//!
+//! After the rounds, once: sequence jobs of a key each at `--rate` for `--rate-secs`, their pickup
+//! alone and then beside one key with `--hot-key` jobs waiting (its jobs run one at a time
+//! throughout; the schema is dropped with what is left of them).
 //!
 //! Prints a Markdown table; on a throwaway cluster with production defaults unless DATABASE_URL
 //! is given.
@@ -26,23 +34,42 @@ pub struct WorkflowsConfig {
     pub keys: usize,
     pub workers: usize,
     pub rounds: usize,
+    pub rate: u64,
+    pub rate_secs: u64,
+    pub hot_key: usize,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Default)]
 struct Work {
     fan_in: bool,
+    /// The producer's clock at insert (µs since the epoch): the handler records its pickup.
+    #[serde(default)]
+    enq_us: i64,
+    /// A chain's number (a → b at a rate), 0 for none.
+    #[serde(default)]
+    chain: u64,
+    /// b, the chain's second step: the handler records its release.
+    #[serde(default)]
+    second: bool,
+    /// A job of the hot key: counted nowhere.
+    #[serde(default)]
+    hot: bool,
 }
 
 impl ringwork::JobArgs for Work {
     const KIND: &'static str = "wf_bench";
 }
 
-/// What the handlers saw: how many ran, when the last child ended, when a fan-in started.
+/// What the handlers saw: how many ran, when the last child ended, when a fan-in started, the
+/// pickups and releases of the jobs inserted at a rate.
 #[derive(Default)]
 struct Seen {
     ran: AtomicU64,
     last_child_end: Mutex<Option<Instant>>,
     fan_in_start: Mutex<Option<Instant>>,
+    pickup_ms: Mutex<Vec<f64>>,
+    chain_first_end: Mutex<std::collections::HashMap<u64, Instant>>,
+    release_ms: Mutex<Vec<f64>>,
 }
 
 pub async fn run(config: WorkflowsConfig) -> Result<String> {
@@ -66,6 +93,31 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
         .register(move |_ctx: JobContext, work: Work| {
             let seen = Arc::clone(&handler_seen);
             async move {
+                if work.hot {
+                    return Ok(());
+                }
+                let start = Instant::now();
+                if work.enq_us > 0 && !work.second {
+                    let ms = (crate::worker::now_us() - work.enq_us) as f64 / 1000.0;
+                    seen.pickup_ms.lock().map(|mut p| p.push(ms)).ok();
+                }
+                if work.second {
+                    let first_end = seen
+                        .chain_first_end
+                        .lock()
+                        .ok()
+                        .and_then(|mut ends| ends.remove(&work.chain));
+                    if let Some(end) = first_end {
+                        let ms = (start - end).as_secs_f64() * 1000.0;
+                        seen.release_ms.lock().map(|mut r| r.push(ms)).ok();
+                    }
+                }
+                if work.chain > 0 && !work.second {
+                    seen.chain_first_end
+                        .lock()
+                        .map(|mut ends| ends.insert(work.chain, Instant::now()))
+                        .ok();
+                }
                 if work.fan_in {
                     seen.fan_in_start
                         .lock()
@@ -84,7 +136,12 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
         .build()
         .await?;
     let running = client.start().await?;
-    let job = |fan_in: bool| NewJob::new(&Work { fan_in });
+    let job = |fan_in: bool| {
+        NewJob::new(&Work {
+            fan_in,
+            ..Work::default()
+        })
+    };
     let mut out = String::from(
         "| round | shape | plain: insert, to the last handler (s) | workflow: insert, to the last handler (s) | workflow ÷ plain | fan-in release (ms) |\n|---|---|---|---|---|---|\n",
     );
@@ -146,10 +203,10 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
         let mut jobs = Vec::with_capacity(n);
         for _ in 0..10 {
             for key in 0..config.keys {
-                jobs.push(
-                    NewJob::new(&Work { fan_in: false })?
-                        .sequence(&format!("key-{key}"), ringwork::DependencyFailure::Run),
-                );
+                jobs.push(NewJob::new(&Work::default())?.sequence(
+                    &format!("r{round}-key-{key}"),
+                    ringwork::DependencyFailure::Run,
+                ));
             }
         }
         let keyed = run_jobs(&client, &seen, jobs).await?;
@@ -162,7 +219,108 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
             keyed.1,
             keyed.1 / plain.1
         ));
+        // at a rate: plain jobs' pickup, then chains' release
+        let per_s = config.rate as f64;
+        let secs = config.rate_secs as f64;
+        let plain = at_rate(&seen, per_s, secs, |_| async {
+            client
+                .insert(NewJob::new(&Work {
+                    enq_us: crate::worker::now_us(),
+                    ..Work::default()
+                })?)
+                .await
+                .map(|_| 1)
+        })
+        .await?;
+        let client = &client;
+        let chains = at_rate(&seen, per_s / 2.0, secs, |chain| async move {
+            let first = NewJob::new(&Work {
+                enq_us: crate::worker::now_us(),
+                chain: chain + 1,
+                ..Work::default()
+            })?;
+            let second = NewJob::new(&Work {
+                chain: chain + 1,
+                second: true,
+                ..Work::default()
+            })?;
+            client
+                .insert_workflow(
+                    Workflow::new()
+                        .step(Step::new("a", first))
+                        .step(Step::new("b", second).after(&["a"])),
+                )
+                .await
+                .map(|_| 2)
+        })
+        .await?;
+        let release = take_sorted(&seen.release_ms);
+        out.push_str(&format!(
+            "| {round} | {} jobs/s for {} s, one insert each | pickup p50 / p95 / p99 {} ms | chains a → b: pickup of a {} ms | – | b's release p50 / p95 / p99 {} ms ({} chains) |\n",
+            config.rate,
+            config.rate_secs,
+            percentiles(&plain),
+            percentiles(&chains),
+            percentiles(&release),
+            release.len()
+        ));
     }
+    // once: keyed jobs at a rate, alone and beside a hot key
+    let keyed = |hot: bool| {
+        let client = &client;
+        move |i: u64| async move {
+            client
+                .insert(
+                    NewJob::new(&Work {
+                        enq_us: crate::worker::now_us(),
+                        ..Work::default()
+                    })?
+                    .sequence(
+                        &format!("{}-{i}", if hot { "beside" } else { "alone" }),
+                        ringwork::DependencyFailure::Run,
+                    ),
+                )
+                .await
+                .map(|_| 1)
+        }
+    };
+    let alone = at_rate(
+        &seen,
+        config.rate as f64,
+        config.rate_secs as f64,
+        keyed(false),
+    )
+    .await?;
+    let started = Instant::now();
+    let hot: Vec<NewJob> = (0..config.hot_key)
+        .map(|_| {
+            Ok(NewJob::new(&Work {
+                hot: true,
+                ..Work::default()
+            })?
+            .sequence("hot", ringwork::DependencyFailure::Run))
+        })
+        .collect::<Result<_>>()?;
+    for chunk in hot.chunks(5_000) {
+        client.insert_many(chunk).await?;
+    }
+    let hot_insert = started.elapsed().as_secs_f64();
+    let beside = at_rate(
+        &seen,
+        config.rate as f64,
+        config.rate_secs as f64,
+        keyed(true),
+    )
+    .await?;
+    out.push_str(&format!(
+        "| – | sequence jobs of a key each, {} jobs/s for {} s | alone: pickup p50 / p95 / p99 {} ms | beside one key with {} jobs waiting (inserted in {:.1} s): {} ms | – | – |\n",
+        config.rate,
+        config.rate_secs,
+        percentiles(&alone),
+        config.hot_key,
+        hot_insert,
+        percentiles(&beside)
+    ));
     running.shutdown(Duration::from_secs(10)).await;
     sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&pool)
@@ -173,7 +331,7 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
 /// Insert `n` plain jobs and wait for their handlers: (seconds to insert, seconds to the last).
 async fn run_plain(client: &Client, seen: &Seen, n: usize) -> Result<(f64, f64)> {
     let jobs: Vec<NewJob> = (0..n)
-        .map(|_| NewJob::new(&Work { fan_in: false }))
+        .map(|_| NewJob::new(&Work::default()))
         .collect::<Result<_>>()?;
     run_jobs(client, seen, jobs).await
 }
@@ -208,6 +366,47 @@ async fn run_workflows(
     let inserted = started.elapsed().as_secs_f64();
     wait_for(seen, n).await;
     Ok((inserted, started.elapsed().as_secs_f64()))
+}
+
+/// Insert at `per_s` inserts a second for `secs` (`insert(i)` inserts the i-th and returns how
+/// many jobs it inserted), wait for those jobs' handlers, and return their pickups, sorted (ms).
+async fn at_rate<F, Fut>(seen: &Seen, per_s: f64, secs: f64, insert: F) -> Result<Vec<f64>>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<usize>>,
+{
+    seen.ran.store(0, Ordering::SeqCst);
+    take_sorted(&seen.pickup_ms);
+    take_sorted(&seen.release_ms);
+    let started = Instant::now();
+    let (mut sent, mut jobs) = (0u64, 0usize);
+    while started.elapsed().as_secs_f64() < secs {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let due = (started.elapsed().as_secs_f64() * per_s) as u64;
+        while sent < due {
+            jobs += insert(sent).await?;
+            sent += 1;
+        }
+    }
+    wait_for(seen, jobs).await;
+    Ok(take_sorted(&seen.pickup_ms))
+}
+
+fn take_sorted(samples: &Mutex<Vec<f64>>) -> Vec<f64> {
+    let mut taken = samples
+        .lock()
+        .map(|mut s| std::mem::take(&mut *s))
+        .unwrap_or_default();
+    taken.sort_by(|a, b| a.total_cmp(b));
+    taken
+}
+
+fn percentiles(sorted: &[f64]) -> String {
+    if sorted.is_empty() {
+        return "–".into();
+    }
+    let at = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+    format!("{:.1} / {:.1} / {:.1}", at(0.5), at(0.95), at(0.99))
 }
 
 async fn wait_for(seen: &Seen, n: usize) {

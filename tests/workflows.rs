@@ -1248,6 +1248,51 @@ async fn a_sequence_job_cancelled_while_it_waits_is_skipped_not_a_turn() {
     db.cleanup().await;
 }
 
+/// An append behind a tail that was never released (here one that waits, through a skipped
+/// job's edge, for the running head) knows the tail waits without asking job_state: it runs after
+/// the tail, not beside it.
+#[tokio::test]
+async fn a_job_appended_behind_a_waiting_tail_runs_after_it() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    support::enqueue(
+        &db,
+        vec![
+            in_sequence("k", 1),
+            in_sequence("k", 2),
+            in_sequence("k", 3),
+        ],
+    )
+    .await;
+    let head = claim_ns(&storage).await.remove(0).1;
+    assert_eq!(
+        storage
+            .cancel_job(job_of_n(&db, 2).await, "not needed")
+            .await
+            .unwrap(),
+        CancelOutcome::Cancelled
+    );
+    support::enqueue(&db, vec![in_sequence("k", 4)]).await;
+    assert!(claim_ns(&storage).await.is_empty(), "3 and 4 wait for 1");
+    assert_eq!(complete_one(&storage, &head).await, Outcome::Applied);
+    let third = claim_ns(&storage).await;
+    assert_eq!(
+        third.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        vec![3],
+        "4 waits for 3"
+    );
+    assert_eq!(complete_one(&storage, &third[0].1).await, Outcome::Applied);
+    assert_eq!(
+        claim_ns(&storage)
+            .await
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>(),
+        vec![4]
+    );
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_dead_lettered_sequence_job_holds_its_key_until_retried_or_purged() {
     let db = TestDb::new().await;

@@ -256,11 +256,11 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
         .await?;
         let release = take_sorted(&seen.release_ms);
         out.push_str(&format!(
-            "| {round} | {} jobs/s for {} s, one insert each | pickup p50 / p95 / p99 {} ms | chains a → b: pickup of a {} ms | – | b's release p50 / p95 / p99 {} ms ({} chains) |\n",
+            "| {round} | {} jobs/s for {} s, one insert each | pickup p50 / p95 / p99 {} | chains a → b: pickup of a {} | – | b's release p50 / p95 / p99 {} ms ({} chains) |\n",
             config.rate,
             config.rate_secs,
-            percentiles(&plain),
-            percentiles(&chains),
+            plain.summary(),
+            chains.summary(),
             percentiles(&release),
             release.len()
         ));
@@ -313,13 +313,13 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
     )
     .await?;
     out.push_str(&format!(
-        "| – | sequence jobs of a key each, {} jobs/s for {} s | alone: pickup p50 / p95 / p99 {} ms | beside one key with {} jobs waiting (inserted in {:.1} s): {} ms | – | – |\n",
+        "| – | sequence jobs of a key each, {} jobs/s for {} s | alone: pickup p50 / p95 / p99 {} | beside one key with {} jobs waiting (inserted in {:.1} s): {} | – | – |\n",
         config.rate,
         config.rate_secs,
-        percentiles(&alone),
+        alone.summary(),
         config.hot_key,
         hot_insert,
-        percentiles(&beside)
+        beside.summary()
     ));
     running.shutdown(Duration::from_secs(10)).await;
     sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -345,7 +345,7 @@ async fn run_jobs(client: &Client, seen: &Seen, jobs: Vec<NewJob>) -> Result<(f6
         client.insert_many(chunk).await?;
     }
     let inserted = started.elapsed().as_secs_f64();
-    wait_for(seen, n).await;
+    wait_for(seen, n).await?;
     Ok((inserted, started.elapsed().as_secs_f64()))
 }
 
@@ -364,13 +364,13 @@ async fn run_workflows(
         client.insert_workflow(workflow).await?;
     }
     let inserted = started.elapsed().as_secs_f64();
-    wait_for(seen, n).await;
+    wait_for(seen, n).await?;
     Ok((inserted, started.elapsed().as_secs_f64()))
 }
 
 /// Insert at `per_s` inserts a second for `secs` (`insert(i)` inserts the i-th and returns how
 /// many jobs it inserted), wait for those jobs' handlers, and return their pickups, sorted (ms).
-async fn at_rate<F, Fut>(seen: &Seen, per_s: f64, secs: f64, insert: F) -> Result<Vec<f64>>
+async fn at_rate<F, Fut>(seen: &Seen, per_s: f64, secs: f64, insert: F) -> Result<Rate>
 where
     F: Fn(u64) -> Fut,
     Fut: std::future::Future<Output = Result<usize>>,
@@ -388,8 +388,30 @@ where
             sent += 1;
         }
     }
-    wait_for(seen, jobs).await;
-    Ok(take_sorted(&seen.pickup_ms))
+    let achieved = sent as f64 / started.elapsed().as_secs_f64();
+    wait_for(seen, jobs).await?;
+    Ok(Rate {
+        pickup_ms: take_sorted(&seen.pickup_ms),
+        inserts_per_s: achieved,
+    })
+}
+
+/// What a shape at a rate saw: its pickups (sorted, ms) and the insert rate it achieved (one
+/// insert at a time: a slow insert makes the schedule slip, and the table says so).
+struct Rate {
+    pickup_ms: Vec<f64>,
+    inserts_per_s: f64,
+}
+
+impl Rate {
+    fn summary(&self) -> String {
+        format!(
+            "{} ms ({} samples, {:.0} inserts/s)",
+            percentiles(&self.pickup_ms),
+            self.pickup_ms.len(),
+            self.inserts_per_s
+        )
+    }
 }
 
 fn take_sorted(samples: &Mutex<Vec<f64>>) -> Vec<f64> {
@@ -409,9 +431,18 @@ fn percentiles(sorted: &[f64]) -> String {
     format!("{:.1} / {:.1} / {:.1}", at(0.5), at(0.95), at(0.99))
 }
 
-async fn wait_for(seen: &Seen, n: usize) {
+/// Wait for `n` handlers; an error after 10 minutes (a shape's figures would be partial, and its
+/// stragglers would run into the next shape's).
+async fn wait_for(seen: &Seen, n: usize) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
-    while (seen.ran.load(Ordering::SeqCst) as usize) < n && Instant::now() < deadline {
+    while (seen.ran.load(Ordering::SeqCst) as usize) < n {
+        if Instant::now() >= deadline {
+            return Err(ringwork::Error::Config(format!(
+                "{} of {n} jobs ran within 10 minutes",
+                seen.ran.load(Ordering::SeqCst)
+            )));
+        }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    Ok(())
 }

@@ -898,9 +898,8 @@ BEGIN
         PERFORM __S__.lock_workflow(v_workflow);
         -- the key's last job, skipping jobs cancelled while they waited (they never had a turn)
         SELECT s.step, s.job_id,
-               s.dependencies > 0
-               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_arrivals a
-                               WHERE a.workflow_id = s.workflow_id AND a.step = s.step AND a.seen = s.dependencies)
+               NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                           WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
         INTO v_tail_step, v_tail_job, v_tail_waits FROM __S__.workflow_steps s
         WHERE s.workflow_id = v_workflow
           AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
@@ -908,9 +907,10 @@ BEGIN
                             AND r.outcome = 'cancelled' AND r.run_lease = 0)
         ORDER BY s.job_id DESC LIMIT 1;
         IF v_tail_waits THEN
-            -- not released yet (its last arrival is missing, under the workflow's lock): it waits
-            -- behind its own tail, and job_state's search of every plane (milliseconds) would say
-            -- as much; a key with a backlog appends in constant time
+            -- never released (under the workflow's lock, so it cannot be meanwhile) and not
+            -- cancelled (skipped above): it waits behind its own tail, as job_state's search of
+            -- every plane would say ('pending', its step row alone); a key with a backlog
+            -- appends in constant time
             v_tail_state := 'pending';
         ELSE
             SELECT j.state, j.run_lease INTO v_tail_state, v_tail_lease FROM __S__.job_state(v_tail_job) j;

@@ -331,6 +331,20 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
             "{page} shows arguments as text"
         );
     }
+    // a job that never ran says why its history is empty
+    let (_, _, never_ran) = exchange(
+        addr,
+        "GET",
+        &format!("/dashboard/jobs/{}", ids[0]),
+        &[("Host", &host)],
+        "",
+    )
+    .await;
+    assert!(
+        never_ran.contains("No attempt has ended yet"),
+        "{}",
+        &never_ran[..never_ran.len().min(2000)]
+    );
     let (_, _, scheduled) = exchange(
         addr,
         "GET",

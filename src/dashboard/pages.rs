@@ -612,6 +612,9 @@ pub(crate) async fn job(
                 }
             }
         }
+        @if record.history.is_empty() {
+            p.muted id="history-empty" { "No attempt has ended yet: each is listed here once it does." }
+        }
     };
     layout(&shared, &headers, "jobs", &format!("Job {id}"), body).await
 }

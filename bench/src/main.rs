@@ -35,7 +35,7 @@ use ringwork::SchemaName;
 use crate::report::markdown;
 use crate::runner::run;
 use crate::scenario::{parse_profiles, BenchConfig, Scenario, System};
-use crate::worker::{producer_process, telemetry_trace_layer, worker_process};
+use crate::worker::{producer_process, telemetry_trace_layer, worker_process, ProduceMode};
 
 #[derive(Parser)]
 #[command(
@@ -403,16 +403,12 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             rate,
             depth,
         } => {
-            let (rate, depth) = match (mode.as_str(), rate, depth) {
-                ("rate", Some(r), _) if r > 0 => (Some(r), None),
-                ("depth", _, Some(d)) if d > 0 => (None, Some(d)),
-                _ => {
-                    return Err(ringwork::Error::Config(
-                        "--mode rate --rate R, or --mode depth --depth N (both > 0)".into(),
-                    ))
-                }
-            };
-            producer_process(&database_url, &schema, rate, depth).await?;
+            producer_process(
+                &database_url,
+                &schema,
+                ProduceMode::parse(&mode, rate, depth)?,
+            )
+            .await?;
         }
     }
     Ok(())

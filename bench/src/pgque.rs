@@ -27,7 +27,7 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::worker::{env_number, now_us, report_until_signal, wait_for_signal};
+use crate::worker::{env_number, now_us, report_until_signal, wait_for_signal, ProduceMode};
 
 const QUEUE: &str = "bench";
 const CONSUMER: &str = "bench";
@@ -97,13 +97,7 @@ pub async fn run(command: PgqueCommand) -> Result<()> {
             mode,
             rate,
             depth,
-        } => match (mode.as_str(), rate, depth) {
-            ("rate", Some(r), _) if r > 0 => produce(&database_url, Some(r), None).await,
-            ("depth", _, Some(d)) if d > 0 => produce(&database_url, None, Some(d)).await,
-            _ => Err(Error::Config(
-                "--mode rate --rate R, or --mode depth --depth N (both > 0)".into(),
-            )),
-        },
+        } => produce(&database_url, ProduceMode::parse(&mode, rate, depth)?).await,
         PgqueCommand::Hold {
             database_url,
             txs,
@@ -379,73 +373,30 @@ async fn consume(
     }
 }
 
-async fn produce(url: &str, rate: Option<u64>, depth: Option<u64>) -> Result<()> {
+/// Events sent with `send_batch`, through the producer loop all systems share.
+async fn produce(url: &str, mode: ProduceMode) -> Result<()> {
     let pool = connect(url, 2).await?;
-    let enqueued = Arc::new(AtomicU64::new(0));
-    let counter = Arc::clone(&enqueued);
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopping = Arc::clone(&stop);
-    let sending = tokio::spawn(async move {
-        let started = Instant::now();
-        let mut sent: u64 = 0;
-        let mut next_n: u64 = 0;
-        while !stopping.load(Ordering::Relaxed) {
-            let want = match (rate, depth) {
-                (Some(rate), _) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
-                    due.saturating_sub(sent).min(10_000)
-                }
-                (_, Some(depth)) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    match available(&pool).await {
-                        Ok(available) => (depth as i64 - available).clamp(0, 5_000) as u64,
-                        Err(_) => 0,
-                    }
-                }
-                (None, None) => return,
-            };
-            if want == 0 {
-                continue;
-            }
+    let probe = pool.clone();
+    let available = move || {
+        let pool = probe.clone();
+        async move { available(&pool).await }
+    };
+    let send = move |first: u64, count: u64| {
+        let pool = pool.clone();
+        async move {
             let enq_us = now_us();
-            let first = next_n;
-            next_n += want;
-            let payloads: Vec<serde_json::Value> = (first..first + want)
+            let payloads: Vec<serde_json::Value> = (first..first + count)
                 .map(|n| serde_json::json!({ "enq_us": enq_us, "n": n }))
                 .collect();
-            match sqlx::query("SELECT pgque.send_batch($1, $2::jsonb[])")
+            sqlx::query("SELECT pgque.send_batch($1, $2::jsonb[])")
                 .bind(QUEUE)
                 .bind(&payloads)
                 .execute(&pool)
-                .await
-            {
-                Ok(_) => {
-                    sent += want;
-                    counter.fetch_add(want, Ordering::Relaxed);
-                    println!(
-                        "{}",
-                        serde_json::json!({ "committed": [first, first + want] })
-                    );
-                }
-                Err(e) => {
-                    eprintln!("pgque send: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
+                .await?;
+            Ok(count)
         }
-    });
-    let reported = AtomicU64::new(0);
-    let report_line = || {
-        let now = enqueued.load(Ordering::Relaxed);
-        let delta = now - reported.swap(now, Ordering::Relaxed);
-        println!("{}", serde_json::json!({ "enqueued": delta }));
     };
-    report_until_signal(&report_line).await?;
-    stop.store(true, Ordering::Relaxed);
-    let _ = sending.await;
-    report_line();
-    Ok(())
+    crate::worker::produce(mode, available, send).await
 }
 
 /// Each of `txs` connections in turn: BEGIN, send one event, wait `hold`, COMMIT, again.

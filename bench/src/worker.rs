@@ -225,28 +225,44 @@ pub(crate) fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.parse().ok()
 }
 
-/// `ringwork-bench produce`: insert bench jobs at a fixed rate, or keep `depth` available.
-pub async fn producer_process(
-    url: &str,
-    schema: &str,
-    rate: Option<u64>,
-    depth: Option<u64>,
-) -> Result<()> {
-    let (pool, session) = connect(url, 2).await?;
-    let pooler = session.is_some();
-    let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
-    let storage = if pooler {
-        storage.behind_transaction_pooler(session)
-    } else {
-        storage
-    };
+/// What a producer process does: insert at a fixed rate, or keep a depth of available jobs.
+#[derive(Clone, Copy)]
+pub(crate) enum ProduceMode {
+    Rate(u64),
+    Depth(u64),
+}
+
+impl ProduceMode {
+    /// `--mode rate --rate R` or `--mode depth --depth N`, both > 0.
+    pub(crate) fn parse(mode: &str, rate: Option<u64>, depth: Option<u64>) -> Result<Self> {
+        match (mode, rate, depth) {
+            ("rate", Some(r), _) if r > 0 => Ok(Self::Rate(r)),
+            ("depth", _, Some(d)) if d > 0 => Ok(Self::Depth(d)),
+            _ => Err(Error::Config(
+                "--mode rate --rate R, or --mode depth --depth N (both > 0)".into(),
+            )),
+        }
+    }
+}
+
+/// A producer process's loop, for every system: `send(first, count)` inserts `count` jobs
+/// numbered from `first` and returns how many committed; `available()` is the queue's depth.
+/// Reports each committed range (`{"committed"}`, the runner accounts for exactly these numbers)
+/// and `{"enqueued"}` once a second, until SIGTERM.
+pub(crate) async fn produce<A, AF, S, SF>(mode: ProduceMode, available: A, send: S) -> Result<()>
+where
+    A: Fn() -> AF + Send + 'static,
+    AF: std::future::Future<Output = Result<i64>> + Send,
+    S: Fn(u64, u64) -> SF + Send + 'static,
+    SF: std::future::Future<Output = Result<u64>> + Send,
+{
     let enqueued = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&enqueued);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = Arc::clone(&stop);
     // A task of its own, stopped by a flag between inserts: an insert in flight at SIGTERM is
     // finished and counted, never abandoned between commit and count.
-    let produce = tokio::spawn(async move {
+    let producing = tokio::spawn(async move {
         let started = Instant::now();
         // committed jobs (for the rate schedule) and the next unused sequence number: every
         // attempt takes fresh numbers, so a batch whose commit reply was lost (it may have
@@ -254,13 +270,13 @@ pub async fn producer_process(
         let mut sent: u64 = 0;
         let mut next_n: u64 = 0;
         while !stopping.load(Ordering::Relaxed) {
-            let want = match (rate, depth) {
-                (Some(rate), _) => {
+            let want = match mode {
+                ProduceMode::Rate(rate) => {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     let due = (started.elapsed().as_secs_f64() * rate as f64) as u64;
                     due.saturating_sub(sent).min(10_000)
                 }
-                (None, Some(depth)) => {
+                ProduceMode::Depth(depth) => {
                     // every 100 ms: the exact count is not free (one probe per shard), and the
                     // harness should not spend the cores it measures; at 10k jobs/s, 5,000 ready
                     // jobs last 500 ms
@@ -269,51 +285,24 @@ pub async fn producer_process(
                         env_number("RINGWORK_BENCH_DEPTH_PROBE_MS").unwrap_or(100),
                     ))
                     .await;
-                    match storage.available_count(BENCH_QUEUE).await {
+                    match available().await {
                         Ok(available) => (depth as i64 - available).clamp(0, 5_000) as u64,
                         Err(_) => 0,
                     }
                 }
-                (None, None) => return,
             };
             if want == 0 {
                 continue;
             }
-            let enq_us = now_us();
             let first = next_n;
             next_n += want;
-            let jobs: Vec<NewJob> = (0..want)
-                .filter_map(|i| {
-                    NewJob::new(&BenchJob {
-                        enq_us,
-                        n: first + i,
-                        held: false,
-                    })
-                    .ok()
-                    .map(|j| j.queue(BENCH_QUEUE))
-                })
-                .collect();
-            // a span per batch: with telemetry on, every job carries its traceparent
-            let span = tracing::info_span!("bench.produce", jobs = jobs.len());
-            let inserted = if pooler {
-                // behind a transaction pooler the batch needs a transaction around it
-                insert_in_transaction(&pool, &storage, &jobs)
-                    .instrument(span)
-                    .await
-            } else {
-                match pool.acquire().await {
-                    Ok(mut conn) => storage.insert_many(&mut conn, &jobs).instrument(span).await,
-                    Err(e) => Err(e.into()),
-                }
-            };
-            match inserted {
-                Ok(ids) => {
-                    sent += ids.len() as u64;
-                    counter.fetch_add(ids.len() as u64, Ordering::Relaxed);
-                    // the runner accounts for exactly these numbers
+            match send(first, want).await {
+                Ok(committed) => {
+                    sent += committed;
+                    counter.fetch_add(committed, Ordering::Relaxed);
                     println!(
                         "{}",
-                        serde_json::json!({ "committed": [first, first + ids.len() as u64] })
+                        serde_json::json!({ "committed": [first, first + committed] })
                     );
                 }
                 // a lost connection (pg-restart): the batch was not committed, or its commit is
@@ -333,10 +322,60 @@ pub async fn producer_process(
     };
     report_until_signal(&report_line).await?;
     stop.store(true, Ordering::Relaxed);
-    let _ = produce.await;
+    let _ = producing.await;
     // the last partial second
     report_line();
     Ok(())
+}
+
+/// `ringwork-bench produce`: insert bench jobs at a fixed rate, or keep `depth` available.
+pub async fn producer_process(url: &str, schema: &str, mode: ProduceMode) -> Result<()> {
+    let (pool, session) = connect(url, 2).await?;
+    let pooler = session.is_some();
+    let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
+    let storage = if pooler {
+        storage.behind_transaction_pooler(session)
+    } else {
+        storage
+    };
+    let depth_probe = storage.clone();
+    let available = move || {
+        let storage = depth_probe.clone();
+        async move { storage.available_count(BENCH_QUEUE).await }
+    };
+    let send = move |first: u64, count: u64| {
+        let (pool, storage) = (pool.clone(), storage.clone());
+        async move {
+            let enq_us = now_us();
+            let jobs: Vec<NewJob> = (first..first + count)
+                .filter_map(|n| {
+                    NewJob::new(&BenchJob {
+                        enq_us,
+                        n,
+                        held: false,
+                    })
+                    .ok()
+                    .map(|j| j.queue(BENCH_QUEUE))
+                })
+                .collect();
+            // a span per batch: with telemetry on, every job carries its traceparent
+            let span = tracing::info_span!("bench.produce", jobs = jobs.len());
+            let ids = if pooler {
+                // behind a transaction pooler the batch needs a transaction around it
+                insert_in_transaction(&pool, &storage, &jobs)
+                    .instrument(span)
+                    .await?
+            } else {
+                let mut conn = pool.acquire().await?;
+                storage
+                    .insert_many(&mut conn, &jobs)
+                    .instrument(span)
+                    .await?
+            };
+            Ok(ids.len() as u64)
+        }
+    };
+    produce(mode, available, send).await
 }
 
 async fn insert_in_transaction(

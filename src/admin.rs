@@ -18,9 +18,9 @@ use crate::maintenance::{MaintenanceConfig, TickReport};
 use crate::schema::SchemaName;
 use crate::storage::{
     ArgsText, BulkOutcome, CallbackAction, CallbackOutcome, CancelOutcome, DeadLetter,
-    HorizonHolder, JobFilter, JobPage, JobRecord, JobState, ProgressRecord, PruneBlocker,
-    QueueCounts, QueueLimits, Readiness, ReplicaStatus, RingSlot, ScheduleRecord, Storage,
-    TableHealth,
+    HorizonHolder, JobFilter, JobPage, JobRecord, JobState, LimitsInUse, ProgressRecord,
+    PruneBlocker, QueueCounts, QueueLimits, Readiness, ReplicaStatus, RingSlot, ScheduleRecord,
+    Storage, TableHealth,
 };
 use crate::JobStatus;
 
@@ -232,6 +232,11 @@ impl Admin {
         job_id: Option<i64>,
     ) -> Result<i64> {
         self.storage.dlq_purge(queue, job_id).await
+    }
+
+    /// Every queue with limits and what it uses of them now, with its `top_keys` busiest keys.
+    pub async fn queue_limits_in_use(&self, top_keys: usize) -> Result<Vec<LimitsInUse>> {
+        self.storage.queue_limits_in_use(top_keys).await
     }
 
     // ---- periodic schedules ---------------------------------------------------------------

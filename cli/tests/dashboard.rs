@@ -541,6 +541,68 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         .contains("ready_entries"));
     screenshot(&browser, "storage").await;
 
+    // schedules: a paused one, resumed from its page
+    storage.set_schedule_paused("digest", true).await.unwrap();
+    browser.goto(&format!("{base}/schedules")).await.unwrap();
+    wait_text(&browser, "tr[data-schedule='digest']", "paused").await;
+    screenshot(&browser, "schedules").await;
+    click(&browser, Locator::Id("resume-digest")).await;
+    wait_text(&browser, "#no-schedules", "No schedule").await;
+    assert!(storage.schedules().await.unwrap().is_empty());
+
+    // limits: a queue at its running limit, with a key holding a job back
+    storage
+        .set_queue_limits(
+            "reports",
+            ringwork::QueueLimits {
+                max_running: Some(5),
+                rate: Some((600, Duration::from_secs(60))),
+                per_key: Some(ringwork::KeyLimit::arg("tenant").max_running(1)),
+            },
+        )
+        .await
+        .unwrap();
+    let reports: Vec<_> = ["acme", "acme", "globex", "initech"]
+        .iter()
+        .map(|t| {
+            NewJob::from_parts("report", serde_json::json!({ "tenant": t }))
+                .unwrap()
+                .queue("reports")
+        })
+        .collect();
+    let mut conn = db.pool().acquire().await.unwrap();
+    storage.insert_many(&mut conn, &reports).await.unwrap();
+    assert_eq!(storage.claim("reports", 10, None).await.unwrap().len(), 3);
+    browser.goto(&format!("{base}/limits")).await.unwrap();
+    wait_text(
+        &browser,
+        "section[data-queue='reports'] tr.running",
+        "3 / 5",
+    )
+    .await;
+    wait_text(&browser, "section[data-queue='reports'] .held", "1").await;
+    screenshot(&browser, "limits").await;
+
+    // callbacks: a job waiting for a partner's answer
+    let (waiting, _) = ringwork::testing::waiting_for_callback(
+        &db.admin(),
+        &mut conn,
+        "approvals",
+        3,
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    browser.goto(&format!("{base}/callbacks")).await.unwrap();
+    wait_text(
+        &browser,
+        &format!("tr[data-job='{}']", waiting.job_id),
+        "approvals",
+    )
+    .await;
+    screenshot(&browser, "callbacks").await;
+
     // the overview again: by now it has samples, and the retried jobs show as throughput
     browser.goto(&base).await.unwrap();
     let points = browser

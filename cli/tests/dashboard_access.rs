@@ -313,6 +313,9 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
         "/dashboard/queues",
         "/dashboard/dlq",
         "/dashboard/storage",
+        "/dashboard/callbacks",
+        "/dashboard/schedules",
+        "/dashboard/limits",
     ]
     .iter()
     .map(|p| p.to_string())

@@ -512,3 +512,42 @@ LANGUAGE sql STABLE SET jit = off AS $$
         SELECT h.args, h.run_lease FROM __S__.archived_job(p_job_id) h
     ) a ORDER BY a.run_lease DESC LIMIT 1
 $$;
+
+-- The queues with limits (control.sql set_queue_limits) and what they use of them now: attempts
+-- open against max_running, claims in the rate window against the rate, jobs held for keys at
+-- their limit, and the p_top_keys busiest keys of a per-key limit (open attempts, then claims in
+-- the key's rate window). Open attempts are counted from the queue's running mark (migration 0010),
+-- as a limited claim counts them: the claims since the oldest open one, not the whole ring.
+CREATE OR REPLACE FUNCTION __S__.queue_limits_in_use(p_top_keys int)
+RETURNS TABLE (queue text, max_running int, running bigint, rate_limit int, rate_period interval,
+               rate_used bigint, key_path text[], key_max_running int, key_rate_limit int,
+               key_rate_period interval, held bigint, top_keys jsonb)
+LANGUAGE sql STABLE SET jit = off AS $$
+    SELECT q.queue, q.max_running, r.running, q.rate_limit, q.rate_period,
+           (SELECT coalesce(sum(c.claimed), 0)::bigint FROM __S__.rate_limit_claims c
+            WHERE c.queue = q.queue AND c.key IS NULL AND c.claimed_at > __S__.engine_now() - q.rate_period),
+           q.key_path, q.key_max_running, q.key_rate_limit, q.key_rate_period,
+           (SELECT count(*) FROM __S__.deferred_jobs d WHERE d.queue = q.queue AND d.held_key IS NOT NULL),
+           CASE WHEN q.key_path IS NOT NULL THEN coalesce((
+               SELECT jsonb_agg(jsonb_build_object('key', k.key, 'running', k.running, 'claims', k.claims)
+                                ORDER BY k.running DESC, k.claims DESC, k.key)
+               FROM (
+                   SELECT coalesce(o.key, w.key) AS key, coalesce(o.running, 0) AS running,
+                          coalesce(w.claims, 0) AS claims
+                   FROM (SELECT b.key, b.running
+                         FROM __S__.count_running_by_key(q.queue, r.mark, q.key_path) b
+                         WHERE b.key IS NOT NULL) o
+                   FULL JOIN (SELECT c.key, sum(c.claimed)::bigint AS claims
+                              FROM __S__.rate_limit_claims c
+                              WHERE c.queue = q.queue AND c.key IS NOT NULL AND q.key_rate_period IS NOT NULL
+                                AND c.claimed_at > __S__.engine_now() - q.key_rate_period
+                              GROUP BY c.key) w ON w.key = o.key
+                   ORDER BY 2 DESC, 3 DESC, 1
+                   LIMIT p_top_keys
+               ) k), '[]') END
+    FROM __S__.queues q
+    CROSS JOIN LATERAL (SELECT coalesce(pg_sequence_last_value(q.running_mark_seq), 0) AS mark) m
+    CROSS JOIN LATERAL (SELECT m.mark, f.running FROM __S__.count_running_from(q.queue, m.mark) f) r
+    WHERE q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_path IS NOT NULL
+    ORDER BY q.queue
+$$;

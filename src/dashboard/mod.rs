@@ -209,6 +209,10 @@ impl Dashboard {
             .route("/jobs/{id}/{action}", post(job_action))
             .route("/workflows/{id}", get(pages::workflow))
             .route("/workflows/{id}/cancel", post(workflow_cancel))
+            .route("/callbacks", get(pages::callbacks))
+            .route("/schedules", get(pages::schedules))
+            .route("/schedules/{action}", post(schedule_action))
+            .route("/limits", get(pages::limits))
             .route("/dlq", get(pages::dead_letters))
             .route("/dlq/{action}", post(dead_letter_action))
             .route("/storage", get(pages::storage))
@@ -590,6 +594,55 @@ async fn set_queue_paused(
     }
     match shared.storage.set_queue_paused(&queue, paused).await {
         Ok(_) => see_other(shared.href("/queues")),
+        Err(e) => failure(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ScheduleForm {
+    csrf: Option<String>,
+    schedule: Option<String>,
+}
+
+/// Pause, resume or fire a schedule (`/schedules/pause`, `/schedules/resume`,
+/// `/schedules/trigger`). Only a schedule the page lists: a typo or a forged form must not leave
+/// a paused or triggered name behind.
+async fn schedule_action(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Path(action): Path<String>,
+    Form(form): Form<ScheduleForm>,
+) -> Response {
+    if !matches!(action.as_str(), "pause" | "resume" | "trigger") {
+        return refuse(StatusCode::NOT_FOUND, "no such schedule action");
+    }
+    if let Err(refused) = shared.check_action(&headers, form.csrf.as_deref()) {
+        return refused.into_response();
+    }
+    let Some(schedule) = form.schedule.filter(|s| !s.is_empty()) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "which schedule? (the form has no schedule)",
+        );
+    };
+    match shared.storage.schedules().await {
+        Ok(known) if !known.iter().any(|s| s.schedule == schedule) => {
+            return refuse(StatusCode::NOT_FOUND, "no such schedule");
+        }
+        Ok(_) => {}
+        Err(e) => return failure(e),
+    }
+    let done = match action.as_str() {
+        "trigger" => shared.storage.trigger_schedule(&schedule).await,
+        paused => {
+            shared
+                .storage
+                .set_schedule_paused(&schedule, paused == "pause")
+                .await
+        }
+    };
+    match done {
+        Ok(_) => see_other(shared.href("/schedules")),
         Err(e) => failure(e),
     }
 }

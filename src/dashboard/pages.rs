@@ -109,6 +109,9 @@ fn render_page(
         ("overview", "/", "Overview"),
         ("queues", "/queues", "Queues"),
         ("jobs", "/jobs", "Jobs"),
+        ("callbacks", "/callbacks", "Callbacks"),
+        ("schedules", "/schedules", "Schedules"),
+        ("limits", "/limits", "Limits"),
         ("dlq", "/dlq", "Dead letters"),
         ("storage", "/storage", "Storage"),
     ];
@@ -724,27 +727,41 @@ fn workflow_columns(steps: &[crate::StepStatus]) -> Vec<Vec<&crate::StepStatus>>
     columns
 }
 
+/// One page of a state's jobs, of one queue or all, for a page at `path` that lists that state
+/// only, and the link to its next page.
+async fn queue_state_page(
+    shared: &Shared,
+    path: &str,
+    state: JobStatus,
+    queue: Option<&str>,
+    params: &ListQuery,
+) -> crate::Result<(crate::JobPage, Option<String>)> {
+    let page = shared
+        .reads
+        .list_jobs(state, queue, None, ListQuery::get(&params.after), PAGE_SIZE)
+        .await?;
+    let next = page.next.as_ref().map(|after| {
+        let mut pairs = vec![("after", after.as_str())];
+        if let Some(queue) = queue {
+            pairs.push(("queue", queue));
+        }
+        shared.href(&format!("{path}?{}", query(&pairs)))
+    });
+    Ok((page, next))
+}
+
 pub(crate) async fn dead_letters(
     State(shared): AppState,
     headers: HeaderMap,
     Query(params): Query<ListQuery>,
 ) -> Response {
     let queue = ListQuery::get(&params.queue);
-    let page = match shared
-        .reads
-        .list_jobs(
-            JobStatus::DeadLettered,
-            queue,
-            // by queue only: the bulk forms below act on a queue, so the list shows what they act on
-            None,
-            ListQuery::get(&params.after),
-            PAGE_SIZE,
-        )
-        .await
-    {
-        Ok(page) => page,
-        Err(e) => return failure(e),
-    };
+    // by queue only: the bulk forms below act on a queue, so the list shows what they act on
+    let (page, next) =
+        match queue_state_page(&shared, "/dlq", JobStatus::DeadLettered, queue, &params).await {
+            Ok(page) => page,
+            Err(e) => return failure(e),
+        };
     let queues = shared.reads.dead_letter_counts().await.unwrap_or_default();
     let may_act = shared.may_act(&headers);
     // the cutoff of the "all" actions: what the operator saw, not what fails after; on a standby,
@@ -757,13 +774,6 @@ pub(crate) async fn dead_letters(
         Staleness::Unknown => Utc::now(),
     }
     .timestamp_millis();
-    let next = page.next.as_ref().map(|after| {
-        let mut pairs = vec![("after", after.as_str())];
-        if let Some(queue) = queue {
-            pairs.push(("queue", queue));
-        }
-        shared.href(&format!("/dlq?{}", query(&pairs)))
-    });
     let scope = queue
         .map(|q| format!("in {q}"))
         .unwrap_or_else(|| "in every queue".into());
@@ -847,6 +857,180 @@ pub(crate) async fn dead_letters(
         body,
         Some(staleness),
     )
+}
+
+/// Jobs waiting for an external callback (`JobContext::await_callback`), the soonest to time out
+/// first: what an operator looks for when a partner system stops answering.
+pub(crate) async fn callbacks(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(params): Query<ListQuery>,
+) -> Response {
+    let queue = ListQuery::get(&params.queue);
+    let (page, next) =
+        match queue_state_page(&shared, "/callbacks", JobStatus::Waiting, queue, &params).await {
+            Ok(page) => page,
+            Err(e) => return failure(e),
+        };
+    let body = html! {
+        h1 { "Callbacks" }
+        p.muted { "Jobs whose handler waits for an external system to answer (ringwork callback resolve, Admin::resolve_callback). One that times out fails its attempt and is retried." }
+        table id="callbacks" {
+            thead { tr { th { "id" } th { "queue" } th { "kind" } th.num { "attempt" } th { "times out" } th { "args" } } }
+            tbody {
+                @for job in &page.jobs {
+                    tr data-job=(job.job_id) {
+                        td { a href=(shared.href(&format!("/jobs/{}", job.job_id))) { (job.job_id) } }
+                        td { (job.queue) } td { (job.kind) } td.num { (job.attempt) }
+                        td title=(when(job.at)) { (ago(job.at)) }
+                        td.args { (job.args) }
+                    }
+                }
+            }
+        }
+        @if page.jobs.is_empty() { p.muted id="no-callbacks" { "No job waits for a callback" @if let Some(q) = queue { " in " (q) } "." } }
+        @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
+    };
+    layout(&shared, &headers, "callbacks", "Callbacks", body).await
+}
+
+/// Periodic schedules: when each last fired and its job, paused or not; pause, resume and "fire
+/// now" for those who may act. A schedule's times are declared by the processes that run it, so
+/// the page knows the fires the fleet made, not the next one.
+pub(crate) async fn schedules(State(shared): AppState, headers: HeaderMap) -> Response {
+    let schedules = match shared.reads.schedules().await {
+        Ok(schedules) => schedules,
+        Err(e) => return failure(e),
+    };
+    let may_act = shared.may_act(&headers);
+    let action = |schedule: &str, path: &str, label: &str, id: &str, danger: bool| {
+        html! {
+            form.inline method="post" action=(shared.href(path)) {
+                (csrf_field(&shared))
+                input type="hidden" name="schedule" value=(schedule);
+                button class=@if danger { "danger" } id={ (id) "-" (schedule) } type="submit" { (label) }
+            }
+        }
+    };
+    let body = html! {
+        h1 { "Schedules" }
+        p.muted { "Periodic schedules that fired in about the last week or are paused. A paused schedule fires only when triggered; its missed fires follow its missed-fire policy when it is resumed." }
+        table id="schedules" {
+            thead { tr {
+                th { "schedule" } th { "state" } th { "last fire" } th { "its job" } th.num { "fires kept" }
+                @if may_act { th { "" } }
+            } }
+            tbody {
+                @for s in &schedules {
+                    tr data-schedule=(s.schedule) {
+                        td { (s.schedule) }
+                        td { @if s.paused { span class="state paused" { "paused" } } @else { span class="state running" { "active" } } }
+                        td { @if let Some(at) = s.last_fire_at { span title=(when(at)) { (ago(at)) } } @else { "–" } }
+                        td { @if let Some(id) = s.last_job_id { a href=(shared.href(&format!("/jobs/{id}"))) { (id) } } @else { "–" } }
+                        td.num { (s.fires) }
+                        @if may_act {
+                            td {
+                                @if s.paused {
+                                    (action(&s.schedule, "/schedules/resume", "Resume", "resume", false))
+                                } @else {
+                                    (action(&s.schedule, "/schedules/pause", "Pause", "pause", false))
+                                }
+                                " " (action(&s.schedule, "/schedules/trigger", "Fire now", "trigger", false))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        @if schedules.is_empty() { p.muted id="no-schedules" { "No schedule has fired yet, and none is paused." } }
+    };
+    layout(&shared, &headers, "schedules", "Schedules", body).await
+}
+
+/// How many of a per-key limit's keys the limits page shows.
+const TOP_KEYS: usize = 10;
+
+/// "used / limit" with a bar, for the limits page.
+fn usage(used: i64, limit: Option<i32>) -> Markup {
+    match limit {
+        None => html! { span.muted { "no limit" } },
+        Some(limit) => {
+            let pct = if limit > 0 {
+                (used as f64 / limit as f64 * 100.0).clamp(0.0, 100.0)
+            } else {
+                100.0
+            };
+            html! {
+                span.usage { (used) " / " (limit) }
+                " " meter min="0" max=(limit) value=(used.min(limit as i64)) title=(format!("{pct:.0}%")) {}
+            }
+        }
+    }
+}
+
+fn period(period: Option<std::time::Duration>) -> String {
+    let Some(p) = period else {
+        return String::new();
+    };
+    let secs = p.as_secs_f64();
+    match secs {
+        s if s >= 3600.0 && s % 3600.0 == 0.0 => format!("per {} h", s / 3600.0),
+        s if s >= 60.0 && s % 60.0 == 0.0 => format!("per {} min", s / 60.0),
+        s => format!("per {s} s"),
+    }
+}
+
+/// Queue and key limits against what each queue uses of them now.
+pub(crate) async fn limits(State(shared): AppState, headers: HeaderMap) -> Response {
+    let limits = match shared.reads.queue_limits_in_use(TOP_KEYS).await {
+        Ok(limits) => limits,
+        Err(e) => return failure(e),
+    };
+    let body = html! {
+        h1 { "Limits" }
+        p.muted { "Fleet-wide limits (Admin::set_queue_limits) and what each queue uses of them now: attempts open against its running limit, claims in the current window against its rate. Jobs of a key at its limit wait out of the ring (held) until the key has room." }
+        @if limits.is_empty() { p.muted id="no-limits" { "No queue has limits." } }
+        @for l in &limits {
+            section.limits data-queue=(l.queue) {
+                h2 { a href=(jobs_link(&shared, JobStatus::Running, &l.queue)) { (l.queue) } }
+                table {
+                    thead { tr { th { "limit" } th { "in use" } th { "window" } } }
+                    tbody {
+                        tr.running { td { "running" } td { (usage(l.running, l.max_running)) } td {} }
+                        tr.rate { td { "claims" } td { (usage(l.rate_used, l.rate_limit)) } td { (period(l.rate_period)) } }
+                        @if let Some(path) = &l.key_path {
+                            tr.keys {
+                                td { "per key " code { (path.join(".")) } }
+                                td {
+                                    @if let Some(max) = l.key_max_running { (max) " running" }
+                                    @if l.key_max_running.is_some() && l.key_rate_limit.is_some() { " · " }
+                                    @if let Some(rate) = l.key_rate_limit { (rate) " claims " (period(l.key_rate_period)) }
+                                }
+                                td { span.held { (l.held) } " held" }
+                            }
+                        }
+                    }
+                }
+                @if l.key_path.is_some() {
+                    @if l.top_keys.is_empty() { p.muted { "No key runs or was claimed in its window." } } @else {
+                        table.keys {
+                            thead { tr { th { "key" } th { "running" } th { "claims in window" } } }
+                            tbody {
+                                @for k in &l.top_keys {
+                                    tr data-key=(k.key) {
+                                        td { (k.key) }
+                                        td.running { (usage(k.running, l.key_max_running)) }
+                                        td.claims { (usage(k.claims, l.key_rate_limit)) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    layout(&shared, &headers, "limits", "Limits", body).await
 }
 
 pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Response {

@@ -42,8 +42,8 @@ use pooling::{ConnStatements, PoolStatements, Pooling};
 pub use prune::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};
 pub use queue_ring::Inserted;
 pub use read::{
-    ArgsText, HistoryEntry, JobPage, JobRecord, JobState, ListedJob, PendingJob, Progress,
-    ProgressRecord, QueueCounts,
+    ArgsText, HistoryEntry, JobPage, JobRecord, JobState, KeyInUse, LimitsInUse, ListedJob,
+    PendingJob, Progress, ProgressRecord, QueueCounts,
 };
 
 /// Every plane's named statements, rendered once per schema.

@@ -24,6 +24,7 @@ pub(super) struct Statements {
     queue_names: String,
     queue_counts_page: String,
     dead_letter_counts: String,
+    queue_limits_in_use: String,
 }
 
 impl Statements {
@@ -79,12 +80,59 @@ impl Statements {
             dead_letter_counts: format!(
                 "SELECT queue, count(*)::int8 FROM {s}.dlq_entries GROUP BY queue ORDER BY queue"
             ),
+            queue_limits_in_use: format!(
+                "SELECT queue, max_running, running, rate_limit, extract(epoch FROM rate_period)::float8 AS rate_period, \
+                 rate_used, key_path, key_max_running, key_rate_limit, \
+                 extract(epoch FROM key_rate_period)::float8 AS key_rate_period, held, top_keys \
+                 FROM {s}.queue_limits_in_use($1)"
+            ),
             pending_jobs: format!(
                 "SELECT job_id, state, queue, kind, args::text AS args, priority, attempt, \
                  {s}.readable_time(run_at) AS run_at FROM {s}.pending_jobs($1, $2, $3)"
             ),
         }
     }
+}
+
+/// A queue's limits (`Storage::set_queue_limits`) and what it uses of them now
+/// (`Storage::queue_limits_in_use`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LimitsInUse {
+    /// The queue.
+    pub queue: String,
+    /// At most this many attempts open at once, across the fleet.
+    pub max_running: Option<i32>,
+    /// Attempts open now (running, or claimed ahead).
+    pub running: i64,
+    /// At most this many claims per `rate_period`.
+    pub rate_limit: Option<i32>,
+    /// The rate's window.
+    pub rate_period: Option<std::time::Duration>,
+    /// Jobs claimed in the current window.
+    pub rate_used: i64,
+    /// The path in a job's args whose value is its key, for per-key limits.
+    pub key_path: Option<Vec<String>>,
+    /// At most this many attempts open per key.
+    pub key_max_running: Option<i32>,
+    /// At most this many claims per key per `key_rate_period`.
+    pub key_rate_limit: Option<i32>,
+    /// The per-key rate's window.
+    pub key_rate_period: Option<std::time::Duration>,
+    /// Jobs held out of the ring until their key has room again.
+    pub held: i64,
+    /// The busiest keys, busiest first.
+    pub top_keys: Vec<KeyInUse>,
+}
+
+/// What one key of a per-key limit uses now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyInUse {
+    /// The key's value (the text at the limit's path in the job's args).
+    pub key: String,
+    /// Its attempts open now.
+    pub running: i64,
+    /// Its claims in the key's rate window.
+    pub claims: i64,
 }
 
 /// How much of a job's arguments a listing carries: the first characters of their JSON text.
@@ -388,6 +436,48 @@ impl Storage {
         Ok(sqlx::query_as(&self.sql.read.dead_letter_counts)
             .fetch_all(self.db())
             .await?)
+    }
+
+    /// Every queue with limits, and what it uses of them now: attempts open against its running
+    /// limit, claims in its rate window, jobs held for keys at their limit, and its `top_keys`
+    /// busiest keys (by open attempts, then by claims in the key's rate window).
+    pub async fn queue_limits_in_use(&self, top_keys: usize) -> Result<Vec<LimitsInUse>> {
+        let rows = sqlx::query(&self.sql.read.queue_limits_in_use)
+            .bind(top_keys.clamp(1, 1000) as i32)
+            .fetch_all(self.db())
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let period = |secs: Option<f64>| secs.map(std::time::Duration::from_secs_f64);
+                let top: serde_json::Value = row.try_get("top_keys")?;
+                let top_keys = top
+                    .as_array()
+                    .map(|keys| {
+                        keys.iter()
+                            .map(|k| KeyInUse {
+                                key: k["key"].as_str().unwrap_or_default().to_string(),
+                                running: k["running"].as_i64().unwrap_or(0),
+                                claims: k["claims"].as_i64().unwrap_or(0),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok(LimitsInUse {
+                    queue: row.try_get("queue")?,
+                    max_running: row.try_get("max_running")?,
+                    running: row.try_get("running")?,
+                    rate_limit: row.try_get("rate_limit")?,
+                    rate_period: period(row.try_get("rate_period")?),
+                    rate_used: row.try_get("rate_used")?,
+                    key_path: row.try_get("key_path")?,
+                    key_max_running: row.try_get("key_max_running")?,
+                    key_rate_limit: row.try_get("key_rate_limit")?,
+                    key_rate_period: period(row.try_get("key_rate_period")?),
+                    held: row.try_get("held")?,
+                    top_keys,
+                })
+            })
+            .collect()
     }
 
     /// Available (claimable, uncancelled) jobs of one queue; the `available` of `queue_counts`

@@ -1,0 +1,261 @@
+//! The operator pages beside the job lists, over plain HTTP against `ringwork serve`: limits with
+//! what each queue and key uses of them, schedules with their actions (and unknown names refused),
+//! and the jobs that wait for a callback.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{csrf_of, exchange};
+use ringwork::testing::{waiting_for_callback, TestDatabase};
+use ringwork::{KeyLimit, NewJob, QueueLimits};
+use serde_json::json;
+
+async fn serve(db: &TestDatabase) -> (tokio::process::Child, SocketAddr) {
+    common::spawn_serve(&[
+        "--no-maintenance",
+        "--dashboard-behind-proxy",
+        "--database-url",
+        db.url(),
+        "--schema",
+        db.schema().as_str(),
+    ])
+    .await
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let host = addr.to_string();
+    let (status, _, body) = exchange(addr, "GET", path, &[("Host", &host)], "").await;
+    (status, body)
+}
+
+async fn post_form(addr: SocketAddr, path: &str, form: &str) -> u16 {
+    let host = addr.to_string();
+    let origin = format!("http://{host}");
+    let (status, _, _) = exchange(
+        addr,
+        "POST",
+        path,
+        &[
+            ("Host", &host),
+            ("Origin", &origin),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        form,
+    )
+    .await;
+    status
+}
+
+/// The HTML of the element whose opening tag holds `marker`, up to the end of its table row or
+/// section (enough to assert what one queue's or key's row says).
+fn part<'a>(body: &'a str, marker: &str, end: &str) -> &'a str {
+    let start = body
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker} in\n{body}"));
+    let rest = &body[start..];
+    &rest[..rest.find(end).map_or(rest.len(), |i| i + end.len())]
+}
+
+#[tokio::test]
+async fn the_limits_page_shows_what_each_queue_and_key_uses() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    storage
+        .set_queue_limits(
+            "tenants",
+            QueueLimits {
+                max_running: Some(3),
+                rate: Some((100, Duration::from_secs(60))),
+                per_key: Some(KeyLimit::arg("tenant").max_running(1)),
+            },
+        )
+        .await
+        .unwrap();
+    let jobs: Vec<_> = ["a", "a", "b", "c", "d"]
+        .iter()
+        .map(|t| {
+            NewJob::from_parts("bill", json!({ "tenant": t }))
+                .unwrap()
+                .queue("tenants")
+        })
+        .collect();
+    let mut conn = db.pool().acquire().await.unwrap();
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    // a, b and c run (one each, the queue's limit of three reached); a's second job is held for
+    // its key, d waits in the ring
+    let claimed = storage.claim("tenants", 10, None).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+
+    let used = storage.queue_limits_in_use(10).await.unwrap();
+    assert_eq!(used.len(), 1, "{used:?}");
+    let tenants = &used[0];
+    assert_eq!(
+        (
+            tenants.running,
+            tenants.max_running,
+            tenants.rate_used,
+            tenants.held
+        ),
+        (3, Some(3), 3, 1),
+        "{tenants:?}"
+    );
+    let keys: Vec<(&str, i64)> = tenants
+        .top_keys
+        .iter()
+        .map(|k| (k.key.as_str(), k.running))
+        .collect();
+    assert_eq!(keys, vec![("a", 1), ("b", 1), ("c", 1)]);
+
+    let (mut serve, addr) = serve(&db).await;
+    let (status, page) = get(addr, "/dashboard/limits").await;
+    assert_eq!(status, 200, "{page}");
+    let queue = part(&page, "data-queue=\"tenants\"", "</section>");
+    assert!(
+        part(queue, "<tr class=\"running\"", "</tr>").contains("3 / 3"),
+        "{queue}"
+    );
+    assert!(
+        part(queue, "<tr class=\"rate\"", "</tr>").contains("3 / 100"),
+        "{queue}"
+    );
+    assert!(part(queue, "<tr class=\"rate\"", "</tr>").contains("per 1 min"));
+    assert!(queue.contains("<span class=\"held\">1</span>"), "{queue}");
+    for key in ["a", "b", "c"] {
+        let row = part(queue, &format!("data-key=\"{key}\""), "</tr>");
+        assert!(row.contains("1 / 1"), "{row}");
+    }
+    assert!(!queue.contains("data-key=\"d\""), "d never ran: {queue}");
+
+    // one job done: the queue has room again, and the page says so
+    let done = claimed.iter().find(|j| j.args["tenant"] == "b").unwrap();
+    storage.complete_batch(&[done.attempt_ref()]).await.unwrap();
+    let (_, page) = get(addr, "/dashboard/limits").await;
+    let queue = part(&page, "data-queue=\"tenants\"", "</section>");
+    assert!(
+        part(queue, "<tr class=\"running\"", "</tr>").contains("2 / 3"),
+        "{queue}"
+    );
+
+    // a queue without limits is not listed
+    storage.ensure_queue("plain").await.unwrap();
+    let (_, page) = get(addr, "/dashboard/limits").await;
+    assert!(!page.contains("data-queue=\"plain\""));
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}
+
+#[tokio::test]
+async fn schedules_are_listed_paused_resumed_and_fired_and_unknown_names_refused() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    storage.set_schedule_paused("nightly", true).await.unwrap();
+    let (mut serve, addr) = serve(&db).await;
+
+    let (status, page) = get(addr, "/dashboard/schedules").await;
+    assert_eq!(status, 200, "{page}");
+    let row = part(&page, "data-schedule=\"nightly\"", "</tr>");
+    assert!(row.contains("paused"), "{row}");
+    assert!(row.contains("id=\"resume-nightly\""), "{row}");
+    let csrf = csrf_of(&page);
+
+    let status = post_form(
+        addr,
+        "/dashboard/schedules/resume",
+        &format!("schedule=nightly&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 303);
+    let nightly = |all: Vec<ringwork::ScheduleRecord>| {
+        all.into_iter()
+            .find(|s| s.schedule == "nightly")
+            .map(|s| s.paused)
+    };
+    // resumed and never fired: nothing is kept of it any more
+    assert_eq!(nightly(storage.schedules().await.unwrap()), None);
+
+    storage.set_schedule_paused("nightly", true).await.unwrap();
+    let status = post_form(
+        addr,
+        "/dashboard/schedules/trigger",
+        &format!("schedule=nightly&csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(status, 303);
+    assert!(
+        !storage.trigger_schedule("nightly").await.unwrap(),
+        "the page's trigger is pending"
+    );
+
+    // a name the page does not list, a missing CSRF field, an unknown action: refused, and
+    // nothing is left behind
+    for (path, form, expected) in [
+        (
+            "/dashboard/schedules/pause",
+            format!("schedule=typo&csrf={csrf}"),
+            404,
+        ),
+        (
+            "/dashboard/schedules/trigger",
+            format!("schedule=typo&csrf={csrf}"),
+            404,
+        ),
+        ("/dashboard/schedules/pause", "schedule=nightly".into(), 403),
+        (
+            "/dashboard/schedules/drop",
+            format!("schedule=nightly&csrf={csrf}"),
+            404,
+        ),
+    ] {
+        assert_eq!(
+            post_form(addr, path, &form).await,
+            expected,
+            "{path} {form}"
+        );
+    }
+    assert!(storage
+        .schedules()
+        .await
+        .unwrap()
+        .iter()
+        .all(|s| s.schedule == "nightly"));
+    assert!(
+        storage.trigger_schedule("typo").await.unwrap(),
+        "no trigger of typo was left"
+    );
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_callbacks_page_lists_the_jobs_that_wait_for_one() {
+    let db = TestDatabase::new().await.unwrap();
+    let (mut serve, addr) = serve(&db).await;
+    let (status, page) = get(addr, "/dashboard/callbacks").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("id=\"no-callbacks\""), "{page}");
+
+    let mut conn = db.pool().acquire().await.unwrap();
+    let (waiting, _) = waiting_for_callback(
+        &db.admin(),
+        &mut conn,
+        "approvals",
+        3,
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    let (_, page) = get(addr, "/dashboard/callbacks").await;
+    let row = part(&page, &format!("data-job=\"{}\"", waiting.job_id), "</tr>");
+    assert!(row.contains("approvals"), "{row}");
+    assert!(
+        row.contains("in 59min") || row.contains("in 60min"),
+        "{row}"
+    );
+    assert!(!page.contains("id=\"no-callbacks\""));
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

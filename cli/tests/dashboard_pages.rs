@@ -259,3 +259,170 @@ async fn the_callbacks_page_lists_the_jobs_that_wait_for_one() {
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }
+
+/// The value of the hidden field `name` in a form of `page`.
+fn field(page: &str, name: &str) -> String {
+    common::value_after(page, &format!("name=\"{name}\" value=\""))
+}
+
+#[tokio::test]
+async fn a_bulk_action_confirms_its_count_and_acts_only_on_what_the_page_showed() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let scheduled = |queue: &str, n: usize| -> Vec<NewJob> {
+        (0..n)
+            .map(|i| {
+                NewJob::from_parts("report", json!({ "n": i }))
+                    .unwrap()
+                    .queue(queue)
+                    .run_at(later)
+            })
+            .collect()
+    };
+    let mut conn = db.pool().acquire().await.unwrap();
+    let shown = storage
+        .insert_many(&mut conn, &scheduled("bulkq", 5))
+        .await
+        .unwrap();
+    let other = storage
+        .insert_many(&mut conn, &scheduled("other", 2))
+        .await
+        .unwrap();
+    let (mut serve, addr) = serve(&db).await;
+
+    let (status, list) = get(addr, "/dashboard/jobs?state=scheduled&queue=bulkq").await;
+    assert_eq!(status, 200);
+    assert!(list.contains("id=\"bulk-cancel\""), "{list}");
+    assert!(list.contains("id=\"bulk-retry\""), "{list}");
+    let (status, confirm) = get(
+        addr,
+        "/dashboard/jobs/bulk?action=cancel&state=scheduled&queue=bulkq",
+    )
+    .await;
+    assert_eq!(status, 200, "{confirm}");
+    assert!(confirm.contains("<b id=\"bulk-count\">5</b>"), "{confirm}");
+    // a job that arrives while the operator reads is not what they confirmed
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let arrived = storage
+        .insert_many(&mut conn, &scheduled("bulkq", 1))
+        .await
+        .unwrap();
+    drop(conn);
+    let form = format!(
+        "csrf={}&action=cancel&state=scheduled&queue=bulkq&shown_at={}",
+        csrf_of(&confirm),
+        field(&confirm, "shown_at")
+    );
+
+    // refused: no cutoff, a state the action does not apply to, no CSRF field
+    for bad in [
+        form.replace("&shown_at=", "&was_shown_at="),
+        form.replace("state=scheduled", "state=completed"),
+        form.replace("action=cancel", "action=purge"),
+    ] {
+        assert_eq!(
+            post_form(addr, "/dashboard/jobs/bulk", &bad).await,
+            400,
+            "{bad}"
+        );
+    }
+    let no_csrf = form.replace("csrf=", "not_csrf=");
+    assert_eq!(post_form(addr, "/dashboard/jobs/bulk", &no_csrf).await, 403);
+    assert_eq!(
+        storage.queue_counts(Some("bulkq")).await.unwrap()[0].scheduled,
+        6,
+        "nothing was cancelled by a refused form"
+    );
+
+    let host = addr.to_string();
+    let origin = format!("http://{host}");
+    let (status, _, done) = exchange(
+        addr,
+        "POST",
+        "/dashboard/jobs/bulk",
+        &[
+            ("Host", &host),
+            ("Origin", &origin),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        &form,
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    assert!(done.contains("Cancelled <b>5</b> of 5"), "{done}");
+    for id in &shown {
+        let state = storage.job_state(*id).await.unwrap().unwrap().state;
+        assert_eq!(state, ringwork::JobStatus::Cancelled, "job {id}");
+    }
+    for id in arrived.iter().chain(&other) {
+        let state = storage.job_state(*id).await.unwrap().unwrap().state;
+        assert_eq!(
+            state,
+            ringwork::JobStatus::Scheduled,
+            "job {id} was not shown"
+        );
+    }
+    serve.start_kill().unwrap();
+
+    // a read-only dashboard offers no bulk action, and its confirmation page refuses
+    let (mut read_only, addr) = common::spawn_serve(&[
+        "--no-maintenance",
+        "--dashboard",
+        "--database-url",
+        db.url(),
+        "--schema",
+        db.schema().as_str(),
+    ])
+    .await;
+    let (_, list) = get(addr, "/dashboard/jobs?state=scheduled&queue=bulkq").await;
+    assert!(!list.contains("bulk-"), "{list}");
+    let (status, _) = get(
+        addr,
+        "/dashboard/jobs/bulk?action=cancel&state=scheduled&queue=bulkq",
+    )
+    .await;
+    assert_eq!(status, 403);
+    read_only.start_kill().unwrap();
+    db.drop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_search_box_goes_to_a_job_and_the_queue_filter_offers_the_queues() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let (mut serve, addr) = serve(&db).await;
+    let host = addr.to_string();
+    for (asked, expected) in [
+        ("42", 303),
+        ("%2342", 303),
+        ("abc", 400),
+        ("-1", 400),
+        ("", 400),
+    ] {
+        let (status, head, _) = exchange(
+            addr,
+            "GET",
+            &format!("/dashboard/jobs/find?id={asked}"),
+            &[("Host", &host)],
+            "",
+        )
+        .await;
+        assert_eq!(status, expected, "{asked}");
+        if expected == 303 {
+            assert_eq!(
+                common::header(&head, "location"),
+                Some("/dashboard/jobs/42")
+            );
+        }
+    }
+    // a pick list of the queues (while there are at most 200; beyond, the name is typed)
+    storage.ensure_queue("q-one").await.unwrap();
+    let (_, page) = get(addr, "/dashboard/jobs").await;
+    assert!(
+        page.contains("<datalist id=\"queue-names\"><option value=\"q-one\">"),
+        "{page}"
+    );
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

@@ -205,6 +205,8 @@ impl Dashboard {
             .route("/queues", get(pages::queues))
             .route("/queues/{action}", post(set_queue_paused))
             .route("/jobs", get(pages::jobs))
+            .route("/jobs/find", get(pages::find_job))
+            .route("/jobs/bulk", get(pages::bulk_confirm).post(bulk_action))
             .route("/jobs/{id}", get(pages::job))
             .route("/jobs/{id}/{action}", post(job_action))
             .route("/workflows/{id}", get(pages::workflow))
@@ -381,7 +383,7 @@ fn digest(parts: &[&[u8]]) -> [u8; 32] {
     hasher.finalize().into()
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
+pub(crate) fn refuse(status: StatusCode, message: &str) -> Response {
     (status, pages::message_page("Refused", message)).into_response()
 }
 
@@ -558,7 +560,7 @@ struct ActionForm {
 
 type AppState = State<Arc<Shared>>;
 
-fn see_other(to: String) -> Response {
+pub(crate) fn see_other(to: String) -> Response {
     Redirect::to(&to).into_response()
 }
 
@@ -643,6 +645,83 @@ async fn schedule_action(
     };
     match done {
         Ok(_) => see_other(shared.href("/schedules")),
+        Err(e) => failure(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct BulkForm {
+    csrf: Option<String>,
+    action: Option<String>,
+    state: Option<String>,
+    queue: Option<String>,
+    kind: Option<String>,
+    /// When the confirmation was shown (ms since the epoch): only older jobs are touched.
+    shown_at: Option<String>,
+}
+
+/// Cancel or retry every job a filter selects (`POST /jobs/bulk`, from the confirmation page), in
+/// the bulk API's bounded steps, and say what it did.
+async fn bulk_action(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Form(form): Form<BulkForm>,
+) -> Response {
+    if let Err(refused) = shared.check_action(&headers, form.csrf.as_deref()) {
+        return refused.into_response();
+    }
+    let Some(action) = form.action.as_deref().and_then(pages::BulkAction::parse) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "which bulk action? (cancel or retry)",
+        );
+    };
+    let Some(state) = form
+        .state
+        .as_deref()
+        .and_then(|s| s.parse::<JobStatus>().ok())
+        .filter(|s| action.applies_to(*s))
+    else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "the form names no state this action applies to",
+        );
+    };
+    // a bulk action always has its cutoff: a form without one must not widen to what arrives later
+    let Some(shown) = form.shown_at.as_deref().and_then(|v| v.parse::<i64>().ok()) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "the form has no shown_at: confirm from the dashboard's page",
+        );
+    };
+    let age = chrono::Utc::now().timestamp_millis().saturating_sub(shown);
+    let queue = form.queue.filter(|q| !q.is_empty());
+    let kind = form.kind.filter(|k| !k.is_empty());
+    let filter = crate::JobFilter {
+        queue: queue.clone(),
+        kind: kind.clone(),
+        states: vec![state],
+        older_than: Some(Duration::from_millis(age.max(0) as u64)),
+    };
+    let outcome = match action {
+        pages::BulkAction::Cancel => {
+            shared
+                .storage
+                .bulk_cancel(&filter, "cancelled from the dashboard")
+                .await
+        }
+        pages::BulkAction::Retry => shared.storage.bulk_retry(&filter).await,
+    };
+    let mut pairs = vec![("state", state.as_str())];
+    if let Some(queue) = &queue {
+        pairs.push(("queue", queue));
+    }
+    if let Some(kind) = &kind {
+        pairs.push(("kind", kind));
+    }
+    let back = shared.href(&format!("/jobs?{}", pages::query(&pairs)));
+    match outcome {
+        Ok(outcome) => pages::bulk_done(&shared, &headers, action, state, back, outcome).await,
         Err(e) => failure(e),
     }
 }

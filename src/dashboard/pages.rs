@@ -146,6 +146,9 @@ fn render_page(
                                 a class=@if id == here { "here" } href=(shared.href(path)) { (label) }
                             }
                         }
+                        form.find method="get" action=(shared.href("/jobs/find")) {
+                            input type="search" name="id" placeholder="job id" aria-label="job id" inputmode="numeric";
+                        }
                         span.mode { "schema " (shared.storage.schema().as_str()) " · " (mode) }
                     }
                     @if let Some(replica) = &replica {
@@ -429,6 +432,9 @@ pub(crate) async fn queues(
     layout(&shared, &headers, "queues", "Queues", body).await
 }
 
+/// Up to how many queues the jobs page offers as a pick list.
+const QUEUE_PICK_LIST: usize = 200;
+
 pub(crate) async fn jobs(
     State(shared): AppState,
     headers: HeaderMap,
@@ -484,13 +490,12 @@ pub(crate) async fn jobs(
                     }
                 }
             }
-            label { "queue"
-                select name="queue" {
-                    option value="" { "any" }
-                    @for q in &queues {
-                        option value=(q) selected[Some(q.as_str()) == queue] { (q) }
-                    }
-                }
+            label { "queue (empty: any)"
+                input type="search" name="queue" list="queue-names" value=(queue.unwrap_or(""));
+            }
+            // a pick list while it stays short; with many queues, the name is typed
+            @if queues.len() <= QUEUE_PICK_LIST {
+                datalist id="queue-names" { @for q in &queues { option value=(q) {} } }
             }
             label { "kind" input type="text" name="kind" value=(kind.unwrap_or("")); }
             button type="submit" { "Show" }
@@ -515,8 +520,244 @@ pub(crate) async fn jobs(
         }
         @if page.jobs.is_empty() { p.muted { "No " (state.as_str()) " jobs" @if let Some(q) = queue { " in " (q) } "." } }
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
+        @if shared.may_act(&headers) && !page.jobs.is_empty() {
+            @let bulk = BulkAction::ALL.iter().filter(|a| a.applies_to(state)).collect::<Vec<_>>();
+            @if !bulk.is_empty() {
+                div.actions id="bulk" {
+                    @for action in bulk {
+                        a.button href=(bulk_href(&shared, *action, state, queue, kind)) id={ "bulk-" (action.as_str()) } {
+                            (action.label()) " every " (state.as_str()) " job shown by this filter…"
+                        }
+                    }
+                }
+            }
+        }
     };
     layout(&shared, &headers, "jobs", "Jobs", body).await
+}
+
+/// A bulk action of the jobs page: on every job a filter (state, queue, kind) selects, in the
+/// bounded steps of `Admin::bulk_cancel` and `bulk_retry`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BulkAction {
+    Cancel,
+    Retry,
+}
+
+impl BulkAction {
+    pub(crate) const ALL: [BulkAction; 2] = [BulkAction::Cancel, BulkAction::Retry];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancel => "cancel",
+            Self::Retry => "retry",
+        }
+    }
+
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.as_str() == name)
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Cancel => "Cancel",
+            Self::Retry => "Retry",
+        }
+    }
+
+    /// The states it acts on (as the bulk API's own check).
+    pub(crate) fn applies_to(self, state: JobStatus) -> bool {
+        match self {
+            Self::Cancel => matches!(
+                state,
+                JobStatus::Pending
+                    | JobStatus::Available
+                    | JobStatus::Scheduled
+                    | JobStatus::Retryable
+                    | JobStatus::Running
+            ),
+            Self::Retry => matches!(
+                state,
+                JobStatus::Scheduled | JobStatus::Retryable | JobStatus::DeadLettered
+            ),
+        }
+    }
+}
+
+fn bulk_href(
+    shared: &Shared,
+    action: BulkAction,
+    state: JobStatus,
+    queue: Option<&str>,
+    kind: Option<&str>,
+) -> String {
+    let mut pairs = vec![("action", action.as_str()), ("state", state.as_str())];
+    if let Some(queue) = queue {
+        pairs.push(("queue", queue));
+    }
+    if let Some(kind) = kind {
+        pairs.push(("kind", kind));
+    }
+    shared.href(&format!("/jobs/bulk?{}", query(&pairs)))
+}
+
+/// How many jobs of `state` the counts hold, where they count it exactly.
+fn state_count(counts: &[QueueCounts], state: JobStatus) -> Option<i64> {
+    let of = |q: &QueueCounts| match state {
+        JobStatus::Available => Some(q.available),
+        JobStatus::Scheduled => Some(q.scheduled),
+        JobStatus::Retryable => Some(q.retryable),
+        JobStatus::Running => Some(q.running),
+        JobStatus::Waiting => Some(q.waiting),
+        JobStatus::DeadLettered => Some(q.dead_lettered),
+        _ => None,
+    };
+    counts.iter().map(of).sum()
+}
+
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct FindQuery {
+    id: Option<String>,
+}
+
+/// The header's search box: a job id goes to that job's page.
+pub(crate) async fn find_job(State(shared): AppState, Query(asked): Query<FindQuery>) -> Response {
+    let given = asked.id.as_deref().unwrap_or("").trim();
+    match given.trim_start_matches('#').parse::<i64>() {
+        Ok(id) if id > 0 => super::see_other(shared.href(&format!("/jobs/{id}"))),
+        _ => (
+            StatusCode::BAD_REQUEST,
+            message_page(
+                "Error",
+                &format!("{given:?} is not a job id: a job id is a positive whole number"),
+            ),
+        )
+            .into_response(),
+    }
+}
+
+/// Query of the bulk confirmation page.
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct BulkQuery {
+    action: Option<String>,
+    state: Option<String>,
+    queue: Option<String>,
+    kind: Option<String>,
+}
+
+/// The confirmation of a bulk action: what it will act on and how many jobs that is now, and the
+/// form that does it. Only jobs created (or, dead-lettered, failed) before this page was shown are
+/// touched: work that arrives while the operator reads is not what they confirmed.
+pub(crate) async fn bulk_confirm(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(asked): Query<BulkQuery>,
+) -> Response {
+    let bad = |message: String| {
+        (StatusCode::BAD_REQUEST, message_page("Error", &message)).into_response()
+    };
+    let Some(action) = asked.action.as_deref().and_then(BulkAction::parse) else {
+        return bad("which bulk action? (cancel or retry)".into());
+    };
+    let state_name = asked.state.as_deref().unwrap_or("");
+    let Ok(state) = state_name.parse::<JobStatus>() else {
+        return bad(format!("unknown job state {state_name:?}"));
+    };
+    if !action.applies_to(state) {
+        return bad(format!(
+            "{} does not apply to {} jobs",
+            action.as_str(),
+            state.as_str()
+        ));
+    }
+    if !shared.may_act(&headers) {
+        return super::refuse(
+            StatusCode::FORBIDDEN,
+            "bulk actions need actions on and a signed-in browser",
+        );
+    }
+    let queue = ListQuery::get(&asked.queue);
+    let kind = ListQuery::get(&asked.kind);
+    // the count comes from where the action acts (the primary), not from a standby's replay
+    let count = if kind.is_none() {
+        match shared.storage.queue_counts(queue).await {
+            Ok(counts) => state_count(&counts, state),
+            Err(e) => return failure(e),
+        }
+    } else {
+        None
+    };
+    let scope = format!(
+        "every {} job{}{}",
+        state.as_str(),
+        queue
+            .map(|q| format!(" of queue {q}"))
+            .unwrap_or_else(|| " of every queue".into()),
+        kind.map(|k| format!(", kind {k}")).unwrap_or_default()
+    );
+    let shown_at = Utc::now().timestamp_millis();
+    let back = {
+        let mut pairs = vec![("state", state.as_str())];
+        if let Some(queue) = queue {
+            pairs.push(("queue", queue));
+        }
+        if let Some(kind) = kind {
+            pairs.push(("kind", kind));
+        }
+        shared.href(&format!("/jobs?{}", query(&pairs)))
+    };
+    let body = html! {
+        h1 { (action.label()) " jobs" }
+        p id="bulk-scope" {
+            (action.label()) " " (scope) ": "
+            @match count {
+                Some(n) => { b id="bulk-count" { (n) } " job" @if n != 1 { "s" } " now" },
+                None => { "how many is not counted per kind; the result says" },
+            }
+            "."
+        }
+        p.muted { "Only jobs that were there when this page was shown; in steps of 500, each a short transaction. A job that finishes meanwhile is left as it is." }
+        form method="post" action=(shared.href("/jobs/bulk")) {
+            (csrf_field(&shared))
+            input type="hidden" name="action" value=(action.as_str());
+            input type="hidden" name="state" value=(state.as_str());
+            @if let Some(queue) = queue { input type="hidden" name="queue" value=(queue); }
+            @if let Some(kind) = kind { input type="hidden" name="kind" value=(kind); }
+            input type="hidden" name="shown_at" value=(shown_at);
+            div.actions {
+                button class=@if action == BulkAction::Cancel { "danger" } id="bulk-confirm" type="submit" {
+                    (action.label()) " them"
+                }
+                a href=(back) { "Back to the list" }
+            }
+        }
+    };
+    layout(&shared, &headers, "jobs", "Bulk action", body).await
+}
+
+/// What a bulk action did, with the way back to its list.
+pub(crate) async fn bulk_done(
+    shared: &Shared,
+    headers: &HeaderMap,
+    action: BulkAction,
+    state: JobStatus,
+    back: String,
+    outcome: crate::BulkOutcome,
+) -> Response {
+    let done = match action {
+        BulkAction::Cancel => "Cancelled",
+        BulkAction::Retry => "Retried",
+    };
+    let body = html! {
+        h1 { (action.label()) " jobs" }
+        p id="bulk-result" {
+            (done) " " b { (outcome.changed) } " of " (outcome.matched) " matching " (state.as_str()) " jobs"
+            " in " (outcome.steps) " step" @if outcome.steps != 1 { "s" } "."
+            @if outcome.changed < outcome.matched { " The others finished or changed meanwhile." }
+        }
+        p { a id="bulk-back" href=(back) { "Back to the list" } }
+    };
+    layout(shared, headers, "jobs", "Bulk action", body).await
 }
 
 pub(crate) async fn job(

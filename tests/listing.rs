@@ -291,3 +291,58 @@ async fn a_dead_lettered_job_is_listed_and_retried_and_a_finished_job_is_not() {
 fn n_of(args: &str) -> Option<i64> {
     serde_json::from_str::<serde_json::Value>(args).ok()?["n"].as_i64()
 }
+
+/// Counts and listings over more queues than one statement could lock the shards of: each queue
+/// has 32 shards of two sequences each, a statement holds a lock on every sequence it reads until
+/// it ends, and the server's lock table holds about max_locks_per_transaction x max_connections.
+/// Counting every queue in one statement failed with "out of shared memory" between 150 and 250
+/// queues on a server with the default settings, as did the available listing across queues.
+#[tokio::test]
+async fn counts_and_listings_over_more_queues_than_one_statement_can_lock() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let lock_table: i64 = sqlx::query_scalar(
+        "SELECT current_setting('max_locks_per_transaction')::int8 \
+         * current_setting('max_connections')::int8",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let queues = (lock_table / 25).clamp(260, 1000) as usize;
+    let names: Vec<String> = (0..queues).map(|i| format!("many_{i:04}")).collect();
+    let mut conn = db.pool.acquire().await.unwrap();
+    for name in &names {
+        // a shard with a segment per queue: more than one listing call reads (256 shards each)
+        storage
+            .insert(&mut conn, &job(1).queue(name))
+            .await
+            .unwrap();
+    }
+    drop(conn);
+
+    let counts = storage.queue_counts(None).await.unwrap();
+    assert_eq!(counts.len(), queues);
+    assert!(
+        counts.iter().all(|c| c.available == 1),
+        "{:?}",
+        &counts[..3]
+    );
+    let (page, next) = storage
+        .queue_counts_page(None, Some("many_"), 50)
+        .await
+        .unwrap();
+    assert_eq!(page.len(), 50);
+    assert_eq!(next.as_deref(), Some("many_0049"));
+
+    let listed = all_pages(&storage, JobStatus::Available, None, 50).await;
+    assert_eq!(listed.len(), queues);
+    let ids: HashSet<i64> = listed.iter().map(|j| j.job_id).collect();
+    assert_eq!(ids.len(), queues, "each job once");
+    // one page of everything: the walk goes on across its bounded calls
+    let page = storage
+        .list_jobs(JobStatus::Available, None, None, None, 1000)
+        .await
+        .unwrap();
+    assert_eq!(page.jobs.len(), queues.min(1000));
+    db.cleanup().await;
+}

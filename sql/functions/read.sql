@@ -97,6 +97,11 @@ $$;
 -- invisible, and undercounts. So the count first takes ACCESS SHARE on the tables those
 -- transactions truncate (waiting out any in progress), and only then runs, in a statement of its
 -- own with a snapshot taken after them: VOLATILE, so that PL/pgSQL gives it a new snapshot.
+--
+-- Counting a queue reads the sequences of its 32 shards, and each stays locked to the end of the
+-- transaction: over every queue of a schema with a few hundred queues, one call takes more locks
+-- than the server's lock table holds ("out of shared memory"). Count many queues a few at a time,
+-- each call in its own transaction (queue_counts_page, as Storage::queue_counts does).
 CREATE OR REPLACE FUNCTION __S__.queue_counts(p_queue text DEFAULT NULL)
 RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
                completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
@@ -269,6 +274,8 @@ $$;
 --               then the archive's (a completion batch is one row: its jobs are unnested);
 --   dead_lettered: newest first by (failed_at, job_id).
 -- A kind filter is applied on the rows walked, so a rare kind in a large state walks further.
+-- A row with a NULL job_id ends a short page that is not the last: it holds only the page key to
+-- go on from (the available walk reads a bounded number of shards per call; see below).
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.list_jobs(p_queue text, p_state text, p_kind text, p_after text, p_limit int)
 RETURNS TABLE (job_id bigint, state text, queue text, kind text, args jsonb, attempt int, at timestamptz,
@@ -286,6 +293,7 @@ DECLARE
     v_after_id bigint := 0;
     v_before_at timestamptz := 'infinity';
     v_before_id bigint := 9223372036854775807;
+    v_lanes_read int := 0;
 BEGIN
     IF p_state NOT IN ('pending', 'available', 'scheduled', 'retryable', 'running', 'waiting', 'completed', 'failed',
                        'cancelled', 'dead_lettered') THEN
@@ -322,15 +330,28 @@ BEGIN
 
     IF p_state = 'available' THEN
         IF v_phase = 'L' THEN
+            -- Only shards with a segment in the ring can hold available jobs (lane_available). The
+            -- sequences of each shard read stay locked to the end of the call, so a call reads at
+            -- most 256 shards' and then returns a row without a job whose page key says where to go
+            -- on: over a thousand queues' shards, one call would take more locks than the server's
+            -- lock table holds.
             FOR v_lane IN
-                SELECT l.lane_id FROM __S__.queue_lanes l
+                SELECT l.lane_id, l.segment_seq, l.cursor_seq FROM __S__.queue_lanes l
                 WHERE (p_queue IS NULL OR l.queue = p_queue)
                   AND (l.priority, l.lane_id) >= (v_after_priority, v_after_lane)
-                  AND __S__.shard_may_have_work(pg_sequence_last_value(l.segment_seq),
-                                                pg_sequence_last_value(l.cursor_seq))
+                  AND EXISTS (SELECT 1 FROM __S__.ready_segments g WHERE g.lane_id = l.lane_id)
                 ORDER BY l.priority, l.lane_id
             LOOP
                 EXIT WHEN v_left = 0;
+                v_lanes_read := v_lanes_read + 1;
+                IF v_lanes_read > 256 THEN
+                    RETURN QUERY SELECT NULL::bigint, 'available'::text, NULL::text, NULL::text, NULL::jsonb,
+                                        NULL::int, NULL::timestamptz, 'more shards to read'::text,
+                                        'L' || v_lane.lane_id || ':0';
+                    RETURN;
+                END IF;
+                CONTINUE WHEN NOT __S__.shard_may_have_work(pg_sequence_last_value(v_lane.segment_seq),
+                                                            pg_sequence_last_value(v_lane.cursor_seq));
                 RETURN QUERY
                     SELECT e.job_id, 'available'::text, e.queue, e.kind, e.args, e.attempt, e.run_at, NULL::text,
                            'L' || e.lane_id || ':' || e.lane_pos

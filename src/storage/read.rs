@@ -135,6 +135,38 @@ pub struct KeyInUse {
     pub claims: i64,
 }
 
+/// The rows of a listing as jobs.
+fn listed(rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<ListedJob>> {
+    rows.into_iter()
+        .map(|row| {
+            Ok(ListedJob {
+                job_id: row.try_get("job_id")?,
+                state: row.try_get::<String, _>("state")?.parse()?,
+                queue: row.try_get("queue")?,
+                kind: row.try_get("kind")?,
+                args: preview(row.try_get("args")?),
+                attempt: row.try_get("attempt")?,
+                at: row.try_get("at")?,
+                detail: row.try_get("detail")?,
+                page_key: row.try_get("page_key")?,
+            })
+        })
+        .collect()
+}
+
+/// How many statements one page of a listing makes at most before it returns a short page with
+/// its next key (each reads a bounded number of shards: 32 x 256 over queues with nothing
+/// available).
+const MAX_LIST_CALLS: usize = 32;
+
+/// How many queues one statement counts. Counting a queue reads the two sequences of each of its
+/// lane shards (4 priorities x 8 shards: 64 sequences), and a statement holds a lock on every
+/// sequence it read until it ends: one statement over every queue took 64 locks per queue from
+/// the server's shared lock table (about 64 x max_connections entries, 6,400 by default), so from
+/// about 100 queues it failed with "out of shared memory", and failed other sessions' lock requests
+/// while it ran.
+const COUNTED_PER_STATEMENT: usize = 8;
+
 /// How much of a job's arguments a listing carries: the first characters of their JSON text.
 pub const ARGS_PREVIEW_CHARS: usize = 200;
 /// How much of a recorded error or reason a read of one job returns: the schema's bound,
@@ -335,31 +367,45 @@ impl Storage {
         if let Some(kind) = kind {
             crate::job::validate_name("job kind", kind)?;
         }
-        let rows = sqlx::query(&self.sql.read.list_jobs)
-            .bind(queue)
-            .bind(state.as_str())
-            .bind(kind)
-            .bind(after)
-            // one more row than asked: whether a next page exists
-            .bind(limit as i32 + 1)
-            .fetch_all(self.db())
-            .await?;
-        let mut jobs = rows
-            .into_iter()
-            .map(|row| {
-                Ok(ListedJob {
-                    job_id: row.try_get("job_id")?,
-                    state: row.try_get::<String, _>("state")?.parse()?,
-                    queue: row.try_get("queue")?,
-                    kind: row.try_get("kind")?,
-                    args: preview(row.try_get("args")?),
-                    attempt: row.try_get("attempt")?,
-                    at: row.try_get("at")?,
-                    detail: row.try_get("detail")?,
-                    page_key: row.try_get("page_key")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut rows = Vec::new();
+        let mut from = after.map(str::to_string);
+        // a row without a job ends a call that stopped short (the available walk reads a bounded
+        // number of shards per call): go on from its page key in a new statement, whose locks
+        // are its own
+        let mut calls = 0;
+        loop {
+            calls += 1;
+            let mut got = sqlx::query(&self.sql.read.list_jobs)
+                .bind(queue)
+                .bind(state.as_str())
+                .bind(kind)
+                .bind(from.as_deref())
+                // one more row than asked: whether a next page exists
+                .bind((limit + 1 - rows.len()) as i32)
+                .fetch_all(self.db())
+                .await?;
+            let resume = match got.last() {
+                Some(last) if last.try_get::<Option<i64>, _>("job_id")?.is_none() => {
+                    let key: String = last.try_get("page_key")?;
+                    got.pop();
+                    Some(key)
+                }
+                _ => None,
+            };
+            rows.extend(got);
+            match resume {
+                Some(key) if rows.len() <= limit && calls < MAX_LIST_CALLS => from = Some(key),
+                Some(key) => {
+                    // a page cut short after many calls: the next page goes on from the key
+                    return Ok(JobPage {
+                        jobs: listed(rows)?,
+                        next: Some(key),
+                    });
+                }
+                None => break,
+            }
+        }
+        let mut jobs = listed(rows)?;
         let next = if jobs.len() > limit {
             jobs.truncate(limit);
             jobs.last().map(|job| job.page_key.clone())
@@ -492,12 +538,29 @@ impl Storage {
     /// Exact counts per queue (one queue, or all), without scanning `ready_entries`: available
     /// jobs come from the segment map above each lane's claim cursor, running ones from the
     /// in-flight anti-join over the active claim slots.
+    ///
+    /// Every queue is counted a few queues per statement (`COUNTED_PER_STATEMENT`), so each
+    /// queue's counts are exact as of its own statement, not one snapshot of them all.
     pub async fn queue_counts(&self, queue: Option<&str>) -> Result<Vec<QueueCounts>> {
-        let rows = sqlx::query(&self.sql.read.queue_counts)
-            .bind(queue)
-            .fetch_all(self.db())
-            .await?;
-        rows.iter().map(queue_counts_row).collect()
+        if queue.is_some() {
+            let rows = sqlx::query(&self.sql.read.queue_counts)
+                .bind(queue)
+                .fetch_all(self.db())
+                .await?;
+            return rows.iter().map(queue_counts_row).collect();
+        }
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (page, next) = self
+                .queue_counts_page(after.as_deref(), None, COUNTED_PER_STATEMENT)
+                .await?;
+            all.extend(page);
+            match next {
+                Some(next) => after = Some(next),
+                None => return Ok(all),
+            }
+        }
     }
 
     /// `queue_counts` for one page of queues in name order: those after `after`, whose names
@@ -517,17 +580,27 @@ impl Storage {
         if let Some(contains) = contains {
             crate::job::validate_name("queue filter", contains)?;
         }
-        let rows = sqlx::query(&self.sql.read.queue_counts_page)
-            .bind(after)
-            .bind(contains)
-            // one more row than asked: whether a next page exists
-            .bind(limit as i32 + 1)
-            .fetch_all(self.db())
-            .await?;
-        let mut page = rows
-            .iter()
-            .map(queue_counts_row)
-            .collect::<Result<Vec<_>>>()?;
+        // a few queues per statement, each its own transaction: one statement's reads of every
+        // lane's sequences hold their locks to its end (see COUNTED_PER_STATEMENT)
+        let mut page: Vec<QueueCounts> = Vec::with_capacity(limit + 1);
+        loop {
+            let want = (limit + 1 - page.len()).min(COUNTED_PER_STATEMENT);
+            let from = page.last().map(|q| q.queue.clone());
+            let rows = sqlx::query(&self.sql.read.queue_counts_page)
+                .bind(from.as_deref().or(after))
+                .bind(contains)
+                .bind(want as i32)
+                .fetch_all(self.db())
+                .await?;
+            let got = rows.len();
+            for row in &rows {
+                page.push(queue_counts_row(row)?);
+            }
+            // one more row than asked in all: whether a next page exists
+            if got < want || page.len() > limit {
+                break;
+            }
+        }
         let next = if page.len() > limit {
             page.truncate(limit);
             page.last().map(|q| q.queue.clone())

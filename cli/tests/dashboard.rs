@@ -379,11 +379,11 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     assert_eq!(rows.len(), 3);
     let script_cell = text_of(&browser, &format!("tr[data-job='{script_job}'] td.args")).await;
     assert!(script_cell.contains(SCRIPT_ARG), "{script_cell}");
-    assert!(browser
-        .find_all(Locator::Css("script"))
-        .await
-        .unwrap()
-        .is_empty());
+    // the one script element is the dashboard's own file; the arguments' is text
+    let scripts = browser.find_all(Locator::Css("script")).await.unwrap();
+    assert_eq!(scripts.len(), 1);
+    let src = scripts[0].attr("src").await.unwrap().unwrap_or_default();
+    assert!(src.ends_with("/dashboard/assets/live.js"), "{src}");
     assert_ne!(browser.title().await.unwrap(), "pwned");
     screenshot(&browser, "jobs").await;
 
@@ -540,6 +540,43 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         .await
         .contains("ready_entries"));
     screenshot(&browser, "storage").await;
+
+    // live: the queues page updates in place (no reload), and holds still while paused
+    browser.goto(&format!("{base}/queues")).await.unwrap();
+    wait_text(&browser, "#live", "live").await;
+    browser
+        .execute("window.notReloaded = true; return true;", vec![])
+        .await
+        .unwrap();
+    let scheduled: i64 = text_of(&browser, &cell("scheduled")).await.parse().unwrap();
+    click(&browser, Locator::Css("#live button")).await;
+    wait_text(&browser, "#live", "paused").await;
+    client
+        .insert(
+            mail("later-too@example.com", false)
+                .run_at(chrono::Utc::now() + chrono::Duration::hours(1)),
+        )
+        .await
+        .unwrap();
+    let tick = "return window.ringworkLive.tick().then(function () { return true; });";
+    browser.execute(tick, vec![]).await.unwrap();
+    assert_eq!(
+        text_of(&browser, &cell("scheduled")).await,
+        scheduled.to_string(),
+        "paused: the page holds still"
+    );
+    // resuming updates at once
+    click(&browser, Locator::Css("#live button")).await;
+    wait_text(&browser, &cell("scheduled"), &(scheduled + 1).to_string()).await;
+    wait_text(&browser, "#live", "updated").await;
+    assert_eq!(
+        browser
+            .execute("return window.notReloaded === true;", vec![])
+            .await
+            .unwrap(),
+        serde_json::json!(true),
+        "updated in place, not reloaded"
+    );
 
     // schedules: a paused one, resumed from its page
     storage.set_schedule_paused("digest", true).await.unwrap();

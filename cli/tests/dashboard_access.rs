@@ -176,6 +176,19 @@ async fn sign_in_keeps_server_side_sessions_that_end_at_sign_out() {
     assert!(header(&head, "location")
         .unwrap()
         .starts_with("/dashboard/login"));
+    // the stylesheet and the live-update script are served to the sign-in page; the policy
+    // allows that script and no other
+    let (status, head, script) = get("/dashboard/assets/live.js", None).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(script.contains("ringworkLive"));
+    assert!(header(&head, "content-type")
+        .unwrap()
+        .starts_with("text/javascript"));
+    let policy = header(&head, "content-security-policy")
+        .unwrap()
+        .to_string();
+    assert!(policy.contains("script-src 'self';"), "{policy}");
+    assert!(!policy.contains("unsafe"), "{policy}");
     let (_, _, login_page) = get("/dashboard/login?next=%2Fjobs%3Fstate%3Dfailed", None).await;
     assert!(
         login_page.contains("name=\"next\" value=\"/jobs?state=failed\""),

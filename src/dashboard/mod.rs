@@ -29,7 +29,8 @@
 //!   after 12 hours and dies at sign-out or restart (`Secure` behind a TLS proxy); scripts may send
 //!   `Authorization: Bearer <token>` instead;
 //! - every value from the database is escaped by the templates (maud), and a Content-Security-Policy
-//!   allows no script at all: the pages have none.
+//!   allows no script but the dashboard's own file (`live.js`: open pages update themselves; no
+//!   inline script, no eval; every page works without it).
 //!
 //! Read-only and behind-proxy dashboards need no sign-in to read: the pages show job arguments
 //! (user data) and other sessions' queries, so listen on a private address, or behind the
@@ -57,6 +58,7 @@ use access::{Hosts, Sessions};
 use history::History;
 
 const STYLE: &str = include_str!("style.css");
+const LIVE: &str = include_str!("live.js");
 const SESSION_COOKIE: &str = "ringwork_dashboard";
 
 /// What the dashboard lets its visitors see and change.
@@ -95,6 +97,7 @@ pub struct Dashboard {
     actions: Actions,
     horizon_min_age: Duration,
     sample_every: Duration,
+    live_every: Option<Duration>,
 }
 
 impl Dashboard {
@@ -110,6 +113,7 @@ impl Dashboard {
             actions: Actions::ReadOnly,
             horizon_min_age: Duration::from_secs(60),
             sample_every: Duration::from_secs(10),
+            live_every: Some(Duration::from_secs(5)),
         }
     }
 
@@ -174,6 +178,13 @@ impl Dashboard {
         self
     }
 
+    /// How often an open page reads itself again and updates in place (default 5 s, at least
+    /// 1 s); `None`: pages stay as they were read. Each update is one page read, like a reload.
+    pub fn live_every(mut self, every: Option<Duration>) -> Self {
+        self.live_every = every.map(|e| e.max(Duration::from_secs(1)));
+        self
+    }
+
     /// The pages as a router. Call it inside a Tokio runtime: it starts the overview's sampler,
     /// which stops when the router is dropped.
     pub fn router(self) -> Router {
@@ -196,6 +207,7 @@ impl Dashboard {
             },
             actions: self.actions,
             horizon_min_age: self.horizon_min_age,
+            live_every: self.live_every,
             turns: tokio::sync::Semaphore::new(self.max_requests),
             history: Mutex::new(History::new(self.sample_every, Duration::from_secs(3600))),
         });
@@ -221,6 +233,7 @@ impl Dashboard {
             .route("/login", get(pages::login).post(login))
             .route("/logout", post(logout))
             .route("/assets/style.css", get(style))
+            .route("/assets/live.js", get(live_script))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&shared),
                 require_sign_in,
@@ -257,6 +270,8 @@ pub(crate) struct Shared {
     sessions: Sessions,
     token_hash: Option<[u8; 32]>,
     horizon_min_age: Duration,
+    /// How often open pages update themselves (`Dashboard::live_every`).
+    live_every: Option<Duration>,
     /// One permit per request being served (`Dashboard::max_concurrent_requests`).
     turns: tokio::sync::Semaphore,
     history: Mutex<History>,
@@ -501,7 +516,10 @@ async fn require_sign_in(
     next: axum::middleware::Next,
 ) -> Response {
     // the router's own paths (a nested router sees them without the mount point), exactly
-    let open = matches!(request.uri().path(), "/login" | "/assets/style.css");
+    let open = matches!(
+        request.uri().path(),
+        "/login" | "/assets/style.css" | "/assets/live.js"
+    );
     if !matches!(shared.actions, Actions::Token(_)) || open || shared.may_act(request.headers()) {
         return next.run(request).await;
     }
@@ -525,8 +543,8 @@ async fn security_headers(mut response: Response) -> Response {
     for (name, value) in [
         (
             header::CONTENT_SECURITY_POLICY,
-            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
-             frame-ancestors 'none'; base-uri 'none'",
+            "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'self'; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         ),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
@@ -547,6 +565,17 @@ async fn style() -> Response {
             (header::CACHE_CONTROL, "max-age=3600"),
         ],
         STYLE,
+    )
+        .into_response()
+}
+
+async fn live_script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=3600"),
+        ],
+        LIVE,
     )
         .into_response()
 }

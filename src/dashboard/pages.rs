@@ -59,7 +59,7 @@ pub(crate) fn message_in_layout(
     message: &Message,
 ) -> Response {
     let body = html! { h1 { (message.title) } p.error { (message.message) } };
-    render_page(shared, headers, "", &message.title, body, None)
+    render_page(shared, headers, "", &message.title, body, None, false)
 }
 
 /// What a page says of where it read: nothing on a primary, how stale it may be on a hot standby.
@@ -78,6 +78,7 @@ async fn staleness(shared: &Shared) -> Staleness {
     }
 }
 
+/// A page in the layout that updates itself while it is open (live.js).
 async fn layout(
     shared: &Shared,
     headers: &HeaderMap,
@@ -86,7 +87,20 @@ async fn layout(
     body: Markup,
 ) -> Response {
     let staleness = staleness(shared).await;
-    render_page(shared, headers, here, title, body, Some(staleness))
+    render_page(shared, headers, here, title, body, Some(staleness), true)
+}
+
+/// A page in the layout that stays as it was shown: a form the operator fills or confirms (its
+/// cutoff is the time it was shown), or what an action did.
+async fn still_layout(
+    shared: &Shared,
+    headers: &HeaderMap,
+    here: &str,
+    title: &str,
+    body: Markup,
+) -> Response {
+    let staleness = staleness(shared).await;
+    render_page(shared, headers, here, title, body, Some(staleness), false)
 }
 
 fn render_page(
@@ -96,7 +110,12 @@ fn render_page(
     title: &str,
     body: Markup,
     staleness: Option<Staleness>,
+    live: bool,
 ) -> Response {
+    let live_secs = shared
+        .live_every
+        .filter(|_| live)
+        .map(|every| every.as_secs().max(1));
     let replica = match staleness {
         Some(Staleness::Standby(replica)) => Some(replica.describe()),
         Some(Staleness::Unknown) => Some(
@@ -137,6 +156,9 @@ fn render_page(
                     meta name="viewport" content="width=device-width, initial-scale=1";
                     title { "ringwork · " (title) }
                     link rel="stylesheet" href=(shared.href("/assets/style.css"));
+                    @if live_secs.is_some() {
+                        script src=(shared.href("/assets/live.js")) defer {}
+                    }
                 }
                 body {
                     header {
@@ -149,12 +171,16 @@ fn render_page(
                         form.find method="get" action=(shared.href("/jobs/find")) {
                             input type="search" name="id" placeholder="job id" aria-label="job id" inputmode="numeric";
                         }
+                        @if live_secs.is_some() {
+                            // shown by live.js: without the script the page is as it was read
+                            span id="live" hidden { span {} " " button type="button" { "pause" } }
+                        }
                         span.mode { "schema " (shared.storage.schema().as_str()) " · " (mode) }
                     }
                     @if let Some(replica) = &replica {
                         p.replica { (replica) }
                     }
-                    main { (body) }
+                    main data-live=[live_secs] { (body) }
                 }
             }
         }
@@ -370,6 +396,7 @@ pub(crate) async fn overview(
         "Overview",
         body,
         Some(staleness),
+        true,
     )
 }
 
@@ -732,7 +759,7 @@ pub(crate) async fn bulk_confirm(
             }
         }
     };
-    layout(&shared, &headers, "jobs", "Bulk action", body).await
+    still_layout(&shared, &headers, "jobs", "Bulk action", body).await
 }
 
 /// What a bulk action did, with the way back to its list.
@@ -757,7 +784,7 @@ pub(crate) async fn bulk_done(
         }
         p { a id="bulk-back" href=(back) { "Back to the list" } }
     };
-    layout(shared, headers, "jobs", "Bulk action", body).await
+    still_layout(shared, headers, "jobs", "Bulk action", body).await
 }
 
 pub(crate) async fn job(
@@ -1097,6 +1124,7 @@ pub(crate) async fn dead_letters(
         "Dead letters",
         body,
         Some(staleness),
+        true,
     )
 }
 
@@ -1360,5 +1388,5 @@ pub(crate) async fn login(
             }
         },
     };
-    layout(&shared, &headers, "", "Sign in", body).await
+    still_layout(&shared, &headers, "", "Sign in", body).await
 }

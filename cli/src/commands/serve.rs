@@ -31,6 +31,8 @@ struct ServeOptions {
     /// Serve the dashboard at /dashboard with these actions; `None`: no dashboard.
     pub dashboard: Option<ringwork::dashboard::Actions>,
     pub dashboard_sample: Duration,
+    /// How often open pages update themselves; `None`: never.
+    pub dashboard_live: Option<Duration>,
     /// Host names the dashboard answers for, beside loopback and the listen address.
     pub dashboard_hosts: Vec<String>,
     /// Where the dashboard's pages read (a hot standby); `None`: the primary's read pool.
@@ -75,6 +77,10 @@ pub struct Args {
     /// (seconds, or 10s, 1m; at least 1 s).
     #[arg(long, default_value = "10", value_parser = duration, allow_hyphen_values = true)]
     dashboard_sample_secs: Duration,
+    /// How often an open dashboard page reads itself again and updates in place, with a pause
+    /// button (seconds, or 10s, 1m; 0: pages stay as they were read).
+    #[arg(long, default_value = "5", value_parser = duration, allow_hyphen_values = true)]
+    dashboard_live_secs: Duration,
     /// A host name (or address) the dashboard is reached by, beside localhost, 127.0.0.1,
     /// [::1] and the --listen address; repeat for several. A request naming another host in
     /// its Host header is refused (421), which stops DNS-rebinding pages.
@@ -126,6 +132,7 @@ pub async fn run(args: Args) -> super::Result<()> {
             schema: args.db.schema,
             dashboard,
             dashboard_sample: args.dashboard_sample_secs.max(Duration::from_secs(1)),
+            dashboard_live: Some(args.dashboard_live_secs).filter(|d| !d.is_zero()),
             dashboard_hosts: args.dashboard_hosts,
             dashboard_reads,
         },
@@ -246,6 +253,7 @@ async fn serve(pool: sqlx::PgPool, options: ServeOptions) -> super::Result<()> {
                     .actions(actions)?
                     .horizon_min_age(options.horizon_min_age)
                     .sample_every(options.dashboard_sample)
+                    .live_every(options.dashboard_live)
                     .router(),
             )
             .route("/", get(|| async { Redirect::to("/dashboard") }));

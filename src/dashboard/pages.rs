@@ -270,8 +270,12 @@ fn sparkline(values: &[f64], bad: bool) -> Markup {
     }
 }
 
-/// How many queues the overview and the queues page show at once.
+/// How many queues the queues page shows at once.
 const QUEUES_PER_PAGE: usize = 50;
+/// How many queue cards the overview shows at once: each card costs its count and, when it has
+/// available jobs, the probes of the "not worked" mark (at 1,000 queues, 50 cards took 340 ms at
+/// p95 on the 2-core machine; 24 stay under 200 ms).
+const CARDS_PER_PAGE: usize = 24;
 
 /// Query parameters of the pages that list queues: a page key and a name filter.
 #[derive(serde::Deserialize, Default)]
@@ -285,11 +289,12 @@ async fn queue_page(
     shared: &Shared,
     path: &str,
     params: &QueuePageQuery,
+    per_page: usize,
 ) -> crate::Result<(Vec<QueueCounts>, Option<String>)> {
     let filter = ListQuery::get(&params.filter);
     let (queues, next) = shared
         .reads
-        .queue_counts_page(ListQuery::get(&params.after), filter, QUEUES_PER_PAGE)
+        .queue_counts_page(ListQuery::get(&params.after), filter, per_page)
         .await?;
     let next = next.map(|after| {
         let mut pairs = vec![("after", after.as_str())];
@@ -321,7 +326,7 @@ pub(crate) async fn overview(
     headers: HeaderMap,
     Query(params): Query<QueuePageQuery>,
 ) -> Response {
-    let (queues, next) = match queue_page(&shared, "/", &params).await {
+    let (queues, next) = match queue_page(&shared, "/", &params, CARDS_PER_PAGE).await {
         Ok(page) => page,
         Err(e) => return failure(e),
     };
@@ -437,7 +442,7 @@ pub(crate) async fn queues(
     headers: HeaderMap,
     Query(params): Query<QueuePageQuery>,
 ) -> Response {
-    let (queues, next) = match queue_page(&shared, "/queues", &params).await {
+    let (queues, next) = match queue_page(&shared, "/queues", &params, QUEUES_PER_PAGE).await {
         Ok(page) => page,
         Err(e) => return failure(e),
     };

@@ -18,9 +18,9 @@ use crate::maintenance::{MaintenanceConfig, TickReport};
 use crate::schema::SchemaName;
 use crate::storage::{
     ArgsText, BulkOutcome, CallbackAction, CallbackOutcome, CancelOutcome, DeadLetter,
-    HorizonHolder, JobFilter, JobPage, JobRecord, JobState, LimitsInUse, ProgressRecord,
-    PruneBlocker, QueueCounts, QueueLimits, Readiness, ReplicaStatus, RingSlot, ScheduleRecord,
-    Storage, TableHealth,
+    HorizonHolder, JobFilter, JobPage, JobRecord, JobState, LimitsInUse, ProcessSession,
+    ProgressRecord, PruneBlocker, QueueCounts, QueueLimits, Readiness, ReplicaStatus, RingSlot,
+    ScheduleRecord, Storage, TableHealth,
 };
 use crate::JobStatus;
 
@@ -232,6 +232,12 @@ impl Admin {
         job_id: Option<i64>,
     ) -> Result<i64> {
         self.storage.dlq_purge(queue, job_id).await
+    }
+
+    /// The processes working the schema (their LISTEN sessions) and the maintenance leader's
+    /// backend, as `pg_stat_activity` shows them.
+    pub async fn processes(&self) -> Result<Vec<ProcessSession>> {
+        self.storage.processes().await
     }
 
     /// Every queue with limits and what it uses of them now, with its `top_keys` busiest keys.

@@ -78,8 +78,8 @@ pub use storage::{
     ArchiveTable, ArgsText, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction, CallbackOutcome,
     CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, HorizonHolder, Inserted,
     JobFilter, JobPage, JobRecord, JobState, KeyInUse, KeyLimit, LimitsInUse, ListedJob, Outcome,
-    PendingJob, Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits,
-    QueueSlotPrune, Readiness, ReplicaStatus, RingSlot, ScheduleRecord, TableHealth,
+    PendingJob, ProcessSession, Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts,
+    QueueLimits, QueueSlotPrune, Readiness, ReplicaStatus, RingSlot, ScheduleRecord, TableHealth,
 };
 pub use telemetry::Telemetry;
 pub use workflow::{

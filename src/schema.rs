@@ -344,6 +344,29 @@ impl SchemaName {
     pub fn notify_channel(&self) -> String {
         format!("ringwork_{}", self.0)
     }
+
+    /// The application_name a process gives the sessions that stand for it: its LISTEN session
+    /// (`ringwork:<schema> pid <pid> <host>`) and, as `role` `leader`, the maintenance leader's
+    /// lock session (`ringwork:<schema> leader pid <pid> <host>`); cut to the 63 bytes PostgreSQL
+    /// keeps. The dashboard's processes page and `Admin::processes` find them by the prefix.
+    pub fn session_name(&self, role: Option<&str>) -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "?".into());
+        let role = role.map(|r| format!("{r} ")).unwrap_or_default();
+        let mut name = format!(
+            "ringwork:{} {role}pid {} {host}",
+            self.0,
+            std::process::id()
+        );
+        while name.len() > 63 {
+            name.pop();
+        }
+        name
+    }
 }
 
 impl Default for SchemaName {

@@ -640,6 +640,14 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     .await;
     screenshot(&browser, "callbacks").await;
 
+    // processes: this test's client, working the schema, leads maintenance
+    browser.goto(&format!("{base}/processes")).await.unwrap();
+    wait_text(&browser, "#leader", "Maintenance is led by the backend").await;
+    assert!(text_of(&browser, "table#processes")
+        .await
+        .contains(&format!("pid {}", std::process::id())));
+    screenshot(&browser, "processes").await;
+
     // the overview again: by now it has samples, and the retried jobs show as throughput
     browser.goto(&base).await.unwrap();
     let points = browser

@@ -329,6 +329,7 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
         "/dashboard/callbacks",
         "/dashboard/schedules",
         "/dashboard/limits",
+        "/dashboard/processes",
     ]
     .iter()
     .map(|p| p.to_string())

@@ -426,3 +426,89 @@ async fn the_search_box_goes_to_a_job_and_the_queue_filter_offers_the_queues() {
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Ping {}
+
+impl ringwork::JobArgs for Ping {
+    const KIND: &'static str = "ping";
+}
+
+#[tokio::test]
+async fn the_processes_page_shows_each_process_and_the_leader_while_they_run() {
+    let db = TestDatabase::new().await.unwrap();
+    let admin = db.admin();
+    let (mut serve, addr) = serve(&db).await;
+    let ours = format!(
+        "ringwork:{} pid {} ",
+        db.schema().as_str(),
+        std::process::id()
+    );
+    let (_, page) = get(addr, "/dashboard/processes").await;
+    assert!(!page.contains(&ours), "{page}");
+    assert!(page.contains("No process leads maintenance"), "{page}");
+
+    let client = db
+        .client()
+        .maintenance(ringwork::testing::fast_maintenance())
+        .queue("pings", ringwork::QueueConfig::default())
+        .register(|_ctx: ringwork::JobContext, _job: Ping| async move {
+            Ok::<(), ringwork::JobError>(())
+        })
+        .build()
+        .await
+        .unwrap();
+    let running = client.start().await.unwrap();
+    assert!(
+        ringwork::testing::eventually(Duration::from_secs(20), || async {
+            let sessions = admin.processes().await.unwrap();
+            sessions.iter().any(|s| s.application.starts_with(&ours))
+                && sessions.iter().any(|s| s.leader)
+        })
+        .await,
+        "{:?}",
+        admin.processes().await
+    );
+    let (status, page) = get(addr, "/dashboard/processes").await;
+    assert_eq!(status, 200);
+    assert!(page.contains(&ours), "{page}");
+    let leader = part(&page, "id=\"leader\"", "</p>");
+    assert!(
+        leader.contains("Maintenance is led by the backend"),
+        "{leader}"
+    );
+    // the leader's session names the process that leads
+    let leads = format!(
+        "ringwork:{} leader pid {} ",
+        db.schema().as_str(),
+        std::process::id()
+    );
+    assert!(
+        admin
+            .processes()
+            .await
+            .unwrap()
+            .iter()
+            .any(|s| s.leader && s.application.starts_with(&leads)),
+        "{:?}",
+        admin.processes().await
+    );
+
+    // stopped: it drops out at once, and nobody leads
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        ringwork::testing::eventually(Duration::from_secs(20), || async {
+            let sessions = admin.processes().await.unwrap();
+            !sessions
+                .iter()
+                .any(|s| s.application.starts_with(&ours) || s.leader)
+        })
+        .await,
+        "{:?}",
+        admin.processes().await
+    );
+    let (_, page) = get(addr, "/dashboard/processes").await;
+    assert!(page.contains("No process leads maintenance"), "{page}");
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

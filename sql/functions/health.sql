@@ -77,3 +77,21 @@ LANGUAGE sql STABLE AS $$
       AND l.classid::bigint = (p_key >> 32) & 4294967295 AND l.objid::bigint = p_key & 4294967295
     LIMIT 1
 $$;
+
+-- The processes working this schema, from pg_stat_activity: the session each keeps for LISTEN
+-- (its application_name, set by the process: 'ringwork:<schema> pid <pid> <host>'), and the backend
+-- that holds the maintenance leader's lock (p_key; named 'ringwork:<schema> leader pid ...'). Nothing is written for it: a process that stops
+-- or loses its session drops out at once. A process without a LISTEN session (behind a transaction
+-- pooler with no direct URL) is not listed; the leader's backend is, by its lock.
+CREATE OR REPLACE FUNCTION __S__.processes(p_key bigint)
+RETURNS TABLE (pid int, application text, client text, connected_at timestamptz, state text,
+               state_since timestamptz, leader boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT a.pid, a.application_name, coalesce(host(a.client_addr), 'local'), a.backend_start, a.state,
+           a.state_change, a.pid IS NOT DISTINCT FROM __S__.maintenance_leader(p_key)
+    FROM pg_stat_activity a
+    WHERE a.datname = current_database()
+      AND (starts_with(a.application_name, 'ringwork:__S__ ')
+           OR a.pid IS NOT DISTINCT FROM __S__.maintenance_leader(p_key))
+    ORDER BY 7 DESC, a.application_name, a.backend_start
+$$;

@@ -227,6 +227,7 @@ impl Dashboard {
             .route("/schedules", get(pages::schedules))
             .route("/schedules/{action}", post(schedule_action))
             .route("/limits", get(pages::limits))
+            .route("/processes", get(pages::processes))
             .route("/dlq", get(pages::dead_letters))
             .route("/dlq/{action}", post(dead_letter_action))
             .route("/storage", get(pages::storage))

@@ -131,6 +131,7 @@ fn render_page(
         ("callbacks", "/callbacks", "Callbacks"),
         ("schedules", "/schedules", "Schedules"),
         ("limits", "/limits", "Limits"),
+        ("processes", "/processes", "Processes"),
         ("dlq", "/dlq", "Dead letters"),
         ("storage", "/storage", "Storage"),
     ];
@@ -1305,6 +1306,46 @@ pub(crate) async fn limits(State(shared): AppState, headers: HeaderMap) -> Respo
         }
     };
     layout(&shared, &headers, "limits", "Limits", body).await
+}
+
+/// The processes working the schema (their LISTEN sessions, named with host and pid) and which
+/// backend leads maintenance, from `pg_stat_activity`.
+pub(crate) async fn processes(State(shared): AppState, headers: HeaderMap) -> Response {
+    // the leader's lock and the sessions are the primary's: a standby's pg_stat_activity has
+    // neither
+    let sessions = match shared.storage.processes().await {
+        Ok(sessions) => sessions,
+        Err(e) => return failure(e),
+    };
+    let leader = sessions.iter().find(|s| s.leader);
+    let body = html! {
+        h1 { "Processes" }
+        p.muted { "Each process that works this schema keeps one session for LISTEN, named ringwork:<schema> pid <pid> <host> (pg_stat_activity.application_name); the maintenance leader holds the schema's leader lock on a session of its own, named ringwork:<schema> leader pid <pid> <host>. Read from the server's activity view: a process that stops drops out at once." }
+        p id="leader" {
+            @match leader {
+                Some(l) => { "Maintenance is led by the backend " b { (l.pid) } " from " (l.client)
+                    @if let Some(at) = l.state_since { ", " (l.state.as_deref().unwrap_or("")) " since " span title=(when(at)) { (ago(at)) } } "." },
+                None => { span.error { "No process leads maintenance" } ": nothing rotates, prunes, rescues or promotes until one does (a process with maintenance on takes the lead within a tick)." },
+            }
+        }
+        table id="processes" {
+            thead { tr { th { "session" } th.num { "backend pid" } th { "client" } th { "connected" } th { "state" } th { "" } } }
+            tbody {
+                @for s in &sessions {
+                    tr data-pid=(s.pid) {
+                        td { (s.application) }
+                        td.num { (s.pid) }
+                        td { (s.client) }
+                        td { @if let Some(at) = s.connected_at { span title=(when(at)) { (ago(at)) } } }
+                        td { (s.state.as_deref().unwrap_or("")) @if let Some(at) = s.state_since { span.muted { " " (ago(at)) } } }
+                        td { @if s.leader { span class="state running" { "leader" } } }
+                    }
+                }
+            }
+        }
+        @if sessions.is_empty() { p.muted id="no-processes" { "No process is connected to this schema." } }
+    };
+    layout(&shared, &headers, "processes", "Processes", body).await
 }
 
 pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Response {

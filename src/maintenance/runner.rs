@@ -212,6 +212,14 @@ pub(crate) async fn run(
                     last_check = Some(Instant::now());
                 }
                 leader = try_lead(&session, &config, key, check_holder).await;
+                if let Some(conn) = leader.as_mut() {
+                    // operators see which process leads in pg_stat_activity (the session is
+                    // closed when it steps down)
+                    let _ = sqlx::query("SELECT set_config('application_name', $1, false)")
+                        .bind(storage.schema().session_name(Some("leader")))
+                        .execute(&mut **conn)
+                        .await;
+                }
                 if leader.is_some() {
                     last_touch = Instant::now();
                     pacing = Pacing::new(Instant::now());

@@ -65,6 +65,15 @@ pub(super) async fn listen(
                 }
             }
         };
+        // the session names this process, so that operators (and the dashboard's processes
+        // page) see who works the schema in pg_stat_activity
+        if let Err(e) = sqlx::query("SELECT set_config('application_name', $1, false)")
+            .bind(storage.schema().session_name(None))
+            .execute(&mut listener)
+            .await
+        {
+            debug!(error = %e, "could not name the LISTEN session");
+        }
         if let Err(e) = listener
             .listen_all([
                 channel.as_str(),
@@ -119,6 +128,8 @@ pub(super) async fn listen(
                 }
                 _ = stop.changed() => {
                     listening.store(false, Ordering::Relaxed);
+                    // the session goes back to the pool: it no longer stands for this process
+                    let _ = sqlx::query("RESET application_name").execute(&mut listener).await;
                     return;
                 }
             }

@@ -14,6 +14,7 @@ pub(super) struct Statements {
     horizon_holders: String,
     table_health: String,
     maintenance_leader: String,
+    processes: String,
     replica_status: String,
 }
 
@@ -28,6 +29,10 @@ impl Statements {
                 "SELECT table_name, live_tuples, dead_tuples, total_bytes FROM {s}.table_health()"
             ),
             maintenance_leader: format!("SELECT {s}.maintenance_leader($1)"),
+            processes: format!(
+                "SELECT pid, application, client, connected_at, state, state_since, leader \
+                 FROM {s}.processes($1)"
+            ),
             // PostgreSQL's own recovery functions: nothing of the schema, so it answers the same
             // on any server and needs no migration
             replica_status: "SELECT pg_is_in_recovery(), pg_last_xact_replay_timestamp(), \
@@ -65,6 +70,25 @@ pub struct HorizonHolder {
     pub xmin_age: Option<i32>,
     /// The start of the session's current or last statement.
     pub query: Option<String>,
+}
+
+/// A process working the schema, as the server sees it (`Storage::processes`).
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct ProcessSession {
+    /// The backend's pid on the server.
+    pub pid: i32,
+    /// Its application_name: `ringwork:<schema> pid <pid> <host>` for a process's LISTEN session.
+    pub application: String,
+    /// The client's address (`local` over a Unix socket).
+    pub client: String,
+    /// When the session connected.
+    pub connected_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// `idle`, `active`, ...
+    pub state: Option<String>,
+    /// Since when it is in that state.
+    pub state_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// This backend holds the maintenance leader's lock.
+    pub leader: bool,
 }
 
 /// One of ringwork's tables (a partitioned table summed over its partitions).
@@ -217,6 +241,16 @@ impl Storage {
             Err(e) => readiness.error = Some(format!("cannot look up the leader: {e}")),
         }
         readiness
+    }
+
+    /// The processes working the schema: the LISTEN session each keeps (named by the process
+    /// with its host and pid) and the backend holding the maintenance leader's lock. Read from
+    /// `pg_stat_activity`; nothing is written for it.
+    pub async fn processes(&self) -> Result<Vec<ProcessSession>> {
+        Ok(sqlx::query_as(&self.sql.health.processes)
+            .bind(crate::schema::leader_lock_key(&self.schema))
+            .fetch_all(self.db())
+            .await?)
     }
 
     /// Live and dead tuples and size of every table of the schema, partitions summed into their

@@ -512,3 +512,78 @@ async fn the_processes_page_shows_each_process_and_the_leader_while_they_run() {
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }
+
+#[tokio::test]
+async fn finished_jobs_are_found_by_time_range_and_by_their_arguments() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let run = |tags: &'static [&'static str]| {
+        let storage = storage.clone();
+        let pool = db.pool().clone();
+        async move {
+            let jobs: Vec<_> = tags
+                .iter()
+                .map(|t| {
+                    NewJob::from_parts("paint", json!({ "tag": t }))
+                        .unwrap()
+                        .queue("paint")
+                })
+                .collect();
+            let mut conn = pool.acquire().await.unwrap();
+            storage.insert_many(&mut conn, &jobs).await.unwrap();
+            let claimed = storage.claim("paint", 10, None).await.unwrap();
+            let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+            storage.complete_batch(&refs).await.unwrap();
+            claimed.iter().map(|j| j.job_id).collect::<Vec<_>>()
+        }
+    };
+    let early = run(&["red", "blue", "red"]).await;
+    // the server's clock between the two completions (the listing's times are the server's)
+    let between: String = sqlx::query_scalar(
+        "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US')",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let late = run(&["blue", "red"]).await;
+    let (mut serve, addr) = serve(&db).await;
+    let shown = |page: &str| -> Vec<i64> {
+        page.match_indices("<tr data-job=\"")
+            .map(|(at, m)| {
+                page[at + m.len()..]
+                    .split('"')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let sorted = |mut ids: Vec<i64>| {
+        ids.sort();
+        ids
+    };
+    let base = "/dashboard/jobs?state=completed&queue=paint";
+    let (status, page) = get(addr, &format!("{base}&since={between}")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(sorted(shown(&page)), sorted(late.clone()));
+    let (_, page) = get(addr, &format!("{base}&before={between}")).await;
+    assert_eq!(sorted(shown(&page)), sorted(early.clone()));
+    // arguments: the red ones, in either range
+    let (_, page) = get(addr, &format!("{base}&args=red")).await;
+    assert_eq!(shown(&page).len(), 3, "{page}");
+    assert!(page.contains("id=\"args-scope\""));
+    let (_, page) = get(addr, &format!("{base}&args=red&since={between}")).await;
+    assert_eq!(shown(&page), vec![late[1]]);
+    // bad input is a clear 400
+    for bad in [
+        format!("{base}&since=yesterday"),
+        "/dashboard/jobs?state=available&since=2026-01-01T00:00".to_string(),
+        format!("{base}&args={}", "x".repeat(201)),
+    ] {
+        let (status, page) = get(addr, &bad).await;
+        assert_eq!(status, 400, "{bad}: {page}");
+    }
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

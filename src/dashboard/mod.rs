@@ -1061,6 +1061,12 @@ pub(crate) struct ListQuery {
     queue: Option<String>,
     kind: Option<String>,
     after: Option<String>,
+    /// Finished (or dead-lettered) before this time (`YYYY-MM-DDTHH:MM[:SS]`, UTC).
+    before: Option<String>,
+    /// Finished (or dead-lettered) at or after this time.
+    since: Option<String>,
+    /// Arguments whose text holds this.
+    args: Option<String>,
 }
 
 impl ListQuery {

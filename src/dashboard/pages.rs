@@ -465,6 +465,101 @@ pub(crate) async fn queues(
     layout(&shared, &headers, "queues", "Queues", body).await
 }
 
+/// A time field of the jobs page (`datetime-local`, read as UTC).
+fn time_field(value: Option<&str>) -> Result<Option<DateTime<Utc>>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%d",
+    ]
+    .iter()
+    .find_map(|format| {
+        chrono::NaiveDateTime::parse_from_str(value, format)
+            .ok()
+            .or_else(|| {
+                chrono::NaiveDate::parse_from_str(value, format)
+                    .ok()
+                    .and_then(|d| d.and_hms_opt(0, 0, 0))
+            })
+    })
+    .map(|t| Some(t.and_utc()))
+    .ok_or_else(|| format!("{value:?} is not a time: use YYYY-MM-DDTHH:MM[:SS] (UTC)"))
+}
+
+/// How many jobs of a listing one page reads at most when it filters by arguments: a bounded
+/// search of what the listing walks anyway, never a scan of a whole state.
+const ARGS_SCAN_ROWS: usize = 2_000;
+
+/// A page of the jobs page: the jobs shown, the key to go on from, and how many were read.
+struct FilteredPage {
+    jobs: Vec<crate::ListedJob>,
+    next: Option<String>,
+    examined: usize,
+}
+
+/// One page of a listing from `start`, keeping the jobs that finished at or after `since` and
+/// whose arguments hold `args`: pages of the listing are read until the page is full, the listing
+/// (newest first) passes `since`, or `ARGS_SCAN_ROWS` jobs were read.
+async fn filtered_page(
+    shared: &Shared,
+    state: JobStatus,
+    queue: Option<&str>,
+    kind: Option<&str>,
+    start: Option<String>,
+    since: Option<DateTime<Utc>>,
+    args: Option<&str>,
+) -> crate::Result<FilteredPage> {
+    let mut kept = Vec::new();
+    let mut examined = 0;
+    let mut from = start;
+    loop {
+        let page = shared
+            .reads
+            .list_jobs(state, queue, kind, from.as_deref(), PAGE_SIZE)
+            .await?;
+        let mut last_key = None;
+        for job in page.jobs {
+            examined += 1;
+            if since.is_some_and(|since| job.at < since) {
+                // newest first: everything after this one is older still
+                return Ok(FilteredPage {
+                    jobs: kept,
+                    next: None,
+                    examined,
+                });
+            }
+            last_key = Some(job.page_key.clone());
+            if args.is_none_or(|a| job.args.contains(a)) {
+                kept.push(job);
+                if kept.len() == PAGE_SIZE {
+                    break;
+                }
+            }
+        }
+        let more = page.next.is_some();
+        if kept.len() == PAGE_SIZE || !more || args.is_none() || examined >= ARGS_SCAN_ROWS {
+            // go on after the last job read (a full page stops at its last kept job)
+            let next = if kept.len() == PAGE_SIZE {
+                kept.last().map(|j| j.page_key.clone())
+            } else if more {
+                last_key.or(page.next)
+            } else {
+                None
+            };
+            return Ok(FilteredPage {
+                jobs: kept,
+                next,
+                examined,
+            });
+        }
+        from = last_key.or(page.next);
+    }
+}
+
 /// Up to how many queues the jobs page offers as a pick list.
 const QUEUE_PICK_LIST: usize = 200;
 
@@ -486,13 +581,37 @@ pub(crate) async fn jobs(
     };
     let queue = ListQuery::get(&params.queue);
     let kind = ListQuery::get(&params.kind);
-    let page = match shared
-        .reads
-        .list_jobs(state, queue, kind, ListQuery::get(&params.after), PAGE_SIZE)
-        .await
-    {
-        Ok(page) => page,
+    let bad = |message: String| {
+        (StatusCode::BAD_REQUEST, message_page("Error", &message)).into_response()
+    };
+    let (before, since) = match (
+        time_field(ListQuery::get(&params.before)),
+        time_field(ListQuery::get(&params.since)),
+    ) {
+        (Ok(before), Ok(since)) => (before, since),
+        (Err(e), _) | (_, Err(e)) => return bad(e),
+    };
+    let newest_first = crate::storage::Storage::page_key_before(state, Utc::now()).is_some();
+    if (before.is_some() || since.is_some()) && !newest_first {
+        return bad(format!(
+            "a time range applies to completed, failed, cancelled and dead-lettered jobs, not to {} ones",
+            state.as_str()
+        ));
+    }
+    let args_filter = ListQuery::get(&params.args);
+    if args_filter.is_some_and(|a| a.chars().count() > 200 || a.contains('\0')) {
+        return bad("the arguments filter holds at most 200 characters".into());
+    }
+    let start = ListQuery::get(&params.after)
+        .map(str::to_string)
+        .or_else(|| before.and_then(|at| crate::storage::Storage::page_key_before(state, at)));
+    let scan = match filtered_page(&shared, state, queue, kind, start, since, args_filter).await {
+        Ok(scan) => scan,
         Err(e) => return failure(e),
+    };
+    let page = crate::JobPage {
+        jobs: scan.jobs,
+        next: scan.next,
     };
     let queues = shared.reads.queue_names().await.unwrap_or_default();
     let time_label = match state {
@@ -503,6 +622,7 @@ pub(crate) async fn jobs(
         JobStatus::DeadLettered => "failed",
         _ => "finished",
     };
+    let since_text = ListQuery::get(&params.since).unwrap_or("");
     let next = page.next.as_ref().map(|after| {
         let mut pairs = vec![("state", state.as_str()), ("after", after.as_str())];
         if let Some(queue) = queue {
@@ -510,6 +630,12 @@ pub(crate) async fn jobs(
         }
         if let Some(kind) = kind {
             pairs.push(("kind", kind));
+        }
+        if since.is_some() {
+            pairs.push(("since", since_text));
+        }
+        if let Some(args) = args_filter {
+            pairs.push(("args", args));
         }
         shared.href(&format!("/jobs?{}", query(&pairs)))
     });
@@ -531,7 +657,27 @@ pub(crate) async fn jobs(
                 datalist id="queue-names" { @for q in &queues { option value=(q) {} } }
             }
             label { "kind" input type="text" name="kind" value=(kind.unwrap_or("")); }
+            label title="completed, failed, cancelled and dead-lettered jobs: finished at or after (UTC)" {
+                "finished since (UTC)"
+                input type="datetime-local" step="1" name="since" value=(since_text);
+            }
+            label title="completed, failed, cancelled and dead-lettered jobs: finished before (UTC)" {
+                "finished before (UTC)"
+                input type="datetime-local" step="1" name="before" value=(ListQuery::get(&params.before).unwrap_or(""));
+            }
+            label title="text in the first 200 characters of the arguments' JSON" {
+                "arguments contain"
+                input type="search" name="args" value=(args_filter.unwrap_or(""));
+            }
             button type="submit" { "Show" }
+        }
+        @if args_filter.is_some() {
+            p.muted id="args-scope" {
+                "Arguments are searched in the first 200 characters of each job's JSON, over at most "
+                (ARGS_SCAN_ROWS) " jobs of the listing per page"
+                @if scan.examined >= ARGS_SCAN_ROWS && page.next.is_some() { ": this page stopped there, the next one goes on" }
+                "."
+            }
         }
         table id="jobs" {
             thead { tr {

@@ -343,6 +343,17 @@ pub struct JobPage {
 }
 
 impl Storage {
+    /// The page key that starts a newest-first listing (completed, failed, cancelled and
+    /// dead-lettered jobs) at `before`: its first page holds the jobs that finished (or were
+    /// dead-lettered) before then. `None` for the states listed in another order.
+    pub fn page_key_before(state: crate::JobStatus, before: DateTime<Utc>) -> Option<String> {
+        use crate::JobStatus::*;
+        matches!(state, Completed | Failed | Cancelled | DeadLettered).then(|| {
+            let micros = before.timestamp_micros();
+            format!("T{micros}:{}", i64::MAX)
+        })
+    }
+
     /// One page of the jobs of one state, optionally of one queue and one kind, after the page
     /// key `after` (`None`: the first page). Available jobs lane by lane, highest priority first;
     /// scheduled, retryable, running and waiting ones by job id; finished and dead-lettered jobs

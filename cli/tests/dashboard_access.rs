@@ -330,6 +330,7 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
         "/dashboard/schedules",
         "/dashboard/limits",
         "/dashboard/processes",
+        "/dashboard/sequences?key=%3Cscript%3E",
     ]
     .iter()
     .map(|p| p.to_string())

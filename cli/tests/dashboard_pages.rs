@@ -587,3 +587,55 @@ async fn finished_jobs_are_found_by_time_range_and_by_their_arguments() {
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_sequence_page_shows_its_head_and_bursts_as_they_move() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let job = NewJob::from_parts("invoice", json!({ "n": n }))
+            .unwrap()
+            .queue("billing")
+            .sequence("cust-7", ringwork::DependencyFailure::Run);
+        ids.push(storage.insert(&mut conn, &job).await.unwrap());
+    }
+    drop(conn);
+    let (mut serve, addr) = serve(&db).await;
+    let (status, page) = get(addr, "/dashboard/sequences?key=cust-7").await;
+    assert_eq!(status, 200, "{page}");
+    let head = part(&page, "id=\"head\"", "</p>");
+    assert!(head.contains(&format!("/jobs/{}\"", ids[0])), "{head}");
+    assert!(head.contains("available"), "{head}");
+    let burst = part(&page, "<tr data-workflow=", "</tr>");
+    assert!(burst.contains("2 pending, 1 available"), "{burst}");
+
+    // the head runs and completes: the next job is the head
+    let claimed = storage.claim("billing", 10, None).await.unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+        vec![ids[0]]
+    );
+    storage
+        .complete_batch(&[claimed[0].attempt_ref()])
+        .await
+        .unwrap();
+    let (_, page) = get(addr, "/dashboard/sequences?key=cust-7").await;
+    let head = part(&page, "id=\"head\"", "</p>");
+    assert!(head.contains(&format!("/jobs/{}\"", ids[1])), "{head}");
+
+    // the burst's workflow page links back to its sequence
+    let workflow = storage.workflow_of(ids[0]).await.unwrap().unwrap().0;
+    let (_, page) = get(addr, &format!("/dashboard/workflows/{workflow}")).await;
+    assert!(page.contains("/dashboard/sequences?key=cust-7"), "{page}");
+    // an unknown key says so
+    let (status, page) = get(addr, "/dashboard/sequences?key=nobody").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("No job of the sequence nobody is kept"),
+        "{page}"
+    );
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

@@ -222,6 +222,7 @@ impl Dashboard {
             .route("/jobs/{id}", get(pages::job))
             .route("/jobs/{id}/{action}", post(job_action))
             .route("/workflows/{id}", get(pages::workflow))
+            .route("/sequences", get(pages::sequence))
             .route("/workflows/{id}/cancel", post(workflow_cancel))
             .route("/callbacks", get(pages::callbacks))
             .route("/schedules", get(pages::schedules))

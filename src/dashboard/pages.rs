@@ -1063,6 +1063,10 @@ pub(crate) async fn workflow(
         }
         Err(e) => return failure(e),
     };
+    let sequence = match shared.reads.sequence_key_of(id).await {
+        Ok(key) => key,
+        Err(e) => return failure(e),
+    };
     let columns = workflow_columns(&status.steps);
     let counts: Vec<String> = JobStatus::ALL
         .iter()
@@ -1077,6 +1081,11 @@ pub(crate) async fn workflow(
             dt { "state" } dd id="workflow-state" { (state_badge(status.state.as_str())) }
             dt { "steps" } dd id="workflow-counts" { (counts.join(", ")) }
             @if status.cancelled { dt { "cancelled" } dd { "by an operator: nothing more is released" } }
+            @if let Some(key) = &sequence {
+                dt { "sequence" }
+                dd { "a burst of the sequence "
+                     a id="sequence" href=(shared.href(&format!("/sequences?{}", query(&[("key", key.as_str())])))) { (key) } }
+            }
         }
         @if may_act && status.state == crate::WorkflowState::Running && !status.cancelled {
             div.actions {
@@ -1108,6 +1117,95 @@ pub(crate) async fn workflow(
         }
     };
     layout(&shared, &headers, "jobs", &format!("Workflow {id}"), body).await
+}
+
+/// How many of a sequence key's bursts its page shows.
+const SEQUENCE_BURSTS: usize = 20;
+
+#[derive(serde::Deserialize, Default)]
+pub(crate) struct SequenceQuery {
+    key: Option<String>,
+}
+
+/// A sequence key: its head (the job that runs, or runs next, in order) and its newest bursts,
+/// each with its steps per state and a link to its workflow page.
+pub(crate) async fn sequence(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(asked): Query<SequenceQuery>,
+) -> Response {
+    let key = ListQuery::get(&asked.key);
+    let mut bursts = Vec::new();
+    if let Some(key) = key {
+        let ids = match shared.reads.sequence_bursts(key, SEQUENCE_BURSTS).await {
+            Ok(ids) => ids,
+            Err(e) => return failure(e),
+        };
+        for id in ids {
+            match shared.reads.workflow_status(id).await {
+                Ok(Some(status)) => bursts.push(status),
+                // expired between the two reads
+                Ok(None) => {}
+                Err(e) => return failure(e),
+            }
+        }
+    }
+    let is_final = |s: JobStatus| {
+        matches!(
+            s,
+            JobStatus::Completed
+                | JobStatus::Failed
+                | JobStatus::Cancelled
+                | JobStatus::DeadLettered
+        )
+    };
+    // the head: the first step not final, in the oldest burst that has one (bursts are newest first)
+    let head = bursts.iter().rev().find_map(|b| {
+        b.steps
+            .iter()
+            .find(|s| !is_final(s.state))
+            .map(|s| (b.workflow_id, s))
+    });
+    let body = html! {
+        h1 { "Sequence" @if let Some(key) = key { " " (key) } }
+        form.filters method="get" action=(shared.href("/sequences")) {
+            label { "sequence key" input type="search" name="key" value=(key.unwrap_or("")) required; }
+            button type="submit" { "Show" }
+        }
+        @if let Some(key) = key {
+            p id="head" {
+                @match head {
+                    Some((workflow_id, step)) => {
+                        "Head: job " a href=(shared.href(&format!("/jobs/{}", step.job_id))) { (step.job_id) }
+                        " " (state_badge(step.state.as_str())) " (" (step.kind) " in " (step.queue)
+                        ", burst " a href=(shared.href(&format!("/workflows/{workflow_id}"))) { (workflow_id) } ")"
+                        @if step.state == JobStatus::Pending { ": it runs when the job before it is final" }
+                    },
+                    None if bursts.is_empty() => { "No job of the sequence " (key) " is kept: none was enqueued, or every burst finished and expired." },
+                    None => { "Every job of the sequence is final: the next one enqueued runs at once." },
+                }
+            }
+            @if !bursts.is_empty() {
+                table id="bursts" {
+                    thead { tr { th { "burst" } th { "state" } th.num { "jobs" } th { "steps by state" } th { "first / last job" } } }
+                    tbody {
+                        @for b in &bursts {
+                            @let counts: Vec<String> = JobStatus::ALL.iter().map(|s| (s, b.count(*s))).filter(|(_, n)| *n > 0).map(|(s, n)| format!("{n} {s}")).collect();
+                            tr data-workflow=(b.workflow_id) {
+                                td { a href=(shared.href(&format!("/workflows/{}", b.workflow_id))) { (b.workflow_id) } }
+                                td { (state_badge(b.state.as_str())) }
+                                td.num { (b.steps.len()) }
+                                td { (counts.join(", ")) }
+                                td { @if let (Some(first), Some(last)) = (b.steps.first(), b.steps.last()) { (first.job_id) " … " (last.job_id) } }
+                            }
+                        }
+                    }
+                }
+                p.muted { "The newest " (SEQUENCE_BURSTS) " bursts at most. A key's jobs run one at a time in enqueue order; a burst ends when it has nothing left to run, and the next job starts a new one." }
+            }
+        }
+    };
+    layout(&shared, &headers, "jobs", "Sequence", body).await
 }
 
 /// The steps in columns by depth: a step sits one column right of its deepest dependency.

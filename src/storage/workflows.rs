@@ -30,6 +30,8 @@ pub(super) struct Statements {
     seal_batch: String,
     counts: String,
     by_state: String,
+    sequence_bursts: String,
+    sequence_key_of: String,
 }
 
 impl Statements {
@@ -42,6 +44,13 @@ impl Statements {
             workflow_status: format!("SELECT * FROM {s}.workflow_status($1)"),
             cancel_workflow: format!("SELECT {s}.cancel_workflow($1)"),
             workflow_of: format!("SELECT workflow_id, step FROM {s}.workflow_of($1)"),
+            sequence_bursts: format!(
+                "SELECT workflow_id FROM {s}.workflow_sequences WHERE sequence_key = $1 \
+                 ORDER BY workflow_id DESC LIMIT $2"
+            ),
+            sequence_key_of: format!(
+                "SELECT sequence_key FROM {s}.workflow_sequences WHERE workflow_id = $1"
+            ),
             set_output: format!("SELECT {s}.set_workflow_output($1, $2)"),
             output: format!("SELECT {s}.workflow_output($1, $2)"),
             expire: format!("SELECT {s}.workflow_expire(make_interval(secs => $1), $2)"),
@@ -144,6 +153,29 @@ impl Storage {
         Ok(sqlx::query_scalar(&self.sql.workflows.cancel_workflow)
             .bind(workflow_id)
             .fetch_one(self.db())
+            .await?)
+    }
+
+    /// The newest `limit` bursts of a sequence key (each a workflow of the key's jobs, in order),
+    /// newest first. A key gets a new burst when its last one has nothing left to run.
+    pub async fn sequence_bursts(&self, key: &str, limit: usize) -> Result<Vec<i64>> {
+        if key.contains('\0') {
+            return Err(crate::Error::Config(
+                "a sequence key holds no NUL byte".into(),
+            ));
+        }
+        Ok(sqlx::query_scalar(&self.sql.workflows.sequence_bursts)
+            .bind(key)
+            .bind(limit.clamp(1, 1000) as i64)
+            .fetch_all(self.db())
+            .await?)
+    }
+
+    /// The sequence key whose burst the workflow is; `None` for a workflow or batch of its own.
+    pub async fn sequence_key_of(&self, workflow_id: i64) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(&self.sql.workflows.sequence_key_of)
+            .bind(workflow_id)
+            .fetch_optional(self.db())
             .await?)
     }
 

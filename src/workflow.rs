@@ -110,6 +110,11 @@ impl Workflow {
         Self::default()
     }
 
+    /// The queue of each step's job (for the enqueued count).
+    pub(crate) fn queues(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().map(|s| s.job.queue.as_str())
+    }
+
     /// Add a step.
     pub fn step(mut self, step: Step) -> Self {
         self.steps.push(step);
@@ -267,6 +272,14 @@ impl Batch {
     /// No members yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The queue of each member's job and of the callback's (for the enqueued count).
+    pub(crate) fn queues(&self) -> impl Iterator<Item = &str> {
+        self.members
+            .iter()
+            .chain(self.callback.iter().map(|(job, _)| job))
+            .map(|job| job.queue.as_str())
     }
 
     /// Add a member.

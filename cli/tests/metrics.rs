@@ -179,6 +179,16 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         Some(4.0),
         "{text}"
     );
+    // a workflow's steps and a batch's members and callback count as enqueued too
+    assert_eq!(
+        sample(
+            &text,
+            "ringwork_jobs_enqueued_total",
+            &[("queue", "metrics_idle")]
+        ),
+        Some(4.0),
+        "{text}"
+    );
     assert_eq!(
         sample(&text, "ringwork_jobs_claimed_total", &[q]),
         Some(4.0),

@@ -398,6 +398,7 @@ impl Client {
             .insert_workflow(&mut tx, &workflow)
             .await?;
         tx.commit().await?;
+        self.inner.telemetry.enqueued(workflow.queues());
         Ok(inserted)
     }
 
@@ -408,7 +409,9 @@ impl Client {
         conn: &mut PgConnection,
         workflow: crate::Workflow,
     ) -> Result<crate::InsertedWorkflow> {
-        self.inner.storage.insert_workflow(conn, &workflow).await
+        let inserted = self.inner.storage.insert_workflow(conn, &workflow).await?;
+        self.inner.telemetry.enqueued(workflow.queues());
+        Ok(inserted)
     }
 
     /// Insert a batch in one transaction of its own (sealed when it has a callback).
@@ -416,6 +419,7 @@ impl Client {
         let mut tx = self.inner.storage.pool().begin().await?;
         let inserted = self.inner.storage.insert_batch(&mut tx, &batch).await?;
         tx.commit().await?;
+        self.inner.telemetry.enqueued(batch.queues());
         Ok(inserted)
     }
 
@@ -425,7 +429,9 @@ impl Client {
         conn: &mut PgConnection,
         batch: crate::Batch,
     ) -> Result<crate::InsertedBatch> {
-        self.inner.storage.insert_batch(conn, &batch).await
+        let inserted = self.inner.storage.insert_batch(conn, &batch).await?;
+        self.inner.telemetry.enqueued(batch.queues());
+        Ok(inserted)
     }
 
     /// Add members to an open batch on `conn` (the caller's transaction, or a pool connection);
@@ -436,10 +442,13 @@ impl Client {
         batch_id: i64,
         members: &[NewJob],
     ) -> Result<Vec<i64>> {
-        self.inner
+        let ids = self
+            .inner
             .storage
             .add_to_batch(conn, batch_id, members)
-            .await
+            .await?;
+        self.count_enqueued(members);
+        Ok(ids)
     }
 
     /// Seal an open batch on `conn` with its callback, run once every member is final (only if
@@ -452,10 +461,13 @@ impl Client {
         callback: NewJob,
         success_only: bool,
     ) -> Result<i64> {
-        self.inner
+        let id = self
+            .inner
             .storage
             .seal_batch(conn, batch_id, &callback, success_only)
-            .await
+            .await?;
+        self.count_enqueued(std::slice::from_ref(&callback));
+        Ok(id)
     }
 
     /// Insert many jobs in one transaction of their own.

@@ -139,6 +139,24 @@ async fn the_limits_page_shows_what_each_queue_and_key_uses() {
         "{queue}"
     );
 
+    // a queue with a running limit alone (no per-key limit) is listed too
+    storage
+        .set_queue_limits(
+            "capped",
+            QueueLimits {
+                max_running: Some(2),
+                ..QueueLimits::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (status, page) = get(addr, "/dashboard/limits").await;
+    assert_eq!(status, 200, "{page}");
+    let capped = part(&page, "data-queue=\"capped\"", "</section>");
+    assert!(
+        part(capped, "<tr class=\"running\"", "</tr>").contains("0 / 2"),
+        "{capped}"
+    );
     // a queue without limits is not listed
     storage.ensure_queue("plain").await.unwrap();
     let (_, page) = get(addr, "/dashboard/limits").await;
@@ -295,6 +313,15 @@ async fn a_bulk_action_confirms_its_count_and_acts_only_on_what_the_page_showed(
     assert_eq!(status, 200);
     assert!(list.contains("id=\"bulk-cancel\""), "{list}");
     assert!(list.contains("id=\"bulk-retry\""), "{list}");
+    // the list ends with its fifth job: no next page
+    assert!(!list.contains("id=\"next\""), "{list}");
+    // under an argument filter the list is narrower than what a bulk action would touch
+    let (_, narrowed) = get(
+        addr,
+        "/dashboard/jobs?state=scheduled&queue=bulkq&args=%22n%22",
+    )
+    .await;
+    assert!(!narrowed.contains("bulk-"), "{narrowed}");
     let (status, confirm) = get(
         addr,
         "/dashboard/jobs/bulk?action=cancel&state=scheduled&queue=bulkq",
@@ -636,6 +663,37 @@ async fn a_sequence_page_shows_its_head_and_bursts_as_they_move() {
         page.contains("No job of the sequence nobody is kept"),
         "{page}"
     );
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_list_that_ends_on_a_page_boundary_has_no_next_page() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let jobs: Vec<_> = (0..50)
+        .map(|n| {
+            NewJob::from_parts("report", json!({ "n": n }))
+                .unwrap()
+                .queue("fifty")
+                .run_at(later)
+        })
+        .collect();
+    let mut conn = db.pool().acquire().await.unwrap();
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    let (mut serve, addr) = serve(&db).await;
+    let (_, page) = get(addr, "/dashboard/jobs?state=scheduled&queue=fifty").await;
+    assert_eq!(page.matches("<tr data-job=").count(), 50);
+    assert!(!page.contains("id=\"next\""), "{page}");
+    let (_, page) = get(
+        addr,
+        "/dashboard/jobs?state=scheduled&queue=fifty&args=%22n%22",
+    )
+    .await;
+    assert_eq!(page.matches("<tr data-job=").count(), 50);
+    assert!(!page.contains("id=\"next\""), "{page}");
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }

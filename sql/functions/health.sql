@@ -82,16 +82,21 @@ $$;
 -- (its application_name, set by the process: 'ringwork:<schema> pid <pid> <host>'), and the backend
 -- that holds the maintenance leader's lock (p_key; named 'ringwork:<schema> leader pid ...'). Nothing is written for it: a process that stops
 -- or loses its session drops out at once. A process without a LISTEN session (behind a transaction
--- pooler with no direct URL) is not listed; the leader's backend is, by its lock.
+-- pooler with no direct URL), or whose pool names its sessions itself (the name is the
+-- application's and is kept), is not listed; the leader's backend is, by its lock.
 CREATE OR REPLACE FUNCTION __S__.processes(p_key bigint)
 RETURNS TABLE (pid int, application text, client text, connected_at timestamptz, state text,
                state_since timestamptz, leader boolean)
 LANGUAGE sql STABLE AS $$
-    SELECT a.pid, a.application_name, coalesce(host(a.client_addr), 'local'), a.backend_start, a.state,
-           a.state_change, a.pid IS NOT DISTINCT FROM __S__.maintenance_leader(p_key)
-    FROM pg_stat_activity a
+    -- the lock table read once, not once per backend
+    WITH leader AS MATERIALIZED (SELECT __S__.maintenance_leader(p_key) AS pid)
+    SELECT a.pid, a.application_name,
+           -- another role's address is hidden without pg_read_all_stats
+           CASE WHEN a.client_port = -1 THEN 'local' WHEN a.client_addr IS NULL THEN 'hidden'
+                ELSE host(a.client_addr) END,
+           a.backend_start, a.state, a.state_change, a.pid IS NOT DISTINCT FROM l.pid
+    FROM pg_stat_activity a CROSS JOIN leader l
     WHERE a.datname = current_database()
-      AND (starts_with(a.application_name, 'ringwork:__S__ ')
-           OR a.pid IS NOT DISTINCT FROM __S__.maintenance_leader(p_key))
+      AND (starts_with(a.application_name, 'ringwork:__S__ ') OR a.pid IS NOT DISTINCT FROM l.pid)
     ORDER BY 7 DESC, a.application_name, a.backend_start
 $$;

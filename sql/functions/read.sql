@@ -573,7 +573,7 @@ LANGUAGE sql STABLE SET jit = off AS $$
                               GROUP BY c.key) w ON w.key = o.key
                    ORDER BY 2 DESC, 3 DESC, 1
                    LIMIT p_top_keys
-               ) k), '[]') END
+               ) k), '[]') ELSE '[]'::jsonb END
     FROM __S__.queues q
     CROSS JOIN LATERAL (SELECT coalesce(pg_sequence_last_value(q.running_mark_seq), 0) AS mark) m
     CROSS JOIN LATERAL (SELECT m.mark, f.running FROM __S__.count_running_from(q.queue, m.mark) f) r

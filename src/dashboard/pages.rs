@@ -522,8 +522,11 @@ async fn filtered_page(
             .list_jobs(state, queue, kind, from.as_deref(), PAGE_SIZE)
             .await?;
         let mut last_key = None;
+        let read = page.jobs.len();
+        let mut taken = 0;
         for job in page.jobs {
             examined += 1;
+            taken += 1;
             if since.is_some_and(|since| job.at < since) {
                 // newest first: everything after this one is older still
                 return Ok(FilteredPage {
@@ -542,9 +545,10 @@ async fn filtered_page(
         }
         let more = page.next.is_some();
         if kept.len() == PAGE_SIZE || !more || args.is_none() || examined >= ARGS_SCAN_ROWS {
-            // go on after the last job read (a full page stops at its last kept job)
+            // go on after the last job read; a full page stops at its last kept job, and has a
+            // next page only if something is left to read after it
             let next = if kept.len() == PAGE_SIZE {
-                kept.last().map(|j| j.page_key.clone())
+                (more || taken < read).then(|| kept[PAGE_SIZE - 1].page_key.clone())
             } else if more {
                 last_key.or(page.next)
             } else {
@@ -699,7 +703,9 @@ pub(crate) async fn jobs(
         }
         @if page.jobs.is_empty() { p.muted { "No " (state.as_str()) " jobs" @if let Some(q) = queue { " in " (q) } "." } }
         @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
-        @if shared.may_act(&headers) && !page.jobs.is_empty() {
+        // bulk actions act on state, queue and kind: not offered under a time or argument
+        // filter, whose narrower set they would not respect
+        @if shared.may_act(&headers) && !page.jobs.is_empty() && before.is_none() && since.is_none() && args_filter.is_none() {
             @let bulk = BulkAction::ALL.iter().filter(|a| a.applies_to(state)).collect::<Vec<_>>();
             @if !bulk.is_empty() {
                 div.actions id="bulk" {
@@ -1378,8 +1384,8 @@ pub(crate) async fn dead_letters(
     )
 }
 
-/// Jobs waiting for an external callback (`JobContext::await_callback`), the soonest to time out
-/// first: what an operator looks for when a partner system stops answering.
+/// Jobs waiting for an external callback (`JobContext::await_callback`), by job id, each with when
+/// it times out: what an operator looks for when a partner system stops answering.
 pub(crate) async fn callbacks(
     State(shared): AppState,
     headers: HeaderMap,
@@ -1564,7 +1570,7 @@ pub(crate) async fn processes(State(shared): AppState, headers: HeaderMap) -> Re
     let leader = sessions.iter().find(|s| s.leader);
     let body = html! {
         h1 { "Processes" }
-        p.muted { "Each process that works this schema keeps one session for LISTEN, named ringwork:<schema> pid <pid> <host> (pg_stat_activity.application_name); the maintenance leader holds the schema's leader lock on a session of its own, named ringwork:<schema> leader pid <pid> <host>. Read from the server's activity view: a process that stops drops out at once." }
+        p.muted { "Each process that works this schema keeps one session for LISTEN, named ringwork:<schema> pid <pid> <host> (pg_stat_activity.application_name) unless its pool names its sessions itself; the maintenance leader holds the schema's leader lock on a session of its own, named ringwork:<schema> leader pid <pid> <host>. Read from the server's activity view: a process that stops drops out at once." }
         p id="leader" {
             @match leader {
                 Some(l) => { "Maintenance is led by the backend " b { (l.pid) } " from " (l.client)

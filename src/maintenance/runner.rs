@@ -213,11 +213,11 @@ pub(crate) async fn run(
                 }
                 leader = try_lead(&session, &config, key, check_holder).await;
                 if let Some(conn) = leader.as_mut() {
-                    // operators see which process leads in pg_stat_activity (the session is
-                    // closed when it steps down)
-                    let _ = sqlx::query("SELECT set_config('application_name', $1, false)")
+                    // operators see which process leads in pg_stat_activity, unless the pool
+                    // names its sessions itself (the session is closed when it steps down)
+                    let _ = sqlx::query_scalar::<_, String>(crate::runtime::NAME_IF_UNNAMED)
                         .bind(storage.schema().session_name(Some("leader")))
-                        .execute(&mut **conn)
+                        .fetch_optional(&mut **conn)
                         .await;
                 }
                 if leader.is_some() {

@@ -32,6 +32,7 @@ use crate::storage::{AttemptRef, CloseOutcome, Storage};
 use handler::{CancelSignal, Registry};
 
 pub use client::{check_reachable, Client, ClientBuilder, RunningClient};
+pub(crate) use notifier::NAME_IF_UNNAMED;
 
 /// Per-queue runtime settings.
 #[derive(Clone, Debug)]

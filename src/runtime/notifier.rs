@@ -29,6 +29,11 @@ pub(super) fn signal_cancel(inner: &Inner, payload: &str) {
 /// How often the listener's connection is checked with a statement while it waits.
 const LISTENER_PING: Duration = Duration::from_secs(30);
 
+/// Name the session (application_name) unless the application's pool named it: one row when
+/// it did.
+pub(crate) const NAME_IF_UNNAMED: &str = "SELECT set_config('application_name', $1, false) \
+     WHERE current_setting('application_name') = ''";
+
 /// LISTEN for enqueue notifications and wake the matching dispatcher. Reconnects on failure; the
 /// dispatchers' poll interval covers the gap (and PgBouncer transaction pooling, where LISTEN
 /// does not work at all). `listening` is true while the LISTEN is in place: idle dispatchers then
@@ -65,15 +70,21 @@ pub(super) async fn listen(
                 }
             }
         };
-        // the session names this process, so that operators (and the dashboard's processes
-        // page) see who works the schema in pg_stat_activity
-        if let Err(e) = sqlx::query("SELECT set_config('application_name', $1, false)")
+        // The session names this process, so that operators (and the dashboard's processes
+        // page) see who works the schema in pg_stat_activity; a name the pool's own settings
+        // gave it is the application's, and stays. Before the LISTEN, so that the session's last
+        // statement in pg_stat_activity stays its LISTEN.
+        let named = match sqlx::query_scalar::<_, String>(NAME_IF_UNNAMED)
             .bind(storage.schema().session_name(None))
-            .execute(&mut listener)
+            .fetch_optional(&mut listener)
             .await
         {
-            debug!(error = %e, "could not name the LISTEN session");
-        }
+            Ok(named) => named.is_some(),
+            Err(e) => {
+                debug!(error = %e, "could not name the LISTEN session");
+                false
+            }
+        };
         if let Err(e) = listener
             .listen_all([
                 channel.as_str(),
@@ -83,6 +94,12 @@ pub(super) async fn listen(
             .await
         {
             debug!(error = %e, "LISTEN failed; polling only for now");
+            // the session may go back to the pool: it does not stand for this process there
+            if named {
+                let _ = sqlx::query("RESET application_name")
+                    .execute(&mut listener)
+                    .await;
+            }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
                 _ = stop.changed() => return,
@@ -129,7 +146,9 @@ pub(super) async fn listen(
                 _ = stop.changed() => {
                     listening.store(false, Ordering::Relaxed);
                     // the session goes back to the pool: it no longer stands for this process
-                    let _ = sqlx::query("RESET application_name").execute(&mut listener).await;
+                    if named {
+                        let _ = sqlx::query("RESET application_name").execute(&mut listener).await;
+                    }
                     return;
                 }
             }

@@ -350,7 +350,9 @@ impl Storage {
         use crate::JobStatus::*;
         matches!(state, Completed | Failed | Cancelled | DeadLettered).then(|| {
             let micros = before.timestamp_micros();
-            format!("T{micros}:{}", i64::MAX)
+            // job id 0 sorts before every job: a job that finished at exactly `before` is not
+            // before it (it is "since" it)
+            format!("T{micros}:0")
         })
     }
 
@@ -560,16 +562,20 @@ impl Storage {
                 .await?;
             return rows.iter().map(queue_counts_row).collect();
         }
-        let mut all = Vec::new();
-        let mut after: Option<String> = None;
+        let mut all: Vec<QueueCounts> = Vec::new();
         loop {
-            let (page, next) = self
-                .queue_counts_page(after.as_deref(), None, COUNTED_PER_STATEMENT)
+            let rows = sqlx::query(&self.sql.read.queue_counts_page)
+                .bind(all.last().map(|q| q.queue.as_str()))
+                .bind(None::<&str>)
+                .bind(COUNTED_PER_STATEMENT as i32)
+                .fetch_all(self.db())
                 .await?;
-            all.extend(page);
-            match next {
-                Some(next) => after = Some(next),
-                None => return Ok(all),
+            let got = rows.len();
+            for row in &rows {
+                all.push(queue_counts_row(row)?);
+            }
+            if got < COUNTED_PER_STATEMENT {
+                return Ok(all);
             }
         }
     }

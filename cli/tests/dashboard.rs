@@ -648,6 +648,53 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         .contains(&format!("pid {}", std::process::id())));
     screenshot(&browser, "processes").await;
 
+    // a sequence's page: its head waits in a queue nobody works here
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        ids.push(
+            client
+                .insert(
+                    NewJob::from_parts("post", serde_json::json!({ "entry": n }))
+                        .unwrap()
+                        .queue("ledger")
+                        .sequence("account-7", ringwork::DependencyFailure::Hold),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    browser
+        .goto(&format!("{base}/sequences?key=account-7"))
+        .await
+        .unwrap();
+    wait_text(&browser, "#head", &format!("Head: job {}", ids[0])).await;
+    assert!(text_of(&browser, "table#bursts")
+        .await
+        .contains("2 pending"));
+    screenshot(&browser, "sequence").await;
+
+    // bulk: cancel every scheduled mail job, through the confirmation page
+    browser
+        .goto(&format!("{base}/jobs?state=scheduled&queue=mail"))
+        .await
+        .unwrap();
+    let scheduled = storage.queue_counts(Some("mail")).await.unwrap()[0].scheduled;
+    assert!(scheduled >= 1);
+    click(&browser, Locator::Id("bulk-cancel")).await;
+    wait_text(&browser, "#bulk-count", &scheduled.to_string()).await;
+    screenshot(&browser, "bulk").await;
+    click(&browser, Locator::Id("bulk-confirm")).await;
+    wait_text(
+        &browser,
+        "#bulk-result",
+        &format!("Cancelled {scheduled} of {scheduled}"),
+    )
+    .await;
+    assert_eq!(
+        storage.queue_counts(Some("mail")).await.unwrap()[0].scheduled,
+        0
+    );
+
     // the overview again: by now it has samples, and the retried jobs show as throughput
     browser.goto(&base).await.unwrap();
     let points = browser

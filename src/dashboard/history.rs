@@ -11,7 +11,9 @@ use chrono::{DateTime, Utc};
 use super::Shared;
 use crate::storage::QueueCounts;
 
-/// One sample: every queue's exact counts at one moment.
+/// One sample: every queue's exact counts at one moment, in byte order of their names (for a
+/// binary search: an overview of 24 cards over an hour of samples of 1,000 queues looks up 8,640
+/// counts).
 pub(crate) struct Sample {
     pub at: DateTime<Utc>,
     pub queues: Vec<QueueCounts>,
@@ -46,7 +48,12 @@ impl History {
     /// (failed and dead-lettered), available depth). Rates come from the durable totals of two
     /// consecutive samples, so a prune between them changes nothing.
     pub fn series(&self, queue: &str) -> Vec<(DateTime<Utc>, f64, f64, i64)> {
-        let find = |s: &Sample| s.queues.iter().find(|q| q.queue == queue).cloned();
+        let find = |s: &Sample| {
+            s.queues
+                .binary_search_by(|q| q.queue.as_str().cmp(queue))
+                .ok()
+                .map(|i| s.queues[i].clone())
+        };
         let mut out = Vec::new();
         let mut previous: Option<(DateTime<Utc>, QueueCounts)> = None;
         for sample in &self.samples {
@@ -74,7 +81,14 @@ impl History {
     }
 }
 
-/// Sample every `every` until the dashboard is dropped.
+/// How many times as long as a sample took the sampler waits at least before the next: counting
+/// every queue reads each one's shards (about 3 ms a queue), so with many queues the sampler
+/// stretches its period rather than keep a database core busy (at 1,000 queues a sample takes
+/// some 3 s: one every 30 s, a tenth of a core).
+const SAMPLE_DUTY: u32 = 10;
+
+/// Sample every `every` (or `SAMPLE_DUTY` times as long as the last sample took, when longer)
+/// until the dashboard is dropped.
 pub(crate) fn spawn_sampler(shared: Weak<Shared>, every: Duration) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!("dashboard: no Tokio runtime; the overview will have no history");
@@ -85,8 +99,10 @@ pub(crate) fn spawn_sampler(shared: Weak<Shared>, every: Duration) {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
+            let started = std::time::Instant::now();
             match shared.reads.queue_counts(None).await {
-                Ok(queues) => {
+                Ok(mut queues) => {
+                    queues.sort_by(|a, b| a.queue.cmp(&b.queue));
                     if let Ok(mut history) = shared.history.lock() {
                         history.push(Sample {
                             at: Utc::now(),
@@ -97,7 +113,7 @@ pub(crate) fn spawn_sampler(shared: Weak<Shared>, every: Duration) {
                 Err(e) => tracing::warn!(error = %e, "dashboard: sampling the counts failed"),
             }
             drop(shared);
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(every.max(started.elapsed() * SAMPLE_DUTY)).await;
         }
     });
 }

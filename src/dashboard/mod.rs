@@ -172,7 +172,8 @@ impl Dashboard {
         self
     }
 
-    /// How often the overview samples the per-queue counts (default 10 s); it keeps an hour.
+    /// How often the overview samples the per-queue counts (default 10 s; at least ten times as
+    /// long as the last sample took); it keeps an hour's worth of samples at this period.
     pub fn sample_every(mut self, every: Duration) -> Self {
         self.sample_every = every.max(Duration::from_secs(1));
         self

@@ -75,11 +75,12 @@ pub use schema::{RingSizes, SchemaName};
 #[doc(hidden)]
 pub use storage::Storage;
 pub use storage::{
-    ArchiveTable, ArgsText, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction, CallbackOutcome,
-    CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry, HorizonHolder, Inserted,
-    JobFilter, JobPage, JobRecord, JobState, KeyInUse, KeyLimit, LimitsInUse, ListedJob, Outcome,
-    PendingJob, ProcessSession, Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts,
-    QueueLimits, QueueSlotPrune, Readiness, ReplicaStatus, RingSlot, ScheduleRecord, TableHealth,
+    ArchiveSpan, ArchiveTable, ArgsText, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction,
+    CallbackOutcome, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
+    HorizonHolder, Inserted, JobFilter, JobPage, JobRecord, JobState, KeyInUse, KeyLimit,
+    LimitsInUse, ListedJob, Outcome, PendingJob, ProcessSession, Progress, ProgressRecord,
+    PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness, ReplicaStatus,
+    RingSlot, ScheduleRecord, TableHealth,
 };
 pub use telemetry::Telemetry;
 pub use workflow::{

@@ -58,12 +58,30 @@ async fn six_finished_jobs(storage: &Storage, db: &TestDb) -> (Vec<i64>, Vec<Cla
 async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
     let db = TestDb::new().await;
     let storage = db.storage();
+    assert!(storage.archive_spans().await.unwrap().is_empty());
     let (ids, claimed) = six_finished_jobs(&storage, &db).await;
 
     assert_eq!(
         support::rotate_and_prune(&storage, DAY).await,
         vec![PruneResult::Pruned]
     );
+    // the storage page's span of history: the buckets the completions and the failures went to
+    // (their keeps differ, and so do their buckets), oldest first
+    let spans = storage.archive_spans().await.unwrap();
+    assert!(!spans.is_empty() && spans.len() <= 2, "{spans:?}");
+    assert!(spans.windows(2).all(|w| w[0].oldest <= w[1].oldest));
+    let newest_archived: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(&format!(
+        "SELECT greatest((SELECT max(finalized_at) FROM {s}.archived_jobs), \
+                         (SELECT max(finalized_at) FROM {s}.archived_completion_batches))",
+        s = db.schema
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(spans
+        .iter()
+        .all(|b| b.oldest <= b.newest && b.total_bytes > 0));
+    assert_eq!(spans.iter().map(|b| b.newest).max(), Some(newest_archived));
     for ring_table in [
         "ready_entries",
         "done_entries",

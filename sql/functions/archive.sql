@@ -298,3 +298,31 @@ BEGIN
     RETURN v_n;
 END
 $$;
+
+-- The archive's buckets that hold history: the oldest and newest finalize time in each (by the
+-- finalized_at index of each partition: two probes per table, never a scan), its completion
+-- batches and job rows as the statistics estimate them, and its size. For the storage page: how
+-- far back history goes, and what it costs on disk. Sequential scans off: without statistics (a
+-- partition never analyzed) the planner may pick one for a min(), and a bucket can hold millions
+-- of rows; the index answers either way.
+CREATE OR REPLACE FUNCTION __S__.archive_bucket_spans()
+RETURNS TABLE (bucket int, oldest timestamptz, newest timestamptz, batches_estimate bigint,
+               rows_estimate bigint, total_bytes bigint)
+LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off AS $$
+    SELECT b.bucket, s.oldest, s.newest,
+           greatest((SELECT c.reltuples FROM pg_class c
+                     WHERE c.oid = format('%I.%I', '__S__', 'archived_completion_batches_' || b.bucket)::regclass), 0)::bigint,
+           greatest((SELECT c.reltuples FROM pg_class c
+                     WHERE c.oid = format('%I.%I', '__S__', 'archived_jobs_' || b.bucket)::regclass), 0)::bigint,
+           pg_total_relation_size(format('%I.%I', '__S__', 'archived_completion_batches_' || b.bucket)::regclass)
+           + pg_total_relation_size(format('%I.%I', '__S__', 'archived_jobs_' || b.bucket)::regclass)
+    FROM generate_series(0, __S__.archive_buckets() - 1) b(bucket)
+    CROSS JOIN LATERAL (
+        SELECT least((SELECT min(a.finalized_at) FROM __S__.archived_completion_batches a WHERE a.archive_bucket = b.bucket),
+                     (SELECT min(j.finalized_at) FROM __S__.archived_jobs j WHERE j.archive_bucket = b.bucket)) AS oldest,
+               greatest((SELECT max(a.finalized_at) FROM __S__.archived_completion_batches a WHERE a.archive_bucket = b.bucket),
+                        (SELECT max(j.finalized_at) FROM __S__.archived_jobs j WHERE j.archive_bucket = b.bucket)) AS newest
+    ) s
+    WHERE s.oldest IS NOT NULL
+    ORDER BY s.oldest
+$$;

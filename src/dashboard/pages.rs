@@ -1600,11 +1600,12 @@ pub(crate) async fn processes(State(shared): AppState, headers: HeaderMap) -> Re
 
 pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Response {
     let storage = &shared.reads;
-    let (rings, blockers, tables, holders) = match tokio::try_join!(
+    let (rings, blockers, tables, holders, archive) = match tokio::try_join!(
         storage.ring_slots(),
         storage.prune_blockers(),
         storage.table_health(),
         storage.horizon_holders(shared.horizon_min_age),
+        storage.archive_spans(),
     ) {
         Ok(all) => all,
         Err(e) => return failure(e),
@@ -1633,6 +1634,21 @@ pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Resp
                     td { (b.ring) } td.num { (b.slot) } td.num { (b.pid) } td { (opt(&b.application)) }
                     td { (opt(&b.backend_state)) } td.num { (b.xact_age_secs.map(|s| format!("{s:.0}")).unwrap_or_default()) }
                     td { (b.lock_modes) } td.args { (opt(&b.query)) }
+                } } }
+            }
+        }
+        h2 { "Archive" }
+        @if archive.is_empty() { p.muted id="no-archive" { "The archive holds no history yet: finished jobs are archived when their queue slot is pruned." } } @else {
+            p.muted id="archive-span" {
+                "History from " (archive.first().map(|a| when(a.oldest)).unwrap_or_default())
+                " to " (archive.iter().map(|a| a.newest).max().map(when).unwrap_or_default())
+                ", " (archive.len()) " buckets, " (archive.iter().map(|a| a.total_bytes).sum::<i64>() / 1024) " kB. Search it on the jobs page (completed, failed or cancelled, with a time range)."
+            }
+            table id="archive" {
+                thead { tr { th.num { "bucket" } th { "oldest" } th { "newest" } th.num { "completion batches (est.)" } th.num { "job rows (est.)" } th.num { "size (kB)" } } }
+                tbody { @for a in &archive { tr {
+                    td.num { (a.bucket) } td { (when(a.oldest)) } td { (when(a.newest)) }
+                    td.num { (a.batches_estimate) } td.num { (a.rows_estimate) } td.num { (a.total_bytes / 1024) }
                 } } }
             }
         }

@@ -15,6 +15,7 @@ pub(super) struct Statements {
     table_health: String,
     maintenance_leader: String,
     processes: String,
+    archive_spans: String,
     replica_status: String,
 }
 
@@ -29,6 +30,10 @@ impl Statements {
                 "SELECT table_name, live_tuples, dead_tuples, total_bytes FROM {s}.table_health()"
             ),
             maintenance_leader: format!("SELECT {s}.maintenance_leader($1)"),
+            archive_spans: format!(
+                "SELECT bucket, oldest, newest, batches_estimate, rows_estimate, total_bytes \
+                 FROM {s}.archive_bucket_spans()"
+            ),
             processes: format!(
                 "SELECT pid, application, client, connected_at, state, state_since, leader \
                  FROM {s}.processes($1)"
@@ -70,6 +75,23 @@ pub struct HorizonHolder {
     pub xmin_age: Option<i32>,
     /// The start of the session's current or last statement.
     pub query: Option<String>,
+}
+
+/// One archive bucket that holds history (`Storage::archive_spans`).
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct ArchiveSpan {
+    /// The bucket (a partition of each archive table).
+    pub bucket: i32,
+    /// Its oldest finalize time.
+    pub oldest: chrono::DateTime<chrono::Utc>,
+    /// Its newest.
+    pub newest: chrono::DateTime<chrono::Utc>,
+    /// Completion batches in it, as the statistics estimate them (0 before the first ANALYZE).
+    pub batches_estimate: i64,
+    /// Failed and cancelled job rows in it, estimated the same way.
+    pub rows_estimate: i64,
+    /// Bytes on disk, indexes and TOAST included.
+    pub total_bytes: i64,
 }
 
 /// A process working the schema, as the server sees it (`Storage::processes`).
@@ -241,6 +263,14 @@ impl Storage {
             Err(e) => readiness.error = Some(format!("cannot look up the leader: {e}")),
         }
         readiness
+    }
+
+    /// The archive's buckets that hold history, oldest first: how far back history goes and what
+    /// it costs on disk (two index probes per bucket and table; never a scan).
+    pub async fn archive_spans(&self) -> Result<Vec<ArchiveSpan>> {
+        Ok(sqlx::query_as(&self.sql.health.archive_spans)
+            .fetch_all(self.db())
+            .await?)
     }
 
     /// The processes working the schema: the LISTEN session each keeps (named by the process

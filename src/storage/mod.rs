@@ -36,7 +36,9 @@ pub use claim::ClaimedJob;
 pub use complete::{AttemptRef, CloseOutcome, Outcome};
 pub use control::{BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits};
 pub use dead_letter::DeadLetter;
-pub use health::{HorizonHolder, ProcessSession, Readiness, ReplicaStatus, TableHealth};
+pub use health::{
+    ArchiveSpan, HorizonHolder, ProcessSession, Readiness, ReplicaStatus, TableHealth,
+};
 pub use periodic::ScheduleRecord;
 use pooling::{ConnStatements, PoolStatements, Pooling};
 pub use prune::{PruneBlocker, PruneResult, QueueSlotPrune, RingSlot};

@@ -744,13 +744,7 @@ async fn bulk_action(
         }
         pages::BulkAction::Retry => shared.storage.bulk_retry(&filter).await,
     };
-    let mut pairs = vec![("state", state.as_str())];
-    if let Some(queue) = &queue {
-        pairs.push(("queue", queue));
-    }
-    if let Some(kind) = &kind {
-        pairs.push(("kind", kind));
-    }
+    let pairs = pages::list_pairs(state, queue.as_deref(), kind.as_deref());
     let back = shared.href(&format!("/jobs?{}", pages::query(&pairs)));
     match outcome {
         Ok(outcome) => pages::bulk_done(&shared, &headers, action, state, back, outcome).await,

@@ -628,13 +628,8 @@ pub(crate) async fn jobs(
     };
     let since_text = ListQuery::get(&params.since).unwrap_or("");
     let next = page.next.as_ref().map(|after| {
-        let mut pairs = vec![("state", state.as_str()), ("after", after.as_str())];
-        if let Some(queue) = queue {
-            pairs.push(("queue", queue));
-        }
-        if let Some(kind) = kind {
-            pairs.push(("kind", kind));
-        }
+        let mut pairs = list_pairs(state, queue, kind);
+        pairs.push(("after", after.as_str()));
         if since.is_some() {
             pairs.push(("since", since_text));
         }
@@ -750,23 +745,25 @@ impl BulkAction {
         }
     }
 
-    /// The states it acts on (as the bulk API's own check).
+    /// Whether it acts on jobs of `state` (the bulk API's own lists).
     pub(crate) fn applies_to(self, state: JobStatus) -> bool {
         match self {
-            Self::Cancel => matches!(
-                state,
-                JobStatus::Pending
-                    | JobStatus::Available
-                    | JobStatus::Scheduled
-                    | JobStatus::Retryable
-                    | JobStatus::Running
-            ),
-            Self::Retry => matches!(
-                state,
-                JobStatus::Scheduled | JobStatus::Retryable | JobStatus::DeadLettered
-            ),
+            Self::Cancel => crate::storage::BULK_CANCEL_STATES.contains(&state),
+            Self::Retry => crate::storage::BULK_RETRY_STATES.contains(&state),
         }
     }
+}
+
+/// The query pairs of a jobs list: its state, and its queue and kind when given.
+pub(crate) fn list_pairs<'a>(
+    state: JobStatus,
+    queue: Option<&'a str>,
+    kind: Option<&'a str>,
+) -> Vec<(&'static str, &'a str)> {
+    let mut pairs = vec![("state", state.as_str())];
+    pairs.extend(queue.map(|q| ("queue", q)));
+    pairs.extend(kind.map(|k| ("kind", k)));
+    pairs
 }
 
 fn bulk_href(
@@ -776,13 +773,8 @@ fn bulk_href(
     queue: Option<&str>,
     kind: Option<&str>,
 ) -> String {
-    let mut pairs = vec![("action", action.as_str()), ("state", state.as_str())];
-    if let Some(queue) = queue {
-        pairs.push(("queue", queue));
-    }
-    if let Some(kind) = kind {
-        pairs.push(("kind", kind));
-    }
+    let mut pairs = vec![("action", action.as_str())];
+    pairs.extend(list_pairs(state, queue, kind));
     shared.href(&format!("/jobs/bulk?{}", query(&pairs)))
 }
 
@@ -881,16 +873,7 @@ pub(crate) async fn bulk_confirm(
         kind.map(|k| format!(", kind {k}")).unwrap_or_default()
     );
     let shown_at = Utc::now().timestamp_millis();
-    let back = {
-        let mut pairs = vec![("state", state.as_str())];
-        if let Some(queue) = queue {
-            pairs.push(("queue", queue));
-        }
-        if let Some(kind) = kind {
-            pairs.push(("kind", kind));
-        }
-        shared.href(&format!("/jobs?{}", query(&pairs)))
-    };
+    let back = shared.href(&format!("/jobs?{}", query(&list_pairs(state, queue, kind))));
     let body = html! {
         h1 { (action.label()) " jobs" }
         p id="bulk-scope" {

@@ -68,6 +68,21 @@ pub struct BulkOutcome {
     pub steps: u64,
 }
 
+/// The states `Storage::bulk_cancel` acts on.
+pub const BULK_CANCEL_STATES: &[JobStatus] = &[
+    JobStatus::Pending,
+    JobStatus::Available,
+    JobStatus::Scheduled,
+    JobStatus::Retryable,
+    JobStatus::Running,
+];
+/// The states `Storage::bulk_retry` acts on.
+pub const BULK_RETRY_STATES: &[JobStatus] = &[
+    JobStatus::Scheduled,
+    JobStatus::Retryable,
+    JobStatus::DeadLettered,
+];
+
 /// Jobs per step of a bulk operation: one short transaction each.
 const BULK_STEP: i32 = 500;
 
@@ -88,11 +103,10 @@ impl Bulk {
     }
 
     fn applies_to(self) -> &'static [JobStatus] {
-        use JobStatus::*;
         match self {
-            Self::Cancel => &[Pending, Available, Scheduled, Retryable, Running],
-            Self::Retry => &[Scheduled, Retryable, DeadLettered],
-            Self::Delete => &[DeadLettered],
+            Self::Cancel => BULK_CANCEL_STATES,
+            Self::Retry => BULK_RETRY_STATES,
+            Self::Delete => &[JobStatus::DeadLettered],
         }
     }
 }

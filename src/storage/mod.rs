@@ -34,7 +34,10 @@ pub use archive::ArchiveTable;
 pub use callbacks::{AwaitOutcome, CallbackAction, CallbackOutcome};
 pub use claim::ClaimedJob;
 pub use complete::{AttemptRef, CloseOutcome, Outcome};
-pub use control::{BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits};
+pub use control::{
+    BulkOutcome, CancelOutcome, JobFilter, KeyLimit, QueueLimits, BULK_CANCEL_STATES,
+    BULK_RETRY_STATES,
+};
 pub use dead_letter::DeadLetter;
 pub use health::{
     ArchiveSpan, HorizonHolder, ProcessSession, Readiness, ReplicaStatus, TableHealth,

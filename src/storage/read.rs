@@ -564,20 +564,33 @@ impl Storage {
         }
         let mut all: Vec<QueueCounts> = Vec::new();
         loop {
-            let rows = sqlx::query(&self.sql.read.queue_counts_page)
-                .bind(all.last().map(|q| q.queue.as_str()))
-                .bind(None::<&str>)
-                .bind(COUNTED_PER_STATEMENT as i32)
-                .fetch_all(self.db())
+            let from = all.last().map(|q| q.queue.clone());
+            let chunk = self
+                .count_queues_after(from.as_deref(), None, COUNTED_PER_STATEMENT)
                 .await?;
-            let got = rows.len();
-            for row in &rows {
-                all.push(queue_counts_row(row)?);
-            }
+            let got = chunk.len();
+            all.extend(chunk);
             if got < COUNTED_PER_STATEMENT {
                 return Ok(all);
             }
         }
+    }
+
+    /// The counts of at most `n` queues after `after` in name order (one statement, so its own
+    /// transaction: see `COUNTED_PER_STATEMENT`).
+    async fn count_queues_after(
+        &self,
+        after: Option<&str>,
+        contains: Option<&str>,
+        n: usize,
+    ) -> Result<Vec<QueueCounts>> {
+        let rows = sqlx::query(&self.sql.read.queue_counts_page)
+            .bind(after)
+            .bind(contains)
+            .bind(n as i32)
+            .fetch_all(self.db())
+            .await?;
+        rows.iter().map(queue_counts_row).collect()
     }
 
     /// `queue_counts` for one page of queues in name order: those after `after`, whose names
@@ -603,16 +616,11 @@ impl Storage {
         loop {
             let want = (limit + 1 - page.len()).min(COUNTED_PER_STATEMENT);
             let from = page.last().map(|q| q.queue.clone());
-            let rows = sqlx::query(&self.sql.read.queue_counts_page)
-                .bind(from.as_deref().or(after))
-                .bind(contains)
-                .bind(want as i32)
-                .fetch_all(self.db())
+            let chunk = self
+                .count_queues_after(from.as_deref().or(after), contains, want)
                 .await?;
-            let got = rows.len();
-            for row in &rows {
-                page.push(queue_counts_row(row)?);
-            }
+            let got = chunk.len();
+            page.extend(chunk);
             // one more row than asked in all: whether a next page exists
             if got < want || page.len() > limit {
                 break;

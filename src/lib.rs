@@ -80,7 +80,7 @@ pub use storage::{
     HorizonHolder, Inserted, JobFilter, JobPage, JobRecord, JobState, KeyInUse, KeyLimit,
     LimitsInUse, ListedJob, Outcome, PendingJob, ProcessSession, Progress, ProgressRecord,
     PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness, ReplicaStatus,
-    RingSlot, ScheduleRecord, TableHealth,
+    RingSlot, ScheduleRecord, TableHealth, BULK_CANCEL_STATES, BULK_RETRY_STATES,
 };
 pub use telemetry::Telemetry;
 pub use workflow::{

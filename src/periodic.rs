@@ -44,6 +44,77 @@ enum When {
     Every(Duration),
 }
 
+impl When {
+    fn cron(pattern: &str, time_zone: &str) -> std::result::Result<Self, String> {
+        let cron = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Optional)
+            .build()
+            .parse(pattern)
+            .map_err(|e| format!("cron pattern {pattern:?} does not parse: {e}"))?;
+        let time_zone: Tz = time_zone.parse().map_err(|_| {
+            format!("unknown time zone {time_zone:?} (an IANA name such as \"Europe/Stockholm\")")
+        })?;
+        Ok(When::Cron {
+            pattern: pattern.to_string(),
+            cron: Box::new(cron),
+            time_zone,
+        })
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            When::Cron {
+                pattern, time_zone, ..
+            } => format!("cron {pattern:?} in {time_zone}"),
+            When::Every(interval) => format!("every {interval:?}"),
+        }
+    }
+
+    fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let t = t.trunc_subsecs(0);
+        match self {
+            When::Cron {
+                pattern,
+                cron,
+                time_zone,
+            } => LocalCron::new(cron, *time_zone, pattern).next_after(t),
+            When::Every(interval) => {
+                let step = interval.as_millis() as i64;
+                let next = (t.timestamp_millis().div_euclid(step) + 1) * step;
+                DateTime::from_timestamp_millis(next)
+            }
+        }
+    }
+}
+
+/// A stored definition (`periodic_definitions`) read back.
+pub(crate) struct StoredSchedule(When);
+
+impl StoredSchedule {
+    /// `None` for a row that does not read as a schedule (written by another version).
+    pub(crate) fn read(
+        pattern: Option<&str>,
+        time_zone: Option<&str>,
+        interval_ms: Option<i64>,
+    ) -> Option<Self> {
+        match (pattern, time_zone, interval_ms) {
+            (Some(pattern), Some(time_zone), None) => When::cron(pattern, time_zone).ok().map(Self),
+            (None, None, Some(ms)) if ms > 0 => {
+                Some(Self(When::Every(Duration::from_millis(ms as u64))))
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        self.0.describe()
+    }
+
+    pub(crate) fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.0.next_after(t)
+    }
+}
+
 /// A job enqueued on a schedule (`ClientBuilder::periodic`).
 #[derive(Clone, Debug)]
 pub struct Periodic {
@@ -63,27 +134,11 @@ impl Periodic {
     pub fn cron(name: &str, pattern: &str, time_zone: &str, job: NewJob) -> Result<Self> {
         validate_name("schedule name", name)?;
         job.validate()?;
-        let cron = croner::parser::CronParser::builder()
-            .seconds(croner::parser::Seconds::Optional)
-            .build()
-            .parse(pattern)
-            .map_err(|e| {
-                Error::Config(format!(
-                    "schedule {name:?}: cron pattern {pattern:?} does not parse: {e}"
-                ))
-            })?;
-        let time_zone: Tz = time_zone.parse().map_err(|_| {
-            Error::Config(format!(
-                "schedule {name:?}: unknown time zone {time_zone:?} (an IANA name such as \"Europe/Stockholm\")"
-            ))
-        })?;
+        let when = When::cron(pattern, time_zone)
+            .map_err(|e| Error::Config(format!("schedule {name:?}: {e}")))?;
         let schedule = Self {
             name: name.to_string(),
-            when: When::Cron {
-                pattern: pattern.to_string(),
-                cron: Box::new(cron),
-                time_zone,
-            },
+            when,
             job,
             missed: MissedFires::default(),
         };
@@ -126,28 +181,26 @@ impl Periodic {
 
     /// The cron pattern and time zone, or the interval, in words.
     pub fn describe(&self) -> String {
-        match &self.when {
-            When::Cron {
-                pattern, time_zone, ..
-            } => format!("cron {pattern:?} in {time_zone}"),
-            When::Every(interval) => format!("every {interval:?}"),
-        }
+        self.when.describe()
     }
 
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let t = t.trunc_subsecs(0);
+        self.when.next_after(t)
+    }
+
+    /// The definition as `periodic_definitions` keeps it: (cron pattern, time zone, interval in
+    /// milliseconds), one form set.
+    pub(crate) fn stored(&self) -> (Option<&str>, Option<String>, Option<i64>) {
         match &self.when {
             When::Cron {
-                pattern,
-                cron,
-                time_zone,
-            } => LocalCron::new(cron, *time_zone, pattern).next_after(t),
-            When::Every(interval) => {
-                let step = interval.as_millis() as i64;
-                let next = (t.timestamp_millis().div_euclid(step) + 1) * step;
-                DateTime::from_timestamp_millis(next)
-            }
+                pattern, time_zone, ..
+            } => (
+                Some(pattern.as_str()),
+                Some(time_zone.name().to_string()),
+                None,
+            ),
+            When::Every(interval) => (None, None, Some(interval.as_millis() as i64)),
         }
     }
 
@@ -384,7 +437,17 @@ pub(crate) async fn run(
     let mut started: Option<DateTime<Utc>> = None;
     let mut last_pass: Option<DateTime<Utc>> = None;
     let mut missed_passes = false;
+    let mut declared = false;
     loop {
+        // the definitions, for readers' next fire: once, retried each tick until it is written
+        if !declared {
+            match storage.declare_schedules(&schedules).await {
+                Ok(_) => declared = true,
+                Err(e) => {
+                    warn!(error = %e, "periodic: cannot record the schedules' definitions; retried next tick")
+                }
+            }
+        }
         match storage.engine_now().await {
             Ok(now) => {
                 let first = *started.get_or_insert(now.trunc_subsecs(0));

@@ -96,6 +96,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "sequences",
         include_str!("../migrations/0023_sequences.sql"),
     ),
+    (
+        "periodic_definitions",
+        include_str!("../migrations/0024_periodic_definitions.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -480,6 +484,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     ("periodic_fires", ChurnClass::Backlog),
     // one row per paused schedule
     ("periodic_paused", ChurnClass::Warm),
+    // one row per declared schedule, rewritten only when its definition changes (migration 0024)
+    ("periodic_definitions", ChurnClass::Warm),
     // one row per claim call of a rate-limited queue, deleted once out of its window
     ("rate_limit_claims", ChurnClass::Backlog),
     ("periodic_triggers", ChurnClass::Backlog),

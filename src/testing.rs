@@ -388,9 +388,18 @@ async fn make_template_locked(
     let schema = SchemaName::new(TEST_DATABASE_SCHEMA)?;
     crate::schema::migrate(&pool, &schema, RingSizes::default()).await?;
     pool.close().await;
-    sqlx::raw_sql(&format!("ALTER DATABASE {building} RENAME TO {name}"))
-        .execute(&mut *admin)
-        .await?;
+    // the closed connection's backend may still be exiting, and a rename refuses a database that
+    // has a session (55006): retry while that is the reason, for at most a few seconds
+    let rename = format!("ALTER DATABASE {building} RENAME TO {name}");
+    for _ in 0..100 {
+        match sqlx::raw_sql(&rename).execute(&mut *admin).await {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            done => return done.map(|_| ()).map_err(Into::into),
+        }
+    }
+    sqlx::raw_sql(&rename).execute(&mut *admin).await?;
     Ok(())
 }
 

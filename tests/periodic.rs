@@ -421,3 +421,112 @@ async fn a_trigger_fires_the_schedule_once_across_the_fleet() {
     ));
     db.cleanup().await;
 }
+
+/// What readers see of a schedule before and without its fires: the definition every declaring
+/// process records when it starts (written only when new or changed), the next fire on the
+/// engine's clock, and "overdue" once a fire came due that no process made.
+#[tokio::test]
+async fn declared_schedules_are_listed_with_their_next_fire_and_read_overdue_when_nobody_fires_them(
+) {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let hour = Duration::from_secs(3600);
+    let beat = Periodic::every("beat", hour, tick_job()).unwrap();
+    let nightly = Periodic::cron("nightly", "0 3 * * *", "Europe/Stockholm", tick_job()).unwrap();
+    assert_eq!(
+        storage
+            .declare_schedules(&[beat.clone(), nightly.clone()])
+            .await
+            .unwrap(),
+        2
+    );
+    // a restart of an unchanged fleet writes nothing
+    assert_eq!(
+        storage
+            .declare_schedules(&[beat.clone(), nightly.clone()])
+            .await
+            .unwrap(),
+        0
+    );
+    let now: DateTime<Utc> = sqlx::query_scalar(&format!("SELECT {}.engine_now()", db.schema))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let listed = storage.schedules().await.unwrap();
+    let find = |all: &[ringwork::ScheduleRecord], name: &str| {
+        all.iter().find(|s| s.schedule == name).cloned().unwrap()
+    };
+    let b = find(&listed, "beat");
+    assert_eq!(b.definition.as_deref(), Some("every 3600s"));
+    assert_eq!(b.next_fire_at, beat.next_after(now));
+    assert_eq!((b.fires, b.last_fire_at, b.overdue_since), (0, None, None));
+    let n = find(&listed, "nightly");
+    assert_eq!(
+        n.definition.as_deref(),
+        Some("cron \"0 3 * * *\" in Europe/Stockholm")
+    );
+    assert_eq!(n.next_fire_at, nightly.next_after(now));
+
+    // a changed definition (a deploy) is written again
+    let beat_faster = Periodic::every("beat", Duration::from_secs(60), tick_job()).unwrap();
+    assert_eq!(
+        storage
+            .declare_schedules(std::slice::from_ref(&beat_faster))
+            .await
+            .unwrap(),
+        1
+    );
+
+    // two hours pass on the engine's clock and no process declares the schedules: overdue from
+    // the first fire after the declaration
+    db.advance_clock(2 * hour).await;
+    let listed = storage.schedules().await.unwrap();
+    let b = find(&listed, "beat");
+    let declared_at: DateTime<Utc> = sqlx::query_scalar(&format!(
+        "SELECT declared_at FROM {}.periodic_definitions WHERE schedule = 'beat'",
+        db.schema
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(b.overdue_since, beat_faster.next_after(declared_at));
+    assert!(
+        b.next_fire_at.unwrap() > now + chrono::Duration::hours(2) - chrono::Duration::minutes(1)
+    );
+
+    // paused: neither a next fire nor overdue
+    storage.set_schedule_paused("beat", true).await.unwrap();
+    let b = find(&storage.schedules().await.unwrap(), "beat");
+    assert!(b.paused);
+    assert_eq!((b.next_fire_at, b.overdue_since), (None, None));
+    db.cleanup().await;
+}
+
+/// A started process records the schedules it declares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_process_records_its_schedules() {
+    let db = TestDb::new().await;
+    let client = client_with(
+        &db,
+        vec![Periodic::every("beat", Duration::from_secs(3600), tick_job()).unwrap()],
+    )
+    .await
+    .start()
+    .await
+    .unwrap();
+    let storage = db.storage();
+    assert!(
+        support::eventually(Duration::from_secs(10), || async {
+            storage
+                .schedules()
+                .await
+                .unwrap()
+                .iter()
+                .any(|s| s.schedule == "beat" && s.definition.as_deref() == Some("every 3600s"))
+        })
+        .await,
+        "the process recorded its schedule"
+    );
+    client.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}

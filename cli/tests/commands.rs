@@ -224,3 +224,33 @@ async fn a_workflow_is_shown_step_by_step_and_cancelled() {
     assert_eq!(shown["cancelled"], true);
     db.drop().await.unwrap();
 }
+
+#[tokio::test]
+async fn cron_list_shows_a_declared_schedule_before_its_first_fire() {
+    let db = TestDatabase::new().await.unwrap();
+    let beat = ringwork::Periodic::every(
+        "beat",
+        std::time::Duration::from_secs(3600),
+        NewJob::from_parts("tick", json!({})).unwrap(),
+    )
+    .unwrap();
+    db.storage().declare_schedules(&[beat]).await.unwrap();
+    let out = ringwork(&db, &["cron", "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed = stdout(&out);
+    let row: Vec<&str> = listed
+        .lines()
+        .find(|l| l.starts_with("beat\t"))
+        .unwrap_or_else(|| panic!("{listed}"))
+        .split('\t')
+        .collect();
+    // schedule, paused, next fire, last fire, last job, fires kept, defined as
+    assert_eq!(row.len(), 7, "{row:?}");
+    assert_eq!(row[1], "false");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(row[2]).is_ok(),
+        "{row:?}"
+    );
+    assert_eq!((row[3], row[5], row[6]), ("-", "0", "every 3600s"));
+    db.drop().await.unwrap();
+}

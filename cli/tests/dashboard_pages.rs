@@ -170,10 +170,23 @@ async fn schedules_are_listed_paused_resumed_and_fired_and_unknown_names_refused
     let db = TestDatabase::new().await.unwrap();
     let storage = db.storage();
     storage.set_schedule_paused("nightly", true).await.unwrap();
+    // declared by a process, never fired: listed with its definition and next fire
+    let beat = ringwork::Periodic::every(
+        "beat",
+        Duration::from_secs(3600),
+        NewJob::from_parts("tick", json!({})).unwrap(),
+    )
+    .unwrap();
+    storage.declare_schedules(&[beat]).await.unwrap();
     let (mut serve, addr) = serve(&db).await;
 
     let (status, page) = get(addr, "/dashboard/schedules").await;
     assert_eq!(status, 200, "{page}");
+    let row = part(&page, "data-schedule=\"beat\"", "</tr>");
+    assert!(row.contains("every 3600s"), "{row}");
+    let next = part(row, "class=\"next-fire\"", "</td>");
+    assert!(next.contains(">in "), "{next}");
+    assert!(!next.contains("overdue"), "{next}");
     let row = part(&page, "data-schedule=\"nightly\"", "</tr>");
     assert!(row.contains("paused"), "{row}");
     assert!(row.contains("id=\"resume-nightly\""), "{row}");
@@ -238,7 +251,7 @@ async fn schedules_are_listed_paused_resumed_and_fired_and_unknown_names_refused
         .await
         .unwrap()
         .iter()
-        .all(|s| s.schedule == "nightly"));
+        .all(|s| s.schedule == "nightly" || s.schedule == "beat"));
     assert!(
         storage.trigger_schedule("typo").await.unwrap(),
         "no trigger of typo was left"

@@ -68,3 +68,13 @@ BEGIN
     END IF;
 END
 $$;
+-- schedule definitions (migration 0024): periodic_schedules gained the definition and the engine's time
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.periodic_schedules()')
+                 AND NOT ('engine_now' = ANY (p.proargnames))) THEN
+        DROP FUNCTION __S__.periodic_schedules();
+    END IF;
+END
+$$;

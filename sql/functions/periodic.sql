@@ -58,13 +58,39 @@ BEGIN
 END
 $$;
 
--- Every schedule that has fired or is paused: its last fire, its job, and whether it is paused.
+-- Record the definitions of the schedules a process declares (migration 0024): a row is written
+-- only when it is new or its definition changed, so a restart of an unchanged fleet writes nothing.
+-- Returns how many rows were written.
+CREATE OR REPLACE FUNCTION __S__.declare_periodic(p_schedules text[], p_patterns text[], p_zones text[],
+                                                  p_intervals_ms bigint[]) RETURNS int
+LANGUAGE sql AS $$
+    WITH written AS (
+        INSERT INTO __S__.periodic_definitions AS d (schedule, cron_pattern, time_zone, interval_ms)
+        SELECT * FROM unnest(p_schedules, p_patterns, p_zones, p_intervals_ms)
+        ON CONFLICT (schedule) DO UPDATE
+            SET cron_pattern = excluded.cron_pattern, time_zone = excluded.time_zone,
+                interval_ms = excluded.interval_ms, declared_at = now()
+            WHERE (d.cron_pattern, d.time_zone, d.interval_ms)
+                  IS DISTINCT FROM (excluded.cron_pattern, excluded.time_zone, excluded.interval_ms)
+        RETURNING 1
+    )
+    SELECT count(*)::int FROM written
+$$;
+
+-- Every schedule that is declared, has fired or is paused: its definition (when a process declared
+-- it), its last fire, its job, and whether it is paused; with the engine's time, for its next fire.
 CREATE OR REPLACE FUNCTION __S__.periodic_schedules()
-RETURNS TABLE (schedule text, last_fire_at timestamptz, last_job_id bigint, fires bigint, paused boolean)
+RETURNS TABLE (schedule text, last_fire_at timestamptz, last_job_id bigint, fires bigint, paused boolean,
+               cron_pattern text, time_zone text, interval_ms bigint, declared_at timestamptz,
+               engine_now timestamptz)
 LANGUAGE sql STABLE AS $$
     SELECT s.schedule, l.fire_at, l.job_id, coalesce(c.n, 0),
-           EXISTS (SELECT 1 FROM __S__.periodic_paused p WHERE p.schedule = s.schedule)
-    FROM (SELECT f.schedule FROM __S__.periodic_fires f UNION SELECT p.schedule FROM __S__.periodic_paused p) s
+           EXISTS (SELECT 1 FROM __S__.periodic_paused p WHERE p.schedule = s.schedule),
+           d.cron_pattern, d.time_zone, d.interval_ms, d.declared_at, __S__.engine_now()
+    FROM (SELECT f.schedule FROM __S__.periodic_fires f
+          UNION SELECT p.schedule FROM __S__.periodic_paused p
+          UNION SELECT d.schedule FROM __S__.periodic_definitions d) s
+    LEFT JOIN __S__.periodic_definitions d ON d.schedule = s.schedule
     LEFT JOIN LATERAL (SELECT f.fire_at, f.job_id FROM __S__.periodic_fires f WHERE f.schedule = s.schedule
                        ORDER BY f.fire_at DESC LIMIT 1) l ON true
     LEFT JOIN LATERAL (SELECT count(*) AS n FROM __S__.periodic_fires f WHERE f.schedule = s.schedule) c ON true

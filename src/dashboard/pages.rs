@@ -1422,17 +1422,24 @@ pub(crate) async fn schedules(State(shared): AppState, headers: HeaderMap) -> Re
     };
     let body = html! {
         h1 { "Schedules" }
-        p.muted { "Periodic schedules that fired in about the last week or are paused. A paused schedule fires only when triggered; its missed fires follow its missed-fire policy when it is resumed." }
+        p.muted { "Periodic schedules that are declared by a process, fired in about the last week, or are paused. A schedule fires only while a process that declares it runs. A paused schedule fires only when triggered; its missed fires follow its missed-fire policy when it is resumed." }
         table id="schedules" {
             thead { tr {
-                th { "schedule" } th { "state" } th { "last fire" } th { "its job" } th.num { "fires kept" }
+                th { "schedule" } th { "defined as" } th { "state" } th { "next fire" } th { "last fire" } th { "its job" } th.num { "fires kept" }
                 @if may_act { th { "" } }
             } }
             tbody {
                 @for s in &schedules {
                     tr data-schedule=(s.schedule) {
                         td { (s.schedule) }
+                        td { @if let Some(definition) = &s.definition { code { (definition) } } @else { span.muted { "not declared" } } }
                         td { @if s.paused { span class="state paused" { "paused" } } @else { span class="state running" { "active" } } }
+                        td.next-fire {
+                            @if let Some(at) = s.next_fire_at { span title=(when(at)) { (ago(at)) } } @else { "–" }
+                            @if let Some(due) = s.overdue_since {
+                                " " span class="state unworked" title={ "due " (when(due)) ": is a process that declares it running?" } { "overdue" }
+                            }
+                        }
                         td { @if let Some(at) = s.last_fire_at { span title=(when(at)) { (ago(at)) } } @else { "–" } }
                         td { @if let Some(id) = s.last_job_id { a href=(shared.href(&format!("/jobs/{id}"))) { (id) } } @else { "–" } }
                         td.num { (s.fires) }
@@ -1450,7 +1457,7 @@ pub(crate) async fn schedules(State(shared): AppState, headers: HeaderMap) -> Re
                 }
             }
         }
-        @if schedules.is_empty() { p.muted id="no-schedules" { "No schedule has fired yet, and none is paused." } }
+        @if schedules.is_empty() { p.muted id="no-schedules" { "No schedule is declared, has fired or is paused." } }
     };
     layout(&shared, &headers, "schedules", "Schedules", body).await
 }

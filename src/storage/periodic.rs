@@ -7,6 +7,7 @@ use sqlx::Row;
 use super::Storage;
 use crate::error::Result;
 use crate::job::NewJob;
+use crate::periodic::Periodic;
 use crate::schema::SchemaName;
 
 /// This plane's statements, rendered once per schema.
@@ -18,6 +19,7 @@ pub(super) struct Statements {
     record_fire: String,
     set_paused: String,
     schedules: String,
+    declare: String,
     request_trigger: String,
     triggered: String,
     take_trigger: String,
@@ -32,8 +34,10 @@ impl Statements {
             record_fire: format!("SELECT {s}.periodic_record_fire($1, $2, $3)"),
             set_paused: format!("SELECT {s}.set_periodic_paused($1, $2)"),
             schedules: format!(
-                "SELECT schedule, last_fire_at, last_job_id, fires, paused FROM {s}.periodic_schedules()"
+                "SELECT schedule, last_fire_at, last_job_id, fires, paused, cron_pattern, time_zone, \
+                 interval_ms, declared_at, engine_now FROM {s}.periodic_schedules()"
             ),
+            declare: format!("SELECT {s}.declare_periodic($1, $2, $3, $4)"),
             request_trigger: format!("SELECT {s}.request_periodic_trigger($1)"),
             triggered: format!("SELECT {s}.periodic_triggered($1)"),
             take_trigger: format!("SELECT {s}.periodic_take_trigger($1)"),
@@ -41,7 +45,7 @@ impl Statements {
     }
 }
 
-/// A schedule as the database knows it: its fires and whether it is paused.
+/// A schedule as the database knows it: its definition, its fires and whether it is paused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduleRecord {
     /// The schedule's name.
@@ -55,7 +59,22 @@ pub struct ScheduleRecord {
     pub fires: i64,
     /// The schedule is paused: it fires only when triggered (`ringwork cron trigger`).
     pub paused: bool,
+    /// Its definition in words (`cron "0 3 * * *" in UTC`, `every 300s`), as the processes that
+    /// declare it recorded it when they started; `None` for a schedule no process of this version
+    /// declared (it only fired, or is only paused).
+    pub definition: Option<String>,
+    /// When it fires next by its definition, on the engine's clock; `None` while paused, without
+    /// a definition, or when it never fires again. A schedule fires only while a process that
+    /// declares it runs.
+    pub next_fire_at: Option<DateTime<Utc>>,
+    /// A fire that came due more than a minute ago and was not made: no process that declares
+    /// the schedule is running (or the schedule left the code). `None` while paused.
+    pub overdue_since: Option<DateTime<Utc>>,
 }
+
+/// How late a fire may be before a schedule reads as overdue: processes evaluate schedules every
+/// maintenance tick, so a minute covers a restart.
+const OVERDUE_AFTER: chrono::Duration = chrono::Duration::minutes(1);
 
 impl Storage {
     /// The time on the engine's clock (`sql/functions/clock.sql`): schedules come due by it, so
@@ -162,21 +181,68 @@ impl Storage {
             .await?)
     }
 
-    /// Every schedule that has fired (in about the last week) or is paused.
+    /// Every schedule that is declared, has fired (in about the last week) or is paused.
     pub async fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
         let rows = sqlx::query(&self.sql.periodic.schedules)
             .fetch_all(self.db())
             .await?;
         rows.into_iter()
             .map(|row| {
+                let paused: bool = row.try_get("paused")?;
+                let pattern: Option<String> = row.try_get("cron_pattern")?;
+                let time_zone: Option<String> = row.try_get("time_zone")?;
+                let interval_ms: Option<i64> = row.try_get("interval_ms")?;
+                let declared_at: Option<DateTime<Utc>> = row.try_get("declared_at")?;
+                let last_fire_at: Option<DateTime<Utc>> = row.try_get("last_fire_at")?;
+                let now: DateTime<Utc> = row.try_get("engine_now")?;
+                let stored = crate::periodic::StoredSchedule::read(
+                    pattern.as_deref(),
+                    time_zone.as_deref(),
+                    interval_ms,
+                );
+                let (mut next_fire_at, mut overdue_since) = (None, None);
+                if let (Some(stored), false) = (&stored, paused) {
+                    next_fire_at = stored.next_after(now);
+                    // the fire that should have followed the last one (or the declaration)
+                    overdue_since = last_fire_at
+                        .or(declared_at)
+                        .and_then(|t| stored.next_after(t))
+                        .filter(|due| *due < now - OVERDUE_AFTER);
+                }
                 Ok(ScheduleRecord {
                     schedule: row.try_get("schedule")?,
-                    last_fire_at: row.try_get("last_fire_at")?,
+                    last_fire_at,
                     last_job_id: row.try_get("last_job_id")?,
                     fires: row.try_get("fires")?,
-                    paused: row.try_get("paused")?,
+                    paused,
+                    definition: stored.map(|s| s.describe()),
+                    next_fire_at,
+                    overdue_since,
                 })
             })
             .collect()
+    }
+
+    /// Record the definitions of the schedules this process declares, for readers' next fire.
+    /// Writes only rows that are new or changed; returns how many.
+    pub async fn declare_schedules(&self, schedules: &[Periodic]) -> Result<i32> {
+        let mut names = Vec::with_capacity(schedules.len());
+        let mut patterns = Vec::with_capacity(schedules.len());
+        let mut zones = Vec::with_capacity(schedules.len());
+        let mut intervals = Vec::with_capacity(schedules.len());
+        for schedule in schedules {
+            let (pattern, zone, interval_ms) = schedule.stored();
+            names.push(schedule.name());
+            patterns.push(pattern);
+            zones.push(zone);
+            intervals.push(interval_ms);
+        }
+        Ok(sqlx::query_scalar(&self.sql.periodic.declare)
+            .bind(&names)
+            .bind(&patterns)
+            .bind(&zones)
+            .bind(&intervals)
+            .fetch_one(self.db())
+            .await?)
     }
 }

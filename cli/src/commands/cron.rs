@@ -35,19 +35,25 @@ pub async fn run(args: super::Group<Action>) -> Result<()> {
     };
     match args.action {
         Action::List => {
-            println!("schedule\tpaused\tlast fire\tlast job\tfires kept");
+            println!("schedule\tpaused\tnext fire\tlast fire\tlast job\tfires kept\tdefined as");
+            let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+                t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
+            };
             for s in admin.schedules().await? {
                 println!(
-                    "{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
                     s.schedule,
                     s.paused,
-                    s.last_fire_at
-                        .map(|t| t.to_rfc3339())
-                        .unwrap_or_else(|| "-".into()),
+                    match s.overdue_since {
+                        Some(due) => format!("overdue since {}", due.to_rfc3339()),
+                        None => time(s.next_fire_at),
+                    },
+                    time(s.last_fire_at),
                     s.last_job_id
                         .map(|id| id.to_string())
                         .unwrap_or_else(|| "-".into()),
-                    s.fires
+                    s.fires,
+                    s.definition.as_deref().unwrap_or("-")
                 );
             }
         }

@@ -333,6 +333,30 @@ async fn counts_and_listings_over_more_queues_than_one_statement_can_lock() {
         .unwrap();
     assert_eq!(page.len(), 50);
     assert_eq!(next.as_deref(), Some("many_0049"));
+    // counted several statements at once, shown in name order, each queue once
+    let shown: Vec<&str> = page.iter().map(|q| q.queue.as_str()).collect();
+    let expected: Vec<&str> = names[..50].iter().map(String::as_str).collect();
+    assert_eq!(shown, expected);
+    assert!(page.iter().all(|q| q.available == 1));
+    let (second, _) = storage
+        .queue_counts_page(next.as_deref(), Some("many_"), 50)
+        .await
+        .unwrap();
+    assert_eq!(second.first().map(|q| q.queue.as_str()), Some("many_0050"));
+    // the last page says so; a filter that matches nothing gives an empty last page
+    let last_from = names[queues - 4].as_str();
+    let (last, next) = storage
+        .queue_counts_page(Some(last_from), None, 50)
+        .await
+        .unwrap();
+    assert_eq!((last.len(), next), (3, None));
+    assert_eq!(
+        storage
+            .queue_counts_page(None, Some("nothing_like_it"), 50)
+            .await
+            .unwrap(),
+        (Vec::new(), None)
+    );
 
     let listed = all_pages(&storage, JobStatus::Available, None, 50).await;
     assert_eq!(listed.len(), queues);

@@ -100,6 +100,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "periodic_definitions",
         include_str!("../migrations/0024_periodic_definitions.sql"),
     ),
+    (
+        "pending_counts",
+        include_str!("../migrations/0025_pending_counts.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -387,6 +387,7 @@ impl Telemetry {
                 ("retryable", c.retryable),
                 ("running", c.running),
                 ("waiting", c.waiting),
+                ("pending", c.pending),
                 ("completed", c.completed),
                 ("failed", c.failed),
                 ("cancelled", c.cancelled),

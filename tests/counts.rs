@@ -109,6 +109,7 @@ async fn counts_are_exact_in_every_state_and_stay_exact_across_prune() {
         cancelled: 2,
         dead_lettered: 0,
         waiting: 0,
+        pending: 0,
     };
     assert_eq!(counts(&db, q).await, expected);
     assert_eq!(counts(&db, "dlq").await.dead_lettered, 1);

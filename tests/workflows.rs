@@ -49,6 +49,12 @@ async fn insert(db: &TestDb, workflow: Workflow) -> ringwork::InsertedWorkflow {
         .unwrap()
 }
 
+/// The default queue's (pending, available) exact counts.
+async fn counts_of(storage: &ringwork::Storage) -> (i64, i64) {
+    let counts = storage.queue_counts(Some("default")).await.unwrap();
+    (counts[0].pending, counts[0].available)
+}
+
 async fn fail(storage: &ringwork::Storage, claimed: &ringwork::ClaimedJob) {
     let outcome = storage
         .close_batch(&[(
@@ -85,6 +91,8 @@ async fn a_diamond_runs_in_dependency_order_and_passes_outputs() {
         .unwrap();
     assert_eq!(status.state, WorkflowState::Running);
     assert_eq!(status.count(JobStatus::Pending), 3);
+    // the exact counts see the steps that wait as pending, the released one as available
+    assert_eq!(counts_of(&storage).await, (3, 1));
     assert_eq!(
         status.step("join").unwrap().depends_on,
         vec!["left", "right"]
@@ -101,6 +109,7 @@ async fn a_diamond_runs_in_dependency_order_and_passes_outputs() {
         .await
         .unwrap();
     assert_eq!(complete_one(&storage, &first[0].1).await, Outcome::Applied);
+    assert_eq!(counts_of(&storage).await, (1, 2));
     // the ring's slots turn over while steps wait: nothing of a workflow lives in them
     support::rotate_and_prune(&storage, Duration::from_secs(3600)).await;
 
@@ -134,6 +143,7 @@ async fn a_diamond_runs_in_dependency_order_and_passes_outputs() {
         .unwrap();
     assert_eq!(status.state, WorkflowState::Completed);
     assert_eq!(status.count(JobStatus::Completed), 4);
+    assert_eq!(counts_of(&storage).await, (0, 0));
     assert!(status.steps.iter().all(|s| s.finished_at.is_some()));
     db.cleanup().await;
 }
@@ -327,6 +337,8 @@ async fn cancelling_a_workflow_cancels_waiting_and_running_steps_and_releases_no
     assert!(status.cancelled);
     assert_eq!(status.state, WorkflowState::Cancelled);
     assert_eq!(status.count(JobStatus::Cancelled), 4);
+    // the steps cancelled before their release are not pending any more
+    assert_eq!(counts_of(&storage).await, (0, 0));
     assert!(claim_names(&storage, &w).await.is_empty());
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM {s}.workflow_released")

@@ -712,3 +712,68 @@ async fn a_list_that_ends_on_a_page_boundary_has_no_next_page() {
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }
+
+/// The queues page orders by a count, most first: the order from the dashboard's latest sample of
+/// every queue, the counts read now for the page's queues; an unknown order is refused.
+#[tokio::test]
+async fn queues_are_ordered_by_a_count_from_the_latest_sample() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let mut conn = db.pool().acquire().await.unwrap();
+    for (queue, n) in [("few", 1), ("many", 3), ("none", 0)] {
+        storage.ensure_queue(queue).await.unwrap();
+        for _ in 0..n {
+            storage
+                .insert(
+                    &mut conn,
+                    &NewJob::from_parts("tick", json!({})).unwrap().queue(queue),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let (mut serve, addr) = serve(&db).await;
+    // the sampler's first sample is taken when the server starts
+    let mut page = String::new();
+    for _ in 0..100 {
+        let (status, body) = get(addr, "/dashboard/queues?sort=available").await;
+        assert_eq!(status, 200, "{body}");
+        page = body;
+        if !page.contains("No sample of the counts yet") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(page.contains("id=\"queue-order\""), "{page}");
+    let order: Vec<&str> = ["many", "few", "none"]
+        .into_iter()
+        .filter(|q| page.contains(&format!("data-queue=\"{q}\"")))
+        .collect();
+    assert_eq!(order.len(), 3, "{page}");
+    let at = |q: &str| page.find(&format!("data-queue=\"{q}\"")).unwrap();
+    assert!(at("many") < at("few") && at("few") < at("none"), "{page}");
+
+    // a job more in "few": shown at once, the order stays the sample's until the next one
+    storage
+        .insert(
+            &mut conn,
+            &NewJob::from_parts("tick", json!({})).unwrap().queue("few"),
+        )
+        .await
+        .unwrap();
+    let (_, page) = get(addr, "/dashboard/queues?sort=available").await;
+    let few = part(&page, "data-queue=\"few\"", "</tr>");
+    assert!(
+        part(few, "data-state=\"available\"", "</td>").contains(">2<"),
+        "{few}"
+    );
+    // the name filter keeps the order
+    let (_, page) = get(addr, "/dashboard/queues?sort=available&filter=e").await;
+    assert!(page.contains("name=\"sort\" value=\"available\""), "{page}");
+    assert!(page.contains("data-queue=\"none\"") && !page.contains("data-queue=\"many\""));
+
+    let (status, _) = get(addr, "/dashboard/queues?sort=nonsense").await;
+    assert_eq!(status, 400);
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

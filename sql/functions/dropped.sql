@@ -41,13 +41,24 @@ END
 $$;
 -- open_claim (one attempt) gave way to open_attempts (a batch, one probe per claim batch)
 DROP FUNCTION IF EXISTS __S__.open_claim(int, bigint, bigint, bigint);
--- lease ring (migration 0015): queue_counts gained the waiting column; drop it while it lacks it
+-- lease ring (migration 0015): queue_counts gained the waiting column, and with migration 0025 the
+-- pending one (queue_counts_page and queue_counts_of too); drop them while they lack it
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_proc p
                WHERE p.oid = to_regprocedure('__S__.queue_counts(text)')
-                 AND NOT ('waiting' = ANY (p.proargnames))) THEN
+                 AND NOT ('pending' = ANY (p.proargnames))) THEN
         DROP FUNCTION __S__.queue_counts(text);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.queue_counts_page(text, text, int)')
+                 AND NOT ('pending' = ANY (p.proargnames))) THEN
+        DROP FUNCTION __S__.queue_counts_page(text, text, int);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.queue_counts_of(text[])')
+                 AND NOT ('pending' = ANY (p.proargnames))) THEN
+        DROP FUNCTION __S__.queue_counts_of(text[]);
     END IF;
 END
 $$;

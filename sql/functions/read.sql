@@ -104,7 +104,8 @@ $$;
 -- each call in its own transaction (queue_counts_page, as Storage::queue_counts does).
 CREATE OR REPLACE FUNCTION __S__.queue_counts(p_queue text DEFAULT NULL)
 RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
-               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
+               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint,
+               pending bigint)
 -- jit off: a custom plan of this statement over every ring partition can estimate above
 -- jit_above_cost, and compiling it took about a second for a count that runs in milliseconds.
 -- A generic plan, kept for the session: its probes are by queue through an index in every
@@ -136,7 +137,15 @@ BEGIN
            (SELECT count(*) FROM __S__.done_entries d WHERE d.queue = q.queue AND d.state = 'cancelled')
            + tt.cancelled,
            (SELECT count(*) FROM __S__.dlq_entries d WHERE d.queue = q.queue),
-           __S__.waiting_count(q.queue)
+           __S__.waiting_count(q.queue),
+           -- workflow steps waiting for the jobs before them: not released, not ended (cancelled
+           -- before their release); through the steps' queue index (migration 0025)
+           (SELECT count(*) FROM __S__.workflow_steps s
+            WHERE s.queue = q.queue
+              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                              WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
+              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                              WHERE r.workflow_id = s.workflow_id AND r.step = s.step))
     FROM __S__.queues q
     CROSS JOIN LATERAL (
         SELECT coalesce(sum(t.completed), 0)::bigint AS completed, coalesce(sum(t.failed), 0)::bigint AS failed,
@@ -154,7 +163,8 @@ $$;
 -- reader that knows a page's names counts it a few queues per call, several calls at once.
 CREATE OR REPLACE FUNCTION __S__.queue_counts_of(p_queues text[])
 RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
-               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
+               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint,
+               pending bigint)
 LANGUAGE sql STABLE SET jit = off AS $$
     SELECT c.* FROM __S__.queues q CROSS JOIN LATERAL __S__.queue_counts(q.queue) c
     WHERE q.queue = ANY (p_queues)
@@ -163,7 +173,8 @@ $$;
 
 CREATE OR REPLACE FUNCTION __S__.queue_counts_page(p_after text, p_contains text, p_limit int)
 RETURNS TABLE (queue text, paused boolean, available bigint, scheduled bigint, retryable bigint, running bigint,
-               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint)
+               completed bigint, failed bigint, cancelled bigint, dead_lettered bigint, waiting bigint,
+               pending bigint)
 LANGUAGE sql STABLE SET jit = off AS $$
     SELECT c.* FROM (
         SELECT q.queue FROM __S__.queues q

@@ -40,6 +40,11 @@ impl History {
         self.samples.push_back(sample);
     }
 
+    /// The newest sample.
+    pub fn latest(&self) -> Option<&Sample> {
+        self.samples.back()
+    }
+
     pub fn first_at(&self) -> Option<DateTime<Utc>> {
         self.samples.front().map(|s| s.at)
     }

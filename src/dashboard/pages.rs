@@ -278,11 +278,88 @@ const QUEUES_PER_PAGE: usize = 50;
 /// p95 on the 2-core machine; 24 stay under 200 ms).
 const CARDS_PER_PAGE: usize = 24;
 
-/// Query parameters of the pages that list queues: a page key and a name filter.
+/// Query parameters of the pages that list queues: a page key and a name filter; on the queues
+/// page, a count to order by (`sort`) and the page of that order (`page`, from 0).
 #[derive(serde::Deserialize, Default)]
 pub(crate) struct QueuePageQuery {
     after: Option<String>,
     filter: Option<String>,
+    sort: Option<String>,
+    page: Option<usize>,
+}
+
+/// A count the queues page can order by: its name in the URL, and the count.
+type QueueSort = (&'static str, fn(&QueueCounts) -> i64);
+
+/// The counts the queues page can order by, most first.
+const QUEUE_SORTS: [QueueSort; 10] = [
+    ("available", |q| q.available),
+    ("scheduled", |q| q.scheduled),
+    ("retryable", |q| q.retryable),
+    ("running", |q| q.running),
+    ("waiting", |q| q.waiting),
+    ("pending", |q| q.pending),
+    ("completed", |q| q.completed),
+    ("failed", |q| q.failed),
+    ("cancelled", |q| q.cancelled),
+    ("dead_lettered", |q| q.dead_lettered),
+];
+
+/// A page of queues ordered by a count, most first. The order comes from the dashboard's latest
+/// sample of every queue's counts (ordering 1,000 queues by their current counts would count all
+/// of them on every load); the counts shown are read now, for the page's queues only. `None`
+/// before the first sample.
+struct SortedPage {
+    queues: Vec<QueueCounts>,
+    sampled_at: DateTime<Utc>,
+    next: Option<String>,
+}
+
+async fn sorted_queue_page(
+    shared: &Shared,
+    params: &QueuePageQuery,
+    sort: QueueSort,
+) -> crate::Result<Option<SortedPage>> {
+    let filter = ListQuery::get(&params.filter);
+    let page = params.page.unwrap_or(0);
+    let (sampled_at, ranked) = {
+        let Ok(history) = shared.history.lock() else {
+            return Ok(None);
+        };
+        let Some(sample) = history.latest() else {
+            return Ok(None);
+        };
+        let mut ranked: Vec<(i64, String)> = sample
+            .queues
+            .iter()
+            .filter(|q| filter.is_none_or(|f| q.queue.contains(f)))
+            .map(|q| (sort.1(q), q.queue.clone()))
+            .collect();
+        ranked.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        (sample.at, ranked)
+    };
+    let names: Vec<String> = ranked
+        .iter()
+        .skip(page.saturating_mul(QUEUES_PER_PAGE))
+        .take(QUEUES_PER_PAGE)
+        .map(|(_, name)| name.clone())
+        .collect();
+    let mut queues = shared.reads.queue_counts_of(&names).await?;
+    // back into the sample's order
+    queues.sort_by_key(|q| names.iter().position(|n| *n == q.queue));
+    let next = (ranked.len() > (page + 1) * QUEUES_PER_PAGE).then(|| {
+        let next_page = (page + 1).to_string();
+        let mut pairs = vec![("sort", sort.0), ("page", next_page.as_str())];
+        if let Some(filter) = filter {
+            pairs.push(("filter", filter));
+        }
+        format!("{}?{}", shared.href("/queues"), query(&pairs))
+    });
+    Ok(Some(SortedPage {
+        queues,
+        sampled_at,
+        next,
+    }))
 }
 
 /// One page of queues with their counts, and the link to the next page.
@@ -313,6 +390,7 @@ fn queue_filter(shared: &Shared, path: &str, params: &QueuePageQuery) -> Markup 
         form.filters method="get" action=(shared.href(path)) {
             label { "queue name contains"
                 input type="search" name="filter" value=(ListQuery::get(&params.filter).unwrap_or("")); }
+            @if let Some(sort) = ListQuery::get(&params.sort) { input type="hidden" name="sort" value=(sort); }
             button type="submit" { "Show" }
         }
     }
@@ -388,6 +466,7 @@ pub(crate) async fn overview(
                     }
                     p.muted {
                         (q.running) " running · " (q.waiting) " waiting for a callback · " (q.scheduled + q.retryable) " waiting for their time · "
+                        @if q.pending > 0 { (q.pending) " pending (waiting for the jobs before them) · " }
                         (q.completed) " completed · " (q.failed) " failed · " (q.dead_lettered) " dead-lettered"
                     }
                 }
@@ -418,6 +497,7 @@ fn counts_row(shared: &Shared, q: &QueueCounts, may_act: bool) -> Markup {
             (cell(JobStatus::Retryable, q.retryable))
             (cell(JobStatus::Running, q.running))
             (cell(JobStatus::Waiting, q.waiting))
+            (cell(JobStatus::Pending, q.pending))
             (cell(JobStatus::Completed, q.completed))
             (cell(JobStatus::Failed, q.failed))
             (cell(JobStatus::Cancelled, q.cancelled))
@@ -443,20 +523,64 @@ pub(crate) async fn queues(
     headers: HeaderMap,
     Query(params): Query<QueuePageQuery>,
 ) -> Response {
-    let (queues, next) = match queue_page(&shared, "/queues", &params, QUEUES_PER_PAGE).await {
-        Ok(page) => page,
-        Err(e) => return failure(e),
+    let sort = match ListQuery::get(&params.sort) {
+        None => None,
+        Some(name) => match QUEUE_SORTS.iter().find(|(n, _)| *n == name) {
+            Some(sort) => Some(*sort),
+            None => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    message_page("Error", &format!("cannot order queues by {name:?}")),
+                )
+                    .into_response()
+            }
+        },
+    };
+    let sorted = match sort {
+        Some(sort) => match sorted_queue_page(&shared, &params, sort).await {
+            Ok(sorted) => sorted,
+            Err(e) => return failure(e),
+        },
+        None => None,
+    };
+    let (queues, next, order_note) = match sorted {
+        Some(page) => (
+            page.queues,
+            page.next,
+            Some(format!(
+                "Ordered by {}, most first, as of the dashboard's sample at {} (the counts shown are read now).",
+                sort.map_or("", |s| s.0),
+                when(page.sampled_at)
+            )),
+        ),
+        None => match queue_page(&shared, "/queues", &params, QUEUES_PER_PAGE).await {
+            Ok((queues, next)) => (
+                queues,
+                next,
+                sort.map(|_| "No sample of the counts yet: shown by name.".to_string()),
+            ),
+            Err(e) => return failure(e),
+        },
     };
     let may_act = shared.may_act(&headers);
+    let sort_link = |name: &str, label: &str| {
+        let mut pairs = vec![("sort", name)];
+        if let Some(filter) = ListQuery::get(&params.filter) {
+            pairs.push(("filter", filter));
+        }
+        html! { a href={ (shared.href("/queues")) "?" (query(&pairs)) } title={ "order by " (label) ", most first" } { (label) } }
+    };
     let body = html! {
         h1 { "Queues" }
-        p.muted { "Exact counts (no estimates). Completed, failed and cancelled are durable totals." }
+        p.muted { "Exact counts (no estimates). Completed, failed and cancelled are durable totals. A column's name orders the queues by it." }
         (queue_filter(&shared, "/queues", &params))
+        @if let Some(note) = &order_note { p.muted id="queue-order" { (note) " " a href=(shared.href("/queues")) { "By name" } } }
         table id="queues" {
             thead { tr {
-                th { "queue" } th.num { "available" } th.num { "scheduled" } th.num { "retryable" }
-                th.num { "running" } th.num { "waiting" } th.num { "completed" } th.num { "failed" } th.num { "cancelled" }
-                th.num { "dead-lettered" } @if may_act { th { "" } }
+                th { "queue" }
+                // the columns are the counts the page can order by, in counts_row's order
+                @for (name, _) in QUEUE_SORTS { th.num { (sort_link(name, &name.replace('_', "-"))) } }
+                @if may_act { th { "" } }
             } }
             tbody { @for q in &queues { (counts_row(&shared, q, may_act)) } }
         }
@@ -786,6 +910,7 @@ fn state_count(counts: &[QueueCounts], state: JobStatus) -> Option<i64> {
         JobStatus::Retryable => Some(q.retryable),
         JobStatus::Running => Some(q.running),
         JobStatus::Waiting => Some(q.waiting),
+        JobStatus::Pending => Some(q.pending),
         JobStatus::DeadLettered => Some(q.dead_lettered),
         _ => None,
     };

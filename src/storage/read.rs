@@ -38,7 +38,7 @@ impl Statements {
             ),
             queue_counts: format!(
                 "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
-                 dead_lettered, waiting FROM {s}.queue_counts($1)"
+                 dead_lettered, waiting, pending FROM {s}.queue_counts($1)"
             ),
             oldest_available_wait: format!(
                 "SELECT extract(epoch FROM {s}.oldest_available_wait($1))::float8"
@@ -78,7 +78,7 @@ impl Statements {
             queue_names: format!("SELECT queue FROM {s}.queues ORDER BY queue"),
             queue_counts_of: format!(
                 "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
-                 dead_lettered, waiting FROM {s}.queue_counts_of($1)"
+                 dead_lettered, waiting, pending FROM {s}.queue_counts_of($1)"
             ),
             queue_names_page: format!(
                 "SELECT q.queue FROM {s}.queues q WHERE ($1::text IS NULL OR q.queue > $1) \
@@ -86,7 +86,7 @@ impl Statements {
             ),
             queue_counts_page: format!(
                 "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
-                 dead_lettered, waiting FROM {s}.queue_counts_page($1, $2, $3)"
+                 dead_lettered, waiting, pending FROM {s}.queue_counts_page($1, $2, $3)"
             ),
             dead_letter_counts: format!(
                 "SELECT queue, count(*)::int8 FROM {s}.dlq_entries GROUP BY queue ORDER BY queue"
@@ -252,6 +252,9 @@ pub struct QueueCounts {
     pub dead_lettered: i64,
     /// Waiting for an external callback (the lease ring): no worker, no open claim.
     pub waiting: i64,
+    /// Workflow steps, batch callbacks and sequence jobs waiting for the jobs before them: no job
+    /// row in the queue yet.
+    pub pending: i64,
 }
 
 /// One recorded step of a job's history (see `Storage::load_job`).
@@ -640,7 +643,14 @@ impl Storage {
         } else {
             None
         };
-        let chunks: Vec<Vec<String>> = names
+        let page = self.queue_counts_of(&names).await?;
+        Ok((page, next))
+    }
+
+    /// `queue_counts` for the named queues, in name order (a name that is not a queue gives no
+    /// row): `COUNTED_PER_STATEMENT` queues a statement, `COUNTED_AT_ONCE` statements at a time.
+    pub async fn queue_counts_of(&self, queues: &[String]) -> Result<Vec<QueueCounts>> {
+        let chunks: Vec<Vec<String>> = queues
             .chunks(COUNTED_PER_STATEMENT)
             .map(<[String]>::to_vec)
             .collect();
@@ -657,8 +667,9 @@ impl Storage {
             .buffered(COUNTED_AT_ONCE)
             .try_collect()
             .await?;
-        let page = counted.into_iter().flatten().collect();
-        Ok((page, next))
+        let mut all: Vec<QueueCounts> = counted.into_iter().flatten().collect();
+        all.sort_by(|a, b| a.queue.cmp(&b.queue));
+        Ok(all)
     }
 
     /// How long the queue's oldest available job has waited (since it became runnable), or
@@ -814,5 +825,6 @@ fn queue_counts_row(row: &sqlx::postgres::PgRow) -> Result<QueueCounts> {
         cancelled: row.try_get("cancelled")?,
         dead_lettered: row.try_get("dead_lettered")?,
         waiting: row.try_get("waiting")?,
+        pending: row.try_get("pending")?,
     })
 }

@@ -116,9 +116,9 @@ async fn print_status(
 /// The per-queue counts as a table, each line starting with `indent`; `ringwork counts` prints the
 /// same table.
 pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
-    let row = |cells: [&dyn std::fmt::Display; 11]| {
+    let row = |cells: [&dyn std::fmt::Display; 12]| {
         format!(
-            "{indent}{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>10} {:>6}\n",
+            "{indent}{:<20} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>10} {:>8} {:>10} {:>6}\n",
             cells[0],
             cells[1],
             cells[2],
@@ -129,7 +129,8 @@ pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
             cells[7],
             cells[8],
             cells[9],
-            cells[10]
+            cells[10],
+            cells[11]
         )
     };
     let mut out = row([
@@ -140,6 +141,7 @@ pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
         &"retryable",
         &"running",
         &"waiting",
+        &"pending",
         &"completed",
         &"failed",
         &"cancelled",
@@ -157,6 +159,7 @@ pub fn counts_table(queues: &[QueueCounts], indent: &str) -> String {
             &c.retryable,
             &c.running,
             &c.waiting,
+            &c.pending,
             &c.completed,
             &c.failed,
             &c.cancelled,

@@ -24,6 +24,16 @@ impl JobArgs for Outcome {
     const KIND: &'static str = "metrics_outcome";
 }
 
+/// A workflow step that, when `spawn`, adds a step behind itself to its workflow while it runs.
+#[derive(Serialize, Deserialize)]
+struct Fan {
+    spawn: bool,
+}
+
+impl JobArgs for Fan {
+    const KIND: &'static str = "metrics_fan";
+}
+
 /// One HTTP/1.1 GET: (status, body).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -89,6 +99,32 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
                 Ok(())
             }
         })
+        .queue("metrics_fan", QueueConfig::default())
+        .register({
+            let pool = db.pool().clone();
+            move |ctx: JobContext, job: Fan| {
+                let pool = pool.clone();
+                async move {
+                    if job.spawn {
+                        let child = NewJob::new(&Fan { spawn: false })
+                            .unwrap()
+                            .queue("metrics_fan");
+                        let mut conn = pool
+                            .acquire()
+                            .await
+                            .map_err(|e| JobError::Retry(e.to_string()))?;
+                        ctx.add_workflow_steps(
+                            &mut conn,
+                            ringwork::Workflow::new()
+                                .step(ringwork::Step::new("child", child).after(&["fan"])),
+                        )
+                        .await
+                        .map_err(|e| JobError::Retry(e.to_string()))?;
+                    }
+                    Ok::<(), JobError>(())
+                }
+            }
+        })
         .build()
         .await
         .unwrap();
@@ -109,6 +145,18 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
             ringwork::Workflow::new()
                 .step(ringwork::Step::new("first", idle()))
                 .step(ringwork::Step::new("second", idle()).after(&["first"])),
+        )
+        .await
+        .unwrap();
+    // a step that adds a step behind itself while it runs
+    client
+        .insert_workflow(
+            ringwork::Workflow::new().step(ringwork::Step::new(
+                "fan",
+                NewJob::new(&Fan { spawn: true })
+                    .unwrap()
+                    .queue("metrics_fan"),
+            )),
         )
         .await
         .unwrap();
@@ -139,9 +187,11 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
     assert!(
         eventually(Duration::from_secs(20), || async {
             let counts = storage.queue_counts(Some("metrics_q")).await.unwrap();
+            let fan = storage.queue_counts(Some("metrics_fan")).await.unwrap();
             counts
                 .first()
                 .is_some_and(|c| c.completed == 3 && c.failed == 1 && c.running == 0)
+                && fan.first().is_some_and(|c| c.completed == 2)
         })
         .await,
         "the four jobs did not finish"
@@ -179,7 +229,26 @@ async fn events_and_database_state_reach_the_prometheus_endpoint_and_health_foll
         Some(4.0),
         "{text}"
     );
-    // a workflow's steps and a batch's members and callback count as enqueued too
+    // a workflow's steps (those a running step adds too) and a batch's members and callback
+    // count as enqueued; a step waiting for the one before it counts as pending
+    assert_eq!(
+        sample(
+            &text,
+            "ringwork_jobs_enqueued_total",
+            &[("queue", "metrics_fan")]
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ringwork_queue_jobs",
+            &[("queue", "metrics_idle"), ("state", "pending")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
     assert_eq!(
         sample(
             &text,

@@ -73,7 +73,11 @@ pub(super) async fn run_job(
     let key = (job.job_id, job.run_lease);
     let cancel = Arc::new(CancelSignal::default());
     let poll_started = Arc::new(AtomicU64::new(0));
-    let writes = Arc::new(AttemptWrites::new(job.attempt_ref(), inner.storage.clone()));
+    let writes = Arc::new(AttemptWrites::new(
+        job.attempt_ref(),
+        inner.storage.clone(),
+        inner.telemetry.clone(),
+    ));
     if let Ok(mut running) = inner.running.lock() {
         running.insert(
             key,

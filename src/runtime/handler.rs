@@ -42,6 +42,8 @@ pub struct JobContext {
 pub(crate) struct AttemptWrites {
     pub(crate) attempt: AttemptRef,
     pub(crate) storage: Storage,
+    /// The process's metrics: steps a handler adds to its workflow count as enqueued.
+    telemetry: crate::telemetry::Telemetry,
     /// Set once `complete_in` applied: the runtime's own completion of this attempt will then be
     /// refused as stale (the transaction committed) or apply (it rolled back), both as expected.
     pub(crate) completed_in_tx: std::sync::atomic::AtomicBool,
@@ -51,10 +53,15 @@ pub(crate) struct AttemptWrites {
 }
 
 impl AttemptWrites {
-    pub(crate) fn new(attempt: AttemptRef, storage: Storage) -> Self {
+    pub(crate) fn new(
+        attempt: AttemptRef,
+        storage: Storage,
+        telemetry: crate::telemetry::Telemetry,
+    ) -> Self {
         Self {
             attempt,
             storage,
+            telemetry,
             completed_in_tx: Default::default(),
             pending_progress: Default::default(),
         }
@@ -286,7 +293,11 @@ impl JobContext {
                 self.job_id
             )));
         };
-        storage.add_workflow_steps(conn, workflow_id, &steps).await
+        let added = storage
+            .add_workflow_steps(conn, workflow_id, &steps)
+            .await?;
+        self.writes.telemetry.enqueued(steps.queues());
+        Ok(added)
     }
 
     /// Complete this attempt inside the caller's transaction (`&mut *tx`), so that the handler's

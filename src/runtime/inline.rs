@@ -150,7 +150,11 @@ pub(crate) async fn drain(
         let mut jobs = jobs.into_iter();
         while let Some(job) = jobs.next() {
             let (job_id, kind, attempt) = (job.job_id, job.kind.clone(), job.attempt);
-            let writes = Arc::new(AttemptWrites::new(job.attempt_ref(), inner.storage.clone()));
+            let writes = Arc::new(AttemptWrites::new(
+                job.attempt_ref(),
+                inner.storage.clone(),
+                inner.telemetry.clone(),
+            ));
             let finished = executor::run_handler(
                 inner,
                 queue,

@@ -398,6 +398,72 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     assert_ne!(browser.title().await.unwrap(), "pwned");
     screenshot(&browser, "job").await;
 
+    // the header's search box: a job id and Enter go to that job's page
+    browser.goto(&format!("{base}/queues")).await.unwrap();
+    browser
+        .find(Locator::Css("form.find input[name='id']"))
+        .await
+        .unwrap()
+        .send_keys(&format!("{script_job}\n"))
+        .await
+        .unwrap();
+    wait_text(&browser, "#state", "completed").await;
+    assert!(
+        browser
+            .current_url()
+            .await
+            .unwrap()
+            .path()
+            .ends_with(&format!("/jobs/{script_job}")),
+        "the search box went to the job's page"
+    );
+
+    // the jobs page's argument search, typed into its form: only the job whose arguments hold it
+    browser
+        .goto(&format!("{base}/jobs?state=completed&queue=mail"))
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("form.filters input[name='args']"))
+        .await
+        .unwrap()
+        .send_keys("pwned\n")
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            browser
+                .current_url()
+                .await
+                .is_ok_and(|url| url.query().is_some_and(|q| q.contains("args=pwned")))
+        })
+        .await,
+        "the form was not submitted"
+    );
+    let only_the_script_job = || async {
+        let Ok(rows) = browser
+            .find_all(Locator::Css("table#jobs tbody tr[data-job]"))
+            .await
+        else {
+            return false;
+        };
+        rows.len() == 1
+            && rows[0].attr("data-job").await.ok().flatten() == Some(script_job.to_string())
+    };
+    assert!(
+        eventually(Duration::from_secs(10), only_the_script_job).await,
+        "the argument search lists the one job whose arguments hold it"
+    );
+
+    // a column's name orders the queues by that count
+    browser.goto(&format!("{base}/queues")).await.unwrap();
+    click(
+        &browser,
+        Locator::Css("table#queues thead a[href*='sort=available']"),
+    )
+    .await;
+    wait_text(&browser, "#queue-order", "Ordered by available").await;
+
     // the scheduled job can be made due now; it then runs
     browser.goto(&format!("{base}/jobs/{later}")).await.unwrap();
     assert_eq!(text_of(&browser, "#state").await, "scheduled");

@@ -257,6 +257,12 @@ impl Admin {
         self.storage.set_schedule_paused(schedule, paused).await
     }
 
+    /// Forget a schedule's recorded definition (one that left the code stops reading as overdue;
+    /// its fires stay). False when none was recorded.
+    pub async fn forget_schedule(&self, schedule: &str) -> Result<bool> {
+        self.storage.forget_schedule(schedule).await
+    }
+
     /// Ask for one fire of a schedule now, made once across the fleet by the next evaluation
     /// pass of a process that declares it. False: a trigger of it is pending already.
     pub async fn trigger_schedule(&self, schedule: &str) -> Result<bool> {

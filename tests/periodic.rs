@@ -499,6 +499,14 @@ async fn declared_schedules_are_listed_with_their_next_fire_and_read_overdue_whe
     let b = find(&storage.schedules().await.unwrap(), "beat");
     assert!(b.paused);
     assert_eq!((b.next_fire_at, b.overdue_since), (None, None));
+
+    // a schedule that left the code: its definition is forgotten, and with no fire kept and no
+    // pause it is not listed any more; forgetting it again finds nothing
+    assert!(storage.forget_schedule("nightly").await.unwrap());
+    assert!(!storage.forget_schedule("nightly").await.unwrap());
+    let listed = storage.schedules().await.unwrap();
+    assert!(listed.iter().all(|s| s.schedule != "nightly"), "{listed:?}");
+    assert!(find(&listed, "beat").definition.is_some());
     db.cleanup().await;
 }
 

@@ -252,5 +252,14 @@ async fn cron_list_shows_a_declared_schedule_before_its_first_fire() {
         "{row:?}"
     );
     assert_eq!((row[3], row[5], row[6]), ("-", "0", "every 3600s"));
+
+    // forget: the definition goes; a second forget finds nothing and exits 3
+    let out = ringwork(&db, &["cron", "forget", "beat"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&ringwork(&db, &["cron", "list"])).contains("beat\t"));
+    assert_eq!(
+        ringwork(&db, &["cron", "forget", "beat"]).status.code(),
+        Some(3)
+    );
     db.drop().await.unwrap();
 }

@@ -77,6 +77,17 @@ LANGUAGE sql AS $$
     SELECT count(*)::int FROM written
 $$;
 
+-- Forget a schedule's recorded definition (one that left the code reads as overdue until then).
+-- Its fires stay, as history; a process that still declares it records it again when it starts.
+-- False: no definition was recorded.
+CREATE OR REPLACE FUNCTION __S__.forget_periodic(p_schedule text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM __S__.periodic_definitions WHERE schedule = p_schedule;
+    RETURN FOUND;
+END
+$$;
+
 -- Every schedule that is declared, has fired or is paused: its definition (when a process declared
 -- it), its last fire, its job, and whether it is paused; with the engine's time, for its next fire.
 CREATE OR REPLACE FUNCTION __S__.periodic_schedules()

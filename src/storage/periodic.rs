@@ -20,6 +20,7 @@ pub(super) struct Statements {
     set_paused: String,
     schedules: String,
     declare: String,
+    forget: String,
     request_trigger: String,
     triggered: String,
     take_trigger: String,
@@ -38,6 +39,7 @@ impl Statements {
                  interval_ms, declared_at, engine_now FROM {s}.periodic_schedules()"
             ),
             declare: format!("SELECT {s}.declare_periodic($1, $2, $3, $4)"),
+            forget: format!("SELECT {s}.forget_periodic($1)"),
             request_trigger: format!("SELECT {s}.request_periodic_trigger($1)"),
             triggered: format!("SELECT {s}.periodic_triggered($1)"),
             take_trigger: format!("SELECT {s}.periodic_take_trigger($1)"),
@@ -221,6 +223,16 @@ impl Storage {
                 })
             })
             .collect()
+    }
+
+    /// Forget a schedule's recorded definition: a schedule that left the code stops reading as
+    /// overdue. Its fires stay; a process that still declares it records it again when it
+    /// starts. False when no definition was recorded.
+    pub async fn forget_schedule(&self, schedule: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(&self.sql.periodic.forget)
+            .bind(schedule)
+            .fetch_one(self.db())
+            .await?)
     }
 
     /// Record the definitions of the schedules this process declares, for readers' next fire.

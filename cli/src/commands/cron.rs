@@ -4,7 +4,7 @@ use super::{CliError, Result};
 
 #[derive(clap::Subcommand)]
 pub enum Action {
-    /// Every schedule that fired in about the last week, or is paused.
+    /// Every schedule that a process declares, fired in about the last week, or is paused.
     List,
     /// Stop a schedule firing (in every process) until it is resumed.
     Pause {
@@ -17,6 +17,12 @@ pub enum Action {
     },
     /// Let a paused schedule fire again.
     Resume {
+        /// The schedule's name.
+        schedule: String,
+    },
+    /// Forget a schedule's recorded definition: one that left the code stops reading as overdue
+    /// (its fires stay; a process that still declares it records it again when it starts).
+    Forget {
         /// The schedule's name.
         schedule: String,
     },
@@ -89,6 +95,14 @@ pub async fn run(args: super::Group<Action>) -> Result<()> {
                     "was not paused"
                 }
             );
+        }
+        Action::Forget { schedule } => {
+            if !admin.forget_schedule(&schedule).await? {
+                return Err(CliError::NotFound(format!(
+                    "no process has recorded a definition of schedule {schedule:?}"
+                )));
+            }
+            println!("schedule {schedule:?}: its definition is forgotten");
         }
         Action::Trigger { schedule } => {
             let requested = admin.trigger_schedule(&schedule).await?;

@@ -734,16 +734,15 @@ async fn queues_are_ordered_by_a_count_from_the_latest_sample() {
     }
     let (mut serve, addr) = serve(&db).await;
     // the sampler's first sample is taken when the server starts
-    let mut page = String::new();
-    for _ in 0..100 {
-        let (status, body) = get(addr, "/dashboard/queues?sort=available").await;
-        assert_eq!(status, 200, "{body}");
-        page = body;
-        if !page.contains("No sample of the counts yet") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert!(
+        ringwork::testing::eventually(Duration::from_secs(10), || async {
+            let (status, body) = get(addr, "/dashboard/queues?sort=available").await;
+            status == 200 && !body.contains("No sample of the counts yet")
+        })
+        .await,
+        "the dashboard took its first sample"
+    );
+    let (_, page) = get(addr, "/dashboard/queues?sort=available").await;
     assert!(page.contains("id=\"queue-order\""), "{page}");
     let order: Vec<&str> = ["many", "few", "none"]
         .into_iter()

@@ -23,7 +23,6 @@ pub(super) struct Statements {
     job_args: String,
     list_jobs: String,
     queue_names: String,
-    queue_counts_page: String,
     queue_counts_of: String,
     queue_names_page: String,
     dead_letter_counts: String,
@@ -83,10 +82,6 @@ impl Statements {
             queue_names_page: format!(
                 "SELECT q.queue FROM {s}.queues q WHERE ($1::text IS NULL OR q.queue > $1) \
                  AND ($2::text IS NULL OR strpos(q.queue, $2) > 0) ORDER BY q.queue LIMIT $3"
-            ),
-            queue_counts_page: format!(
-                "SELECT queue, paused, available, scheduled, retryable, running, completed, failed, cancelled, \
-                 dead_lettered, waiting, pending FROM {s}.queue_counts_page($1, $2, $3)"
             ),
             dead_letter_counts: format!(
                 "SELECT queue, count(*)::int8 FROM {s}.dlq_entries GROUP BY queue ORDER BY queue"
@@ -569,8 +564,8 @@ impl Storage {
     /// jobs come from the segment map above each lane's claim cursor, running ones from the
     /// in-flight anti-join over the active claim slots.
     ///
-    /// Every queue is counted a few queues per statement (`COUNTED_PER_STATEMENT`), so each
-    /// queue's counts are exact as of its own statement, not one snapshot of them all.
+    /// Every queue is counted a few queues per statement (`queue_counts_of`), so each queue's
+    /// counts are exact as of its own statement, not one snapshot of them all.
     pub async fn queue_counts(&self, queue: Option<&str>) -> Result<Vec<QueueCounts>> {
         if queue.is_some() {
             let rows = sqlx::query(&self.sql.read.queue_counts)
@@ -579,35 +574,9 @@ impl Storage {
                 .await?;
             return rows.iter().map(queue_counts_row).collect();
         }
-        let mut all: Vec<QueueCounts> = Vec::new();
-        loop {
-            let from = all.last().map(|q| q.queue.clone());
-            let chunk = self
-                .count_queues_after(from.as_deref(), None, COUNTED_PER_STATEMENT)
-                .await?;
-            let got = chunk.len();
-            all.extend(chunk);
-            if got < COUNTED_PER_STATEMENT {
-                return Ok(all);
-            }
-        }
-    }
-
-    /// The counts of at most `n` queues after `after` in name order (one statement, so its own
-    /// transaction: see `COUNTED_PER_STATEMENT`).
-    async fn count_queues_after(
-        &self,
-        after: Option<&str>,
-        contains: Option<&str>,
-        n: usize,
-    ) -> Result<Vec<QueueCounts>> {
-        let rows = sqlx::query(&self.sql.read.queue_counts_page)
-            .bind(after)
-            .bind(contains)
-            .bind(n as i32)
-            .fetch_all(self.db())
-            .await?;
-        rows.iter().map(queue_counts_row).collect()
+        // every queue's name, then their counts a few queues per statement (queue_counts_of)
+        let names = self.queue_names().await?;
+        self.queue_counts_of(&names).await
     }
 
     /// `queue_counts` for one page of queues in name order: those after `after`, whose names

@@ -124,6 +124,69 @@ async fn prune_refuses_a_slot_holding_unclaimed_ready_rows() {
     db.cleanup().await;
 }
 
+/// The proof reads the cursors of the lanes with rows in the slot only. A cursor read locks the
+/// lane's sequence until the transaction ends; reading every lane's took one lock per lane, and with
+/// a thousand queues (32,000 lanes) overflowed the server's lock table: "out of shared memory" for
+/// the prune and for every other session that asked for a lock meanwhile.
+#[tokio::test]
+async fn the_proof_locks_the_sequences_of_the_lanes_in_the_slot_only() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    // forty queues with a job each in slot 0 (eight shards each: 320 lanes), then one job of
+    // another queue alone in slot 1
+    let quiet: Vec<_> = (0..40)
+        .map(|n| job(n).queue(&format!("quiet-{n}")))
+        .collect();
+    storage.insert_many(&mut conn, &quiet).await.unwrap();
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    storage
+        .insert_many(&mut conn, &[job(40).queue("busy")])
+        .await
+        .unwrap();
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    drop(conn);
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let s = db.schema.as_str();
+    let blocker: Option<String> = sqlx::query_scalar(&format!("SELECT {s}.queue_slot_blocker(1)"))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(blocker.as_deref(), Some("pending_ready"));
+    let pending: Vec<String> =
+        sqlx::query_scalar(&format!("SELECT queue FROM {s}.slot_pending_lanes(1)"))
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!(pending, ["busy"]);
+    let lanes: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {s}.queue_lanes"))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert!(lanes >= 328, "{lanes} lanes");
+    // the sequences this transaction holds locks on: the busy lane's, not the quiet lanes'
+    let locked: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_locks k JOIN pg_class c ON c.oid = k.relation \
+         WHERE k.pid = pg_backend_pid() AND c.relkind = 'S' ORDER BY 1",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    let quiet_cursors: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {s}.queue_lanes l \
+         WHERE l.queue LIKE 'quiet-%' AND l.cursor_seq::text LIKE ANY ($1)"
+    ))
+    .bind(locked.iter().map(|n| format!("%{n}")).collect::<Vec<_>>())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(quiet_cursors, 0, "the quiet lanes' cursors were read");
+    assert!(locked.len() <= 4, "{} sequences locked", locked.len());
+    tx.rollback().await.unwrap();
+    db.cleanup().await;
+}
+
 /// The prune proves a slot without the rows of a producer's transaction still open (they are not
 /// visible), then waits for its locks, which that transaction holds until it commits. The rows are
 /// visible once the locks are granted: the slot has gained a segment since the proof, so the prune

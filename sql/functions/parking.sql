@@ -31,12 +31,21 @@ LANGUAGE sql STABLE AS $$
                     false)
 $$;
 
--- The lanes with unclaimed rows in a queue slot, with their cursors.
+-- The lanes with unclaimed rows in a queue slot, with their cursors. Only lanes with a segment in
+-- the slot are asked for their cursor (every ready row is written with its segment, into the
+-- segment's slot): a cursor read locks the lane's sequence until the transaction ends, and reading
+-- every lane's took one lock per lane, which with a thousand queues (32,000 lanes) overflowed the
+-- server's lock table and failed other sessions' statements with "out of shared memory".
 CREATE OR REPLACE FUNCTION __S__.slot_pending_lanes(p_slot int)
 RETURNS TABLE (lane_id int, queue text, cursor_pos bigint)
 LANGUAGE sql STABLE AS $$
+    -- materialized: else the planner may read every lane's cursor before it filters the lanes
+    WITH in_slot AS MATERIALIZED (
+        SELECT DISTINCT s.lane_id FROM __S__.ready_segments s WHERE s.ready_slot = p_slot
+    )
     SELECT l.lane_id, l.queue, c.pos
-    FROM __S__.queue_lanes l
+    FROM in_slot g
+    JOIN __S__.queue_lanes l ON l.lane_id = g.lane_id
     CROSS JOIN LATERAL (SELECT __S__.lane_cursor(l.lane_id) AS pos) c
     WHERE (SELECT max(e.lane_pos) FROM __S__.ready_entries e
            WHERE e.ready_slot = p_slot AND e.lane_id = l.lane_id) > c.pos

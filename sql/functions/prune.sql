@@ -75,10 +75,7 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.queue_slot_blocker(p_slot int) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN EXISTS (SELECT 1 FROM __S__.queue_lanes l
-                     WHERE (SELECT max(e.lane_pos) FROM __S__.ready_entries e
-                            WHERE e.ready_slot = p_slot AND e.lane_id = l.lane_id) > __S__.lane_cursor(l.lane_id))
-            THEN 'pending_ready'
+        WHEN EXISTS (SELECT 1 FROM __S__.slot_pending_lanes(p_slot)) THEN 'pending_ready'
         WHEN __S__.open_claims_on_ready_slot(p_slot) > 0 THEN 'open_claims'
     END
 $$;

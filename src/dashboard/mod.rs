@@ -211,6 +211,7 @@ impl Dashboard {
             live_every: self.live_every,
             turns: tokio::sync::Semaphore::new(self.max_requests),
             history: Mutex::new(History::new(self.sample_every, Duration::from_secs(3600))),
+            serving: history::Serving::new(history::QUIET_AFTER_A_PAGE),
         });
         history::spawn_sampler(Arc::downgrade(&shared), self.sample_every);
         Router::new()
@@ -278,6 +279,8 @@ pub(crate) struct Shared {
     /// One permit per request being served (`Dashboard::max_concurrent_requests`).
     turns: tokio::sync::Semaphore,
     history: Mutex<History>,
+    /// The pages being served now: the sampler counts between them.
+    serving: history::Serving,
 }
 
 /// How long a request waits for its turn before it gets 503.
@@ -455,6 +458,7 @@ async fn bounded(
             "the dashboard is serving as many requests as it may at once; try again shortly",
         );
     };
+    let _serving = shared.serving.enter();
     // an action (a bulk retry or purge of a large dead-letter queue) runs in bounded steps until
     // it is done: cutting it off would leave it half done and say it failed
     if request.method() != axum::http::Method::GET {

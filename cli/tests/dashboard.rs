@@ -455,6 +455,60 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         "the argument search lists the one job whose arguments hold it"
     );
 
+    // the time range, set in the form's own fields and submitted: a range that starts an hour from
+    // now lists nothing, one that started an hour ago lists the job again (a datetime-local
+    // field's value is the same ISO text in every locale; what typing takes depends on the locale)
+    let submit_since = |since: chrono::DateTime<chrono::Utc>| {
+        let browser = browser.clone();
+        async move {
+            let since = since.format("%Y-%m-%dT%H:%M:%S").to_string();
+            browser
+                .execute(
+                    "const form = document.querySelector('form.filters');\
+                     form.querySelector(\"input[name='since']\").value = arguments[0];\
+                     form.submit(); return true;",
+                    vec![serde_json::json!(since)],
+                )
+                .await
+                .unwrap();
+            let shown = || async {
+                let Ok(field) = browser
+                    .find(Locator::Css("form.filters input[name='since']"))
+                    .await
+                else {
+                    return false;
+                };
+                field.attr("value").await.ok().flatten().as_deref() == Some(since.as_str())
+                    && browser
+                        .current_url()
+                        .await
+                        .is_ok_and(|url| url.query().is_some_and(|q| q.contains("since=")))
+            };
+            assert!(
+                eventually(Duration::from_secs(10), shown).await,
+                "the range from {since} was not submitted"
+            );
+        }
+    };
+    submit_since(chrono::Utc::now() + chrono::Duration::hours(1)).await;
+    let job_rows = || async {
+        browser
+            .find_all(Locator::Css("table#jobs tbody tr[data-job]"))
+            .await
+            .map(|rows| rows.len())
+            .unwrap_or(usize::MAX)
+    };
+    assert_eq!(
+        job_rows().await,
+        0,
+        "nothing finished after an hour from now"
+    );
+    submit_since(chrono::Utc::now() - chrono::Duration::hours(1)).await;
+    assert!(
+        eventually(Duration::from_secs(10), only_the_script_job).await,
+        "the range from an hour ago lists the job whose arguments hold the text"
+    );
+
     // a column's name orders the queues by that count
     browser.goto(&format!("{base}/queues")).await.unwrap();
     click(

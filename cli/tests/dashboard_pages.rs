@@ -776,3 +776,77 @@ async fn queues_are_ordered_by_a_count_from_the_latest_sample() {
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
 }
+
+#[tokio::test]
+async fn each_archive_bucket_links_to_the_jobs_that_finished_in_it() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let jobs: Vec<_> = (0..3)
+        .map(|n| {
+            NewJob::from_parts("paint", json!({ "n": n }))
+                .unwrap()
+                .queue("paint")
+        })
+        .collect();
+    let mut conn = db.pool().acquire().await.unwrap();
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    let claimed = storage.claim("paint", 10, None).await.unwrap();
+    let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&refs).await.unwrap();
+    let mut done: Vec<i64> = claimed.iter().map(|j| j.job_id).collect();
+    done.sort();
+    // the slot is sealed and pruned: its completions now live in the archive only
+    storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+    let keep = Duration::from_secs(86_400);
+    let options = ringwork::QueueSlotPrune {
+        lock_timeout: Duration::from_millis(250),
+        keep_completed: keep,
+        keep_failed: keep,
+        park_idle: None,
+    };
+    for slot in storage.sealed_queue_slots().await.unwrap() {
+        assert_eq!(
+            storage.prune_queue_slot_with(slot, &options).await.unwrap(),
+            ringwork::PruneResult::Pruned
+        );
+    }
+    let (mut serve, addr) = serve(&db).await;
+    let (status, page) = get(addr, "/dashboard/storage").await;
+    assert_eq!(status, 200, "{page}");
+    let archive = &page[page
+        .find("<table id=\"archive\"")
+        .expect("the archive's buckets")..];
+    let link = archive
+        .match_indices("href=\"")
+        .map(|(at, m)| archive[at + m.len()..].split('"').next().unwrap())
+        .find(|href| href.contains("state=completed"))
+        .expect("a bucket's completed jobs")
+        .replace("&amp;", "&");
+    assert!(
+        link.contains("since=") && link.contains("before="),
+        "{link}"
+    );
+    let (status, listing) = get(addr, &link).await;
+    assert_eq!(status, 200, "{listing}");
+    let mut listed: Vec<i64> = listing
+        .match_indices("<tr data-job=\"")
+        .map(|(at, m)| {
+            listing[at + m.len()..]
+                .split('"')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(listed, done, "the bucket's completed jobs");
+    // the failed ones of the same bucket: none
+    let failed = link.replace("state=completed", "state=failed");
+    let (status, listing) = get(addr, &failed).await;
+    assert_eq!(status, 200);
+    assert!(!listing.contains("<tr data-job=\""), "no job failed");
+    serve.start_kill().unwrap();
+    db.drop().await.unwrap();
+}

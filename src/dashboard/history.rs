@@ -99,6 +99,11 @@ const SAMPLE_DUTY: u32 = 10;
 /// for a few milliseconds, not the tens a page's own statements of `COUNTED_PER_STATEMENT` take.
 const SAMPLED_PER_STATEMENT: usize = 2;
 
+/// From how many queues a sample waits for quiet moments between pages: below it, a whole sample
+/// costs about what one page of queue counts (50) costs, and waiting would only thin the samples of
+/// a dashboard someone is using.
+const YIELD_ABOVE_QUEUES: usize = 50;
+
 /// How long the sampler holds back one statement of its count for pages being served: past it,
 /// it counts anyway, so a dashboard that is never quiet still gets its samples (slower ones).
 const YIELD_AT_MOST: Duration = Duration::from_secs(2);
@@ -216,8 +221,12 @@ pub(crate) fn spawn_sampler(shared: Weak<Shared>, every: Duration) {
 async fn sample(shared: &Shared) -> crate::Result<Vec<QueueCounts>> {
     let names = shared.reads.queue_names().await?;
     let mut queues = Vec::with_capacity(names.len());
+    // a sample of a few queues costs less than a page: only a large one waits for quiet moments
+    let between_pages = names.len() > YIELD_ABOVE_QUEUES;
     for chunk in names.chunks(SAMPLED_PER_STATEMENT) {
-        shared.serving.until_quiet(YIELD_AT_MOST).await;
+        if between_pages {
+            shared.serving.until_quiet(YIELD_AT_MOST).await;
+        }
         let started = std::time::Instant::now();
         queues.extend(shared.reads.queue_counts_of(chunk).await?);
         tokio::time::sleep(started.elapsed() * (SAMPLE_DUTY - 1)).await;

@@ -194,6 +194,16 @@ fn csrf_field(shared: &Shared) -> Markup {
     html! { input type="hidden" name="csrf" value=(shared.csrf); }
 }
 
+/// The jobs page for the jobs of one state that finished within an archive bucket's span (the
+/// ring's newer ones of that span too, which is the listing's way: it reads both).
+fn bucket_jobs(state: &str, bucket: &crate::storage::ArchiveSpan) -> String {
+    const FIELD: &str = "%Y-%m-%dT%H:%M:%S";
+    let since = bucket.oldest.format(FIELD);
+    // the field keeps whole seconds: the second after the newest includes it
+    let before = (bucket.newest + chrono::Duration::seconds(1)).format(FIELD);
+    format!("/jobs?state={state}&since={since}&before={before}")
+}
+
 fn when(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
@@ -1757,13 +1767,19 @@ pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Resp
             p.muted id="archive-span" {
                 "History from " (archive.first().map(|a| when(a.oldest)).unwrap_or_default())
                 " to " (archive.iter().map(|a| a.newest).max().map(when).unwrap_or_default())
-                ", " (archive.len()) " buckets, " (archive.iter().map(|a| a.total_bytes).sum::<i64>() / 1024) " kB. Search it on the jobs page (completed, failed or cancelled, with a time range)."
+                ", " (archive.len()) " buckets, " (archive.iter().map(|a| a.total_bytes).sum::<i64>() / 1024) " kB. Each bucket links to the jobs that finished within its span; the jobs page searches it further (queue, kind, arguments, a time range)."
             }
             table id="archive" {
-                thead { tr { th.num { "bucket" } th { "oldest" } th { "newest" } th.num { "completion batches (est.)" } th.num { "job rows (est.)" } th.num { "size (kB)" } } }
+                thead { tr { th.num { "bucket" } th { "oldest" } th { "newest" } th.num { "completion batches (est.)" } th.num { "job rows (est.)" } th.num { "size (kB)" } th { "its jobs" } } }
                 tbody { @for a in &archive { tr {
                     td.num { (a.bucket) } td { (when(a.oldest)) } td { (when(a.newest)) }
                     td.num { (a.batches_estimate) } td.num { (a.rows_estimate) } td.num { (a.total_bytes / 1024) }
+                    td.bucket-jobs {
+                        @for (i, state) in ["completed", "failed", "cancelled"].iter().enumerate() {
+                            @if i > 0 { " · " }
+                            a href=(shared.href(&bucket_jobs(state, a))) { (state) }
+                        }
+                    }
                 } } }
             }
         }

@@ -144,31 +144,20 @@ impl Serving {
     /// Wait until no page has been served for the quiet period, or `at_most` passed.
     pub async fn until_quiet(&self, at_most: Duration) {
         let deadline = tokio::time::Instant::now() + at_most;
-        loop {
+        while tokio::time::Instant::now() < deadline {
             // registered before the check, so a page that ends between the two still wakes it
             let idle = self.idle.notified();
-            if self.now.load(Ordering::SeqCst) == 0 {
-                let quiet_from = self
-                    .last_ended
-                    .lock()
-                    .ok()
-                    .and_then(|at| *at)
-                    .map(|at| at + self.quiet);
-                match quiet_from {
-                    Some(from) if from > tokio::time::Instant::now() => {
-                        if from >= deadline {
-                            tokio::time::sleep_until(deadline).await;
-                            return;
-                        }
-                        // a page may start and end meanwhile: look again
-                        tokio::time::sleep_until(from).await;
-                        continue;
-                    }
-                    _ => return,
-                }
+            if self.now.load(Ordering::SeqCst) > 0 {
+                let _ = tokio::time::timeout_at(deadline, idle).await;
+                continue;
             }
-            if tokio::time::timeout_at(deadline, idle).await.is_err() {
-                return;
+            let last_ended = self.last_ended.lock().ok().and_then(|at| *at);
+            match last_ended.map(|at| at + self.quiet) {
+                // a page may start and end meanwhile: look again then
+                Some(quiet_from) if quiet_from > tokio::time::Instant::now() => {
+                    tokio::time::sleep_until(quiet_from.min(deadline)).await;
+                }
+                _ => return,
             }
         }
     }
@@ -196,43 +185,58 @@ pub(crate) fn spawn_sampler(shared: Weak<Shared>, every: Duration) {
     };
     runtime.spawn(async move {
         loop {
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
             let started = std::time::Instant::now();
             match sample(&shared).await {
-                Ok(queues) => {
+                // the dashboard was dropped
+                None => return,
+                Some(Ok(queues)) => {
+                    let Some(shared) = shared.upgrade() else {
+                        return;
+                    };
                     if let Ok(mut history) = shared.history.lock() {
                         history.push(Sample {
                             at: Utc::now(),
                             queues,
                         });
-                    }
+                    };
                 }
-                Err(e) => tracing::warn!(error = %e, "dashboard: sampling the counts failed"),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "dashboard: sampling the counts failed")
+                }
             }
-            drop(shared);
             tokio::time::sleep(every.saturating_sub(started.elapsed())).await;
         }
     });
 }
 
-/// Every queue's counts, in name order, one statement at a time between pages.
-async fn sample(shared: &Shared) -> crate::Result<Vec<QueueCounts>> {
-    let names = shared.reads.queue_names().await?;
+/// Every queue's counts, in name order, one statement at a time between pages; `None` once the
+/// dashboard is dropped. A sample of many queues is spread over minutes, so it holds the dashboard
+/// (and its connections) only while a statement runs, not while it rests.
+async fn sample(shared: &Weak<Shared>) -> Option<crate::Result<Vec<QueueCounts>>> {
+    let names = match shared.upgrade()?.reads.queue_names().await {
+        Ok(names) => names,
+        Err(e) => return Some(Err(e)),
+    };
     let mut queues = Vec::with_capacity(names.len());
     // a sample of a few queues costs less than a page: only a large one waits for quiet moments
     let between_pages = names.len() > YIELD_ABOVE_QUEUES;
     for chunk in names.chunks(SAMPLED_PER_STATEMENT) {
-        if between_pages {
-            shared.serving.until_quiet(YIELD_AT_MOST).await;
-        }
-        let started = std::time::Instant::now();
-        queues.extend(shared.reads.queue_counts_of(chunk).await?);
+        let started = {
+            let shared = shared.upgrade()?;
+            if between_pages {
+                shared.serving.until_quiet(YIELD_AT_MOST).await;
+            }
+            let started = std::time::Instant::now();
+            match shared.reads.queue_counts_of(chunk).await {
+                Ok(counted) => queues.extend(counted),
+                Err(e) => return Some(Err(e)),
+            }
+            started
+        };
         tokio::time::sleep(started.elapsed() * (SAMPLE_DUTY - 1)).await;
     }
     queues.sort_by(|a, b| a.queue.cmp(&b.queue));
-    Ok(queues)
+    Some(Ok(queues))
 }
 
 #[cfg(test)]

@@ -251,11 +251,11 @@ async fn slots_of_shard(db: &TestDb, job_id: i64) -> i64 {
     .await
 }
 
-/// Every claim of `queue` until one comes back empty: the job ids in claim order.
-async fn claim_all(db: &TestDb, queue: &str) -> Vec<i64> {
+/// Claims of up to `max` jobs of `queue` until one comes back empty: the job ids in claim order.
+async fn claim_all(db: &TestDb, queue: &str, max: i32) -> Vec<i64> {
     let mut seen = Vec::new();
     loop {
-        let (ids, _) = claim_with_more(db, queue, 100).await;
+        let (ids, _) = claim_with_more(db, queue, max).await;
         if ids.is_empty() {
             return seen;
         }
@@ -280,15 +280,7 @@ async fn a_shard_spread_over_six_slots_is_claimed_in_order() {
     producer.commit().await.unwrap();
     assert_eq!(slots_of_shard(&db, expected[0]).await, 6);
 
-    let mut seen = Vec::new();
-    loop {
-        let (ids, _) = claim_with_more(&db, "default", 4).await;
-        if ids.is_empty() {
-            break;
-        }
-        seen.extend(ids);
-    }
-    assert_eq!(seen, expected);
+    assert_eq!(claim_all(&db, "default", 4).await, expected);
     db.cleanup().await;
 }
 
@@ -375,7 +367,7 @@ async fn a_claim_does_not_step_over_a_segment_that_committed_late_in_a_sealed_sl
 
     let held: Vec<i64> = claim.await.unwrap().into_iter().map(|(id, _)| id).collect();
     let mut seen = held.clone();
-    seen.extend(claim_all(&db, "default").await);
+    seen.extend(claim_all(&db, "default", 100).await);
     assert_eq!(
         seen,
         [first, late_job, next_job],

@@ -121,6 +121,55 @@ async fn one_transaction_writes_one_shard_per_lane_even_across_a_rolled_back_sav
     db.cleanup().await;
 }
 
+/// The shard of each job, in the order given.
+async fn shards_of(db: &TestDb, ids: &[i64]) -> Vec<i32> {
+    sqlx::query_scalar(&format!(
+        "SELECT e.lane_id FROM unnest($1::bigint[]) WITH ORDINALITY AS i(job_id, n)
+         JOIN {}.ready_entries e ON e.job_id = i.job_id ORDER BY i.n",
+        db.schema
+    ))
+    .bind(ids)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // Each enqueue on a new connection: backends break ties from different shards, so only the
+    // shard choice itself can keep them on one. Each job is claimed before the next is written,
+    // which leaves that shard's cursor sequence one segment behind (it moves at the next claim).
+    let mut steady = Vec::new();
+    for n in 0..6 {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        steady.push(storage.insert(&mut conn, &job(n)).await.unwrap());
+        conn.close().await.unwrap();
+        assert_eq!(claim_ids(&storage, 10).await, vec![steady[n as usize]]);
+    }
+    let shards = shards_of(&db, &steady).await;
+    assert!(
+        shards.iter().all(|s| *s == shards[0]),
+        "a producer at a steady rate keeps to one shard, so a claim visits one: {shards:?}"
+    );
+    // Now without claims. The shard's cursor sequence is one segment behind its last claim, which
+    // counts as no backlog: the next segment goes to the same shard. Then that segment waits
+    // unclaimed, a backlog, and the one after spreads to another shard.
+    let mut waiting = Vec::new();
+    for n in 6..8 {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        waiting.push(storage.insert(&mut conn, &job(n)).await.unwrap());
+        conn.close().await.unwrap();
+    }
+    let later = shards_of(&db, &waiting).await;
+    assert_eq!(later[0], shards[0], "{later:?}");
+    assert_ne!(later[1], shards[0], "a segment waits: the next spreads");
+    assert_eq!(claim_all(&storage, 10).await.len(), 2);
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn more_open_transactions_than_shards_each_get_a_shard_and_never_block_others() {
     let db = TestDb::new().await;

@@ -120,9 +120,10 @@ $$;
 -- gaps (rolled back, or skipped by a sequence after a crash): a claimer may step over any gap it
 -- sees, and an open transaction holds back only its own shard. No pg_locks read is ever needed.
 --
--- Choice of shard: the free shard with the least estimated backlog (from its sequences), ties
--- broken from a start point fixed per backend, so an idle queue's producer keeps writing one shard
--- (FIFO) and a backlog spreads over the shards (claimers in several processes work them at once).
+-- Choice of shard: the free shard with the least estimated backlog (from its sequences, less the
+-- one segment the cursor sequence lags), ties broken by the furthest-written shard, then from a start point fixed per
+-- backend. So an idle queue's producers keep writing one shard (FIFO) and a backlog spreads over
+-- the shards (claimers in several processes work them at once).
 -- All busy: create a shard, inside this transaction (its creator holds it; it is visible to claimers
 -- with the creator's commit, like its jobs). At the cap: wait for a shard.
 -- ---------------------------------------------------------------------------------------------
@@ -143,15 +144,23 @@ BEGIN
     IF p_count < 1 OR p_count > 1048575 THEN
         RAISE EXCEPTION 'ringwork: a segment holds 1..1048575 jobs, got %', p_count USING ERRCODE = '22023';
     END IF;
-    SELECT array_agg(c.lane_id ORDER BY c.backlog, c.turn, c.lane_id),
-           array_agg(c.segment_seq ORDER BY c.backlog, c.turn, c.lane_id)
+    -- A backlog of one segment counts as none: the cursor sequence lags the claims by one (it is
+    -- moved at the next claim's visit), so a shard whose last segment was just claimed reads as one
+    -- segment behind. Counted as a backlog, it sent the next enqueue to another shard, and at a
+    -- steady rate producers alternated between two shards: every claim then visited both, one only
+    -- to catch its cursor up. Among shards without a backlog the one written furthest wins (the
+    -- same for every backend), so an idle queue's producers keep to one shard; concurrent producers
+    -- find it locked and take the next.
+    SELECT array_agg(c.lane_id ORDER BY c.backlog, c.last_segment DESC, c.turn, c.lane_id),
+           array_agg(c.segment_seq ORDER BY c.backlog, c.last_segment DESC, c.turn, c.lane_id)
     INTO v_lanes, v_seqs
-    FROM (SELECT l.lane_id, l.segment_seq,
-                 greatest(coalesce(pg_sequence_last_value(l.segment_seq), 0)
-                          - (coalesce(pg_sequence_last_value(l.cursor_seq), 0) >> 20), 0) AS backlog,
+    FROM (SELECT l.lane_id, l.segment_seq, s.last_segment,
+                 greatest(s.last_segment - (s.cursor_pos >> 20) - 1, 0) AS backlog,
                  ((l.shard - pg_backend_pid()) % __S__.lane_base_shards() + __S__.lane_base_shards())
                      % __S__.lane_base_shards() AS turn
           FROM __S__.queue_lanes l
+          CROSS JOIN LATERAL (SELECT coalesce(pg_sequence_last_value(l.segment_seq), 0) AS last_segment,
+                                     coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos) s
           WHERE l.queue = p_queue AND l.priority = p_priority) c;
     IF v_lanes IS NULL THEN
         PERFORM __S__.ensure_lane(p_queue, p_priority);

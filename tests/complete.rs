@@ -72,6 +72,57 @@ async fn stale_completion_is_rejected_and_changes_nothing() {
     db.cleanup().await;
 }
 
+/// A batch whose attempts sit in the claim ring's last slot and, after the ring wrapped, in its
+/// first: the batch's lowest and highest slot bound its evidence lookup, and across the wrap that
+/// bound is the whole ring. Both shapes of evidence (a compact batch member, a row-local claim of
+/// a job with its own timeout), heartbeated and then completed together.
+#[tokio::test]
+async fn a_batch_across_the_claim_ring_wrap_finds_every_attempt() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let last_slot = db
+        .scalar_i64("SELECT slot_count::int8 - 1 FROM {s}.claim_ring_state")
+        .await;
+    let in_last_slot = loop {
+        storage.insert(&mut conn, &job(1)).await.unwrap();
+        let claimed = storage.claim("default", 1, None).await.unwrap().remove(0);
+        if i64::from(claimed.claim_slot) == last_slot {
+            break claimed;
+        }
+        assert_eq!(complete_one(&storage, &claimed).await, Outcome::Applied);
+        support::rotate_and_prune(&storage, Duration::from_secs(3600)).await;
+    };
+    support::rotate_and_prune(&storage, Duration::from_secs(3600)).await;
+    let own_timeout = job(2).timeout(Duration::from_secs(600));
+    storage.insert(&mut conn, &own_timeout).await.unwrap();
+    let in_first_slot = storage.claim("default", 1, None).await.unwrap().remove(0);
+    assert_eq!(in_first_slot.claim_slot, 0, "the ring wrapped");
+    let row_local = db.scalar_i64("SELECT count(*) FROM {s}.lease_claims").await;
+    assert_eq!(
+        row_local, 1,
+        "the job with its own timeout has a row-local claim"
+    );
+
+    let both = [in_last_slot.attempt_ref(), in_first_slot.attempt_ref()];
+    assert_eq!(
+        storage
+            .heartbeat_batch(&[(both[0], None), (both[1], None)])
+            .await
+            .unwrap(),
+        vec![Outcome::Applied, Outcome::Applied]
+    );
+    assert_eq!(
+        storage.complete_batch(&both).await.unwrap(),
+        vec![Outcome::Applied, Outcome::Applied]
+    );
+    assert_eq!(
+        storage.complete_batch(&both).await.unwrap(),
+        vec![Outcome::Stale, Outcome::Stale]
+    );
+    db.cleanup().await;
+}
+
 /// Whether every job of `ids` is completed (its completion committed) within `within`.
 async fn completed_within(storage: &ringwork::Storage, ids: &[i64], within: Duration) -> bool {
     eventually(within, || {

@@ -35,7 +35,8 @@ BEGIN
     PERFORM __S__.lease_ring_shared();
     PERFORM __S__.lock_attempt(p_job_id);
     SELECT * INTO v_open
-    FROM __S__.open_attempts(ARRAY[p_claim_slot], ARRAY[p_receipt_id], ARRAY[p_job_id], ARRAY[p_run_lease]);
+    FROM __S__.open_attempts(ARRAY[p_claim_slot], ARRAY[p_receipt_id], ARRAY[p_job_id], ARRAY[p_run_lease],
+                             p_claim_slot, p_claim_slot);
     IF NOT FOUND THEN
         RETURN 'stale';
     END IF;
@@ -134,7 +135,8 @@ BEGIN
     PERFORM __S__.lease_ring_shared();
     PERFORM __S__.lock_attempt(p_job_id);
     SELECT * INTO v_open
-    FROM __S__.open_attempts(ARRAY[p_claim_slot], ARRAY[p_receipt_id], ARRAY[p_job_id], ARRAY[p_run_lease]);
+    FROM __S__.open_attempts(ARRAY[p_claim_slot], ARRAY[p_receipt_id], ARRAY[p_job_id], ARRAY[p_run_lease],
+                             p_claim_slot, p_claim_slot);
     IF NOT FOUND THEN
         RETURN 'stale';
     END IF;
@@ -197,7 +199,8 @@ BEGIN
     END IF;
     IF v_lease.state IN ('registered', 'resolved') AND NOT EXISTS (
         SELECT 1 FROM __S__.open_attempts(ARRAY[v_lease.claim_slot], ARRAY[v_lease.receipt_id],
-                                          ARRAY[v_lease.job_id], ARRAY[v_lease.run_lease])) THEN
+                                          ARRAY[v_lease.job_id], ARRAY[v_lease.run_lease],
+                                          v_lease.claim_slot, v_lease.claim_slot)) THEN
         -- its attempt ended without waiting (rescued, cancelled, or the handler returned otherwise):
         -- an answer recorded for it is dropped with it
         DELETE FROM __S__.leases l WHERE l.lease_slot = v_lease.lease_slot AND l.callback_id = p_callback_id;
@@ -299,7 +302,8 @@ BEGIN
     WHERE l.lease_slot = v_next
       AND (l.state = 'waiting'
            OR EXISTS (SELECT 1 FROM __S__.open_attempts(ARRAY[l.claim_slot], ARRAY[l.receipt_id],
-                                                       ARRAY[l.job_id], ARRAY[l.run_lease])));
+                                                       ARRAY[l.job_id], ARRAY[l.run_lease],
+                                                       l.claim_slot, l.claim_slot)));
     IF pg_relation_size(format('%I.%I', '__S__', 'leases_' || v_next)) > 0 THEN
         EXECUTE format('TRUNCATE %I.%I', '__S__', 'leases_' || v_next);
         INSERT INTO __S__.leases SELECT (x).* FROM (SELECT unnest(v_live) AS x) u;

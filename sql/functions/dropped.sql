@@ -89,3 +89,5 @@ BEGIN
     END IF;
 END
 $$;
+-- open_attempts gained the bounds of its claim slots, so its probes prune the claim ring up front
+DROP FUNCTION IF EXISTS __S__.open_attempts(int[], bigint[], bigint[], bigint[]);

@@ -7,9 +7,13 @@
 -- that is removed is dropped by name in dropped.sql. __S__ is the validated schema name.
 
 -- How many integers a multirange of int8 holds (its ranges are canonical: [lower, upper)).
+-- PL/pgSQL, not SQL: a SQL body with a FROM is never inlined, so each statement that called it
+-- planned it again (every claim's batch insert: about 0.09 ms of a claim's 1.6).
 CREATE OR REPLACE FUNCTION __S__.multirange_size(p_ranges int8multirange) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(sum(upper(r) - lower(r)), 0)::bigint FROM unnest(p_ranges) r
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT sum(upper(r) - lower(r)) FROM unnest(p_ranges) r), 0)::bigint;
+END
 $$;
 
 -- The open attempts of one queue among its claims from batch p_mark on, and the batch id of the

@@ -239,20 +239,24 @@ async fn the_shard_order_is_inlined_into_the_claim() {
         .unwrap();
     sqlx::raw_sql(&format!(
         "SET plan_cache_mode = force_generic_plan; \
-         PREPARE lane_order(text, timestamptz, interval) AS \
-         SELECT o.lane_id, o.cursor_seq, o.next_head FROM {s}.claim_lane_order($1, $2, $3) o",
+         PREPARE lane_order(int[], regclass[], smallint[], bigint[], timestamptz, interval) AS \
+         SELECT o.lane_id, o.cursor_seq, o.next_head FROM {s}.claim_lane_order($1, $2, $3, $4, $5, $6) o",
         s = db.schema
     ))
     .execute(&mut *conn)
     .await
     .unwrap();
-    let plan: Vec<String> =
-        sqlx::query_scalar("EXPLAIN EXECUTE lane_order('default', now(), NULL)")
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN EXECUTE lane_order('{1,2}', '{}', '{2,2}', '{0,0}', now(), NULL)",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
     let plan = plan.join("\n");
-    assert!(!plan.contains("Function Scan"), "{plan}");
+    assert!(
+        !plan.contains("Function Scan on claim_lane_order"),
+        "{plan}"
+    );
     assert!(plan.contains("WindowAgg"), "{plan}");
     sqlx::raw_sql("DEALLOCATE lane_order; RESET plan_cache_mode")
         .execute(&mut *conn)

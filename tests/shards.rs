@@ -171,6 +171,30 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
 }
 
 #[tokio::test]
+async fn a_claim_walks_a_lone_shard_whose_segment_is_not_committed_and_moves_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // A first job claimed, so the shard has a cursor; then an open transaction allocates the
+    // shard's next segment. Its sequences say it may have work, and as the only such shard the
+    // claim walks it without a head probe first: the walk sees nothing and must leave the cursor
+    // where it was, or the job would be stepped over once its transaction commits.
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first = storage.insert(&mut conn, &job(1)).await.unwrap();
+    assert_eq!(claim_ids(&storage, 10).await, vec![first]);
+    let mut open = db.pool.begin().await.unwrap();
+    let held = storage.insert(&mut open, &job(2)).await.unwrap();
+    let ledger = "SELECT count(*) FROM {s}.ready_claim_attempt_batches";
+    let before = db.scalar_i64(ledger).await;
+    for _ in 0..3 {
+        assert!(claim_ids(&storage, 10).await.is_empty());
+    }
+    assert_eq!(db.scalar_i64(ledger).await, before, "no cursor moved");
+    open.commit().await.unwrap();
+    assert_eq!(claim_ids(&storage, 10).await, vec![held]);
+    db.cleanup().await;
+}
+
+#[tokio::test]
 async fn more_open_transactions_than_shards_each_get_a_shard_and_never_block_others() {
     let db = TestDb::new().await;
     let storage = db.storage();

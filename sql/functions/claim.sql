@@ -254,34 +254,28 @@ $$;
 -- The order in which a claim walks the queue's shards: by effective priority, then priority, then the
 -- run_at of their oldest waiting job. With aging, a lane's priority improves by one level per p_aging
 -- its oldest waiting job has been runnable (run_at: enqueue, or promotion of a scheduled/retried
--- job), so low priorities never starve. Shards whose sequences say they are drained are skipped
--- without an index probe. next_head is the head of the next shard of the same (effective) priority:
--- a walk stops at a segment boundary when the next segment's jobs are younger than it, and the claim
--- continues from the oldest head again (a merge across shards at segment granularity).
--- The cursors are read once, in a materialized CTE: pg_sequence_last_value is volatile, and used
--- directly in the head probe it could not bound the index scan (the probe would walk every
--- already-claimed row of the shard). A SQL function the planner inlines into the claim's loop, so
--- its plan is cached with the claim's (a SQL function that is not inlined is planned at every call).
-CREATE OR REPLACE FUNCTION __S__.claim_lane_order(p_queue text, p_now timestamptz, p_aging interval)
+-- job), so low priorities never starve. next_head is the head of the next shard of the same
+-- (effective) priority: a walk stops at a segment boundary when the next segment's jobs are younger
+-- than it, and the claim continues from the oldest head again (a merge across shards at segment
+-- granularity). The shards are the candidates the claim found from their sequences, with the cursors
+-- it read once: pg_sequence_last_value is volatile, and used directly in the head probe it could
+-- not bound the index scan (the probe would walk every already-claimed row of the shard). A SQL
+-- function the planner inlines into the claim, so its plan is cached with the claim's (a SQL
+-- function that is not inlined is planned at every call).
+CREATE OR REPLACE FUNCTION __S__.claim_lane_order(p_lane_ids int[], p_cursor_seqs regclass[], p_priorities smallint[],
+                                                  p_cursors bigint[], p_now timestamptz, p_aging interval)
 RETURNS TABLE (lane_id int, cursor_seq regclass, next_head timestamptz)
 LANGUAGE sql STABLE AS $$
-    WITH lanes AS MATERIALIZED (
-        SELECT l.lane_id, l.cursor_seq, l.priority,
-               coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
-               pg_sequence_last_value(l.segment_seq) AS last_segment
-        FROM __S__.queue_lanes l
-        WHERE l.queue = p_queue
-    ), heads AS (
+    WITH heads AS (
         SELECT l.lane_id, l.cursor_seq, l.priority, head.run_at AS head_at,
                l.priority - coalesce(floor(extract(epoch FROM p_now - head.run_at)
                                            / nullif(extract(epoch FROM p_aging), 0)), 0) AS effective
-        FROM lanes l
+        FROM unnest(p_lane_ids, p_cursor_seqs, p_priorities, p_cursors) AS l(lane_id, cursor_seq, priority, cursor_pos)
         CROSS JOIN LATERAL (
             SELECT e.run_at FROM __S__.ready_entries e
             WHERE e.lane_id = l.lane_id AND e.lane_pos > l.cursor_pos
             ORDER BY e.lane_pos LIMIT 1
         ) head
-        WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
     )
     SELECT h.lane_id, h.cursor_seq,
            lead(h.head_at) OVER (PARTITION BY h.effective, h.priority ORDER BY h.head_at, h.lane_id) AS next_head
@@ -343,6 +337,13 @@ DECLARE
     v_batch_deadline timestamptz := v_now + p_deadline;
     v_own_deadline timestamptz;
     v_lane record;
+    -- the shards the pass may walk (their ids, cursor sequences, priorities and cursors) and the
+    -- query that orders them
+    v_shard_ids int[];
+    v_shard_seqs regclass[];
+    v_shard_priorities smallint[];
+    v_shard_cursors bigint[];
+    v_shards refcursor;
     v_cursor bigint;
     v_new_cursor bigint;
     v_last_slot int;
@@ -431,9 +432,31 @@ BEGIN
     LOOP
         v_pass := v_pass + 1;
         v_cut := false;
-        FOR v_lane IN SELECT o.lane_id, o.cursor_seq, o.next_head
-                      FROM __S__.claim_lane_order(p_queue, v_now, p_aging) o LOOP
-            EXIT WHEN v_n >= p_max;
+        -- The candidates: shards whose sequences say they may hold work (no index probe; drained
+        -- shards are skipped), each sequence read once (OFFSET 0 keeps the volatile reads in the
+        -- subquery).
+        SELECT array_agg(l.lane_id), array_agg(l.cursor_seq), array_agg(l.priority), array_agg(l.cursor_pos)
+        INTO v_shard_ids, v_shard_seqs, v_shard_priorities, v_shard_cursors
+        FROM (SELECT l.lane_id, l.cursor_seq, l.priority,
+                     coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
+                     pg_sequence_last_value(l.segment_seq) AS last_segment
+              FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) l
+        WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos);
+        EXIT WHEN v_shard_ids IS NULL;
+        IF cardinality(v_shard_ids) = 1 THEN
+            -- One candidate, the usual case below saturation: there is nothing to order, so the
+            -- claim does not run the shard order, whose head probe opens every queue slot's
+            -- partition and index (a shard with nothing visible is walked and found empty).
+            OPEN v_shards FOR SELECT v_shard_ids[1] AS lane_id, v_shard_seqs[1] AS cursor_seq,
+                                     NULL::timestamptz AS next_head;
+        ELSE
+            OPEN v_shards FOR SELECT o.lane_id, o.cursor_seq, o.next_head
+                              FROM __S__.claim_lane_order(v_shard_ids, v_shard_seqs, v_shard_priorities,
+                                                          v_shard_cursors, v_now, p_aging) o;
+        END IF;
+        LOOP
+            FETCH v_shards INTO v_lane;
+            EXIT WHEN NOT FOUND OR v_n >= p_max;
             -- Never wait for a shard: another claimer holds it for a few milliseconds, and the
             -- other shards (or, with every shard busy, the dispatcher's short backoff) serve this
             -- one. Holding shards while skipping others is deadlock-free because nothing waits.
@@ -568,6 +591,7 @@ BEGIN
                         v_now);
             END IF;
         END LOOP;
+        CLOSE v_shards;
         EXIT WHEN v_n >= p_max OR NOT v_cut OR v_pass >= 4;
     END LOOP;
     -- the last pass was cut at a segment boundary and no further pass followed

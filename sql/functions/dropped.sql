@@ -91,3 +91,5 @@ END
 $$;
 -- open_attempts gained the bounds of its claim slots, so its probes prune the claim ring up front
 DROP FUNCTION IF EXISTS __S__.open_attempts(int[], bigint[], bigint[], bigint[]);
+-- claim_lane_order takes the claim's candidate shards instead of reading the queue's lanes itself
+DROP FUNCTION IF EXISTS __S__.claim_lane_order(text, timestamptz, interval);

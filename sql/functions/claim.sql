@@ -152,9 +152,11 @@ BEGIN
             OR EXISTS (SELECT 1 FROM __S__.deferred_jobs d WHERE d.queue = p_queue AND d.held_key IS NOT NULL)
             OR EXISTS (
         SELECT 1
-        FROM (SELECT l.lane_id, coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
-                     pg_sequence_last_value(l.segment_seq) AS last_segment
-              FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) l
+        FROM (SELECT w.lane_id, w.last_segment, coalesce(pg_sequence_last_value(w.cursor_seq), 0) AS cursor_pos
+              FROM (SELECT l.lane_id, l.cursor_seq, pg_sequence_last_value(l.segment_seq) AS last_segment
+                    FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) w
+              -- a shard never written has no cursor to read
+              WHERE w.last_segment IS NOT NULL OFFSET 0) l
         WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos)
           -- the lane's first row past its cursor, in index order as claim finds it. Not an EXISTS:
           -- once ANALYZE has seen the lane, the generic plan of an EXISTS over "lane_pos > $2"
@@ -434,13 +436,16 @@ BEGIN
         v_cut := false;
         -- The candidates: shards whose sequences say they may hold work (no index probe; drained
         -- shards are skipped), each sequence read once (OFFSET 0 keeps the volatile reads in the
-        -- subquery).
+        -- subqueries). A shard never written has no cursor to read: a sequence read opens and locks
+        -- a relation, and the base shards a queue's producers never used cost a claim 8 of its 16.
         SELECT array_agg(l.lane_id), array_agg(l.cursor_seq), array_agg(l.priority), array_agg(l.cursor_pos)
         INTO v_shard_ids, v_shard_seqs, v_shard_priorities, v_shard_cursors
-        FROM (SELECT l.lane_id, l.cursor_seq, l.priority,
-                     coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos,
-                     pg_sequence_last_value(l.segment_seq) AS last_segment
-              FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) l
+        FROM (SELECT w.lane_id, w.cursor_seq, w.priority, w.last_segment,
+                     coalesce(pg_sequence_last_value(w.cursor_seq), 0) AS cursor_pos
+              FROM (SELECT l.lane_id, l.cursor_seq, l.priority,
+                           pg_sequence_last_value(l.segment_seq) AS last_segment
+                    FROM __S__.queue_lanes l WHERE l.queue = p_queue OFFSET 0) w
+              WHERE w.last_segment IS NOT NULL OFFSET 0) l
         WHERE __S__.shard_may_have_work(l.last_segment, l.cursor_pos);
         EXIT WHEN v_shard_ids IS NULL;
         IF cardinality(v_shard_ids) = 1 THEN

@@ -159,8 +159,12 @@ BEGIN
                  ((l.shard - pg_backend_pid()) % __S__.lane_base_shards() + __S__.lane_base_shards())
                      % __S__.lane_base_shards() AS turn
           FROM __S__.queue_lanes l
-          CROSS JOIN LATERAL (SELECT coalesce(pg_sequence_last_value(l.segment_seq), 0) AS last_segment,
-                                     coalesce(pg_sequence_last_value(l.cursor_seq), 0) AS cursor_pos) s
+          -- a shard never written has no cursor to read (a sequence read opens and locks a relation)
+          CROSS JOIN LATERAL (SELECT w.last_segment,
+                                     CASE WHEN w.last_segment > 0
+                                          THEN coalesce(pg_sequence_last_value(l.cursor_seq), 0) ELSE 0 END AS cursor_pos
+                              FROM (SELECT coalesce(pg_sequence_last_value(l.segment_seq), 0) AS last_segment
+                                    OFFSET 0) w) s
           WHERE l.queue = p_queue AND l.priority = p_priority) c;
     IF v_lanes IS NULL THEN
         PERFORM __S__.ensure_lane(p_queue, p_priority);

@@ -437,7 +437,8 @@ BEGIN
         -- The candidates: shards whose sequences say they may hold work (no index probe; drained
         -- shards are skipped), each sequence read once (OFFSET 0 keeps the volatile reads in the
         -- subqueries). A shard never written has no cursor to read: a sequence read opens and locks
-        -- a relation, and the base shards a queue's producers never used cost a claim 8 of its 16.
+        -- a relation, and a queue has 8 base shards at each of 4 priorities, so a claim of a queue
+        -- used at one priority read 64 sequences, and now about half.
         SELECT array_agg(l.lane_id), array_agg(l.cursor_seq), array_agg(l.priority), array_agg(l.cursor_pos)
         INTO v_shard_ids, v_shard_seqs, v_shard_priorities, v_shard_cursors
         FROM (SELECT w.lane_id, w.cursor_seq, w.priority, w.last_segment,

@@ -134,9 +134,17 @@ async fn shards_of(db: &TestDb, ids: &[i64]) -> Vec<i32> {
     .unwrap()
 }
 
+/// Job `n` inserted by a backend of its own, which is closed after the insert.
+async fn insert_on_a_new_connection(db: &TestDb, n: i64) -> i64 {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let id = db.storage().insert(&mut conn, &job(n)).await.unwrap();
+    conn.close().await.unwrap();
+    id
+}
+
 #[tokio::test]
 async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
-    use sqlx::Connection;
     let db = TestDb::new().await;
     let storage = db.storage();
     // Each enqueue on a new connection: backends break ties from different shards, so only the
@@ -144,9 +152,7 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
     // which leaves that shard's cursor sequence one segment behind (it moves at the next claim).
     let mut steady = Vec::new();
     for n in 0..6 {
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        steady.push(storage.insert(&mut conn, &job(n)).await.unwrap());
-        conn.close().await.unwrap();
+        steady.push(insert_on_a_new_connection(&db, n).await);
         assert_eq!(claim_ids(&storage, 10).await, vec![steady[n as usize]]);
     }
     let shards = shards_of(&db, &steady).await;
@@ -159,9 +165,7 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
     // unclaimed, a backlog, and the one after spreads to another shard.
     let mut waiting = Vec::new();
     for n in 6..8 {
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        waiting.push(storage.insert(&mut conn, &job(n)).await.unwrap());
-        conn.close().await.unwrap();
+        waiting.push(insert_on_a_new_connection(&db, n).await);
     }
     let later = shards_of(&db, &waiting).await;
     assert_eq!(later[0], shards[0], "{later:?}");

@@ -361,12 +361,7 @@ impl NewJob {
     pub(crate) fn validate(&self) -> Result<String> {
         validate_new_name("queue name", &self.queue)?;
         validate_new_name("job kind", &self.kind)?;
-        if !(1..=4).contains(&self.priority) {
-            return Err(Error::Config(format!(
-                "priority must be 1..=4, got {}",
-                self.priority
-            )));
-        }
+        validate_priority(self.priority)?;
         if !(1..=1_000_000).contains(&self.max_attempts) {
             return Err(Error::Config(format!(
                 "max_attempts must be 1..=1000000, got {}",
@@ -529,6 +524,17 @@ pub(crate) fn validate_json(what: &'static str, value: &serde_json::Value) -> Re
         )));
     }
     Ok(())
+}
+
+/// A job's priority, 1 (first) ..= 4 (last).
+pub(crate) fn validate_priority(priority: i16) -> Result<()> {
+    if (1..=4).contains(&priority) {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "priority must be 1..=4, got {priority}"
+        )))
+    }
 }
 
 /// Queue names and kinds are bound as values, never spliced into SQL; they are still checked so

@@ -112,7 +112,12 @@ impl Workflow {
 
     /// The queue of each step's job (for the enqueued count).
     pub(crate) fn queues(&self) -> impl Iterator<Item = &str> {
-        self.steps.iter().map(|s| s.job.queue.as_str())
+        self.jobs().map(|job| job.queue.as_str())
+    }
+
+    /// Each step's job.
+    pub(crate) fn jobs(&self) -> impl Iterator<Item = &NewJob> {
+        self.steps.iter().map(|s| &s.job)
     }
 
     /// Add a step.
@@ -276,10 +281,14 @@ impl Batch {
 
     /// The queue of each member's job and of the callback's (for the enqueued count).
     pub(crate) fn queues(&self) -> impl Iterator<Item = &str> {
+        self.jobs().map(|job| job.queue.as_str())
+    }
+
+    /// Each member's job and the callback's.
+    pub(crate) fn jobs(&self) -> impl Iterator<Item = &NewJob> {
         self.members
             .iter()
             .chain(self.callback.iter().map(|(job, _)| job))
-            .map(|job| job.queue.as_str())
     }
 
     /// Add a member.

@@ -134,11 +134,11 @@ async fn shards_of(db: &TestDb, ids: &[i64]) -> Vec<i32> {
     .unwrap()
 }
 
-/// Job `n` inserted by a backend of its own, which is closed after the insert.
-async fn insert_on_a_new_connection(db: &TestDb, n: i64) -> i64 {
+/// `job` inserted by a backend of its own, which is closed after the insert.
+async fn insert_on_a_new_connection(db: &TestDb, job: NewJob) -> i64 {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let id = db.storage().insert(&mut conn, &job(n)).await.unwrap();
+    let id = db.storage().insert(&mut conn, &job).await.unwrap();
     conn.close().await.unwrap();
     id
 }
@@ -152,7 +152,7 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
     // which leaves that shard's cursor sequence one segment behind (it moves at the next claim).
     let mut steady = Vec::new();
     for n in 0..6 {
-        steady.push(insert_on_a_new_connection(&db, n).await);
+        steady.push(insert_on_a_new_connection(&db, job(n)).await);
         assert_eq!(claim_ids(&storage, 10).await, vec![steady[n as usize]]);
     }
     let shards = shards_of(&db, &steady).await;
@@ -165,7 +165,7 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
     // unclaimed, a backlog, and the one after spreads to another shard.
     let mut waiting = Vec::new();
     for n in 6..8 {
-        waiting.push(insert_on_a_new_connection(&db, n).await);
+        waiting.push(insert_on_a_new_connection(&db, job(n)).await);
     }
     let later = shards_of(&db, &waiting).await;
     assert_eq!(later[0], shards[0], "{later:?}");
@@ -195,6 +195,59 @@ async fn a_claim_walks_a_lone_shard_whose_segment_is_not_committed_and_moves_not
     assert_eq!(db.scalar_i64(ledger).await, before, "no cursor moved");
     open.commit().await.unwrap();
     assert_eq!(claim_ids(&storage, 10).await, vec![held]);
+    db.cleanup().await;
+}
+
+/// A walk that runs out of rows moves the cursor to the end of the last segment it walked, without
+/// asking `ready_segments`: a segment's rows commit together, so running out means its last row
+/// was walked. The race it must not lose: the shard's next segment is allocated by an open
+/// transaction while the walk runs. Its rows must still be claimed once it commits, and a claim
+/// cut short by its size inside a segment must not mark that segment drained.
+#[tokio::test]
+async fn a_walk_that_runs_out_of_rows_drains_its_own_segment_and_not_the_next_one() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first: Vec<i64> = storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let mut open = db.pool.begin().await.unwrap();
+    let late = storage
+        .insert_many(&mut open, &(3..5).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let shard = shards_of(&db, &first).await[0];
+    assert_eq!(
+        shards_of(&db, &first[..1]).await,
+        [shard],
+        "the committed segment"
+    );
+    let cursor = format!("SELECT {{s}}.lane_cursor({shard})");
+
+    // cut by its size inside the first segment: the cursor stays on the row it reached
+    assert_eq!(claim_ids(&storage, 2).await, first[..2].to_vec());
+    assert_eq!(db.scalar_i64(&cursor).await & 1_048_575, 1);
+    // runs out of rows: the first segment is drained, the open one is not touched
+    assert_eq!(claim_ids(&storage, 10).await, first[2..].to_vec());
+    let drained = db.scalar_i64(&cursor).await;
+    assert_eq!(drained & 1_048_575, 1_048_575, "the segment's end");
+    assert!(claim_ids(&storage, 10).await.is_empty());
+    assert_eq!(db.scalar_i64(&cursor).await, drained);
+
+    open.commit().await.unwrap();
+    assert_eq!(
+        shards_of(&db, &late).await,
+        [shard, shard],
+        "the late segment is the same shard's next one"
+    );
+    assert_eq!(claim_ids(&storage, 10).await, late);
+    assert_eq!(
+        db.scalar_i64(&cursor).await >> 20,
+        (drained >> 20) + 1,
+        "the late segment drained in turn"
+    );
+    assert_eq!(available(&storage).await, 0);
     db.cleanup().await;
 }
 
@@ -464,6 +517,65 @@ async fn cancel_reaches_an_available_job_in_any_shard_and_prune_frees_every_shar
     db.cleanup().await;
 }
 
+/// A queue has shards only at the priorities its jobs use: every claim reads each shard's segment
+/// sequence, and a queue created with all four priorities' shards made a claim read 32 of them when
+/// 8 were ever written. A new priority's shards are made outside the producer's transaction, so
+/// they stay when it rolls back and no other producer waits for its commit.
+#[tokio::test]
+async fn a_queue_has_shards_only_at_the_priorities_its_jobs_use() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let lanes = "SELECT count(*) FROM {s}.queue_lanes WHERE queue = 'default'";
+    storage.ensure_queue("default").await.unwrap();
+    assert_eq!(
+        db.scalar_i64(lanes).await,
+        8,
+        "the default priority's shards"
+    );
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first = storage.insert(&mut conn, &job(1)).await.unwrap();
+    assert_eq!(db.scalar_i64(lanes).await, 8);
+
+    let mut open = db.pool.begin().await.unwrap();
+    storage
+        .insert(&mut open, &job(2).priority(4))
+        .await
+        .unwrap();
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.queue_lanes WHERE queue = 'default' AND priority = 4"
+        )
+        .await,
+        8,
+        "the new priority's shards are committed before the producer's transaction ends"
+    );
+    // another process's producer of the new priority does not wait for the open transaction
+    let other = insert_on_a_new_connection(&db, job(3).priority(4)).await;
+    open.rollback().await.unwrap();
+    assert_eq!(db.scalar_i64(lanes).await, 16, "priorities 2 and 4");
+
+    // the claim reads the sequences of the 16 shards, not 32
+    let mut tx = db.pool.begin().await.unwrap();
+    let claimed: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {}.claim('default', 10)",
+        db.schema
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    let sequences: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks k JOIN pg_class c ON c.oid = k.relation \
+         WHERE k.pid = pg_backend_pid() AND c.relkind = 'S' AND c.relname LIKE 'lane\\_%\\_segment'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(claimed, [first, other]);
+    assert_eq!(sequences, 16, "segment sequences a claim read");
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_lane_from_before_shards_keeps_its_jobs_and_gains_its_base_shards() {
     let db = TestDb::new().await;
@@ -490,7 +602,7 @@ async fn a_lane_from_before_shards_keeps_its_jobs_and_gains_its_base_shards() {
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM {s}.queue_lanes WHERE queue = 'default'")
             .await,
-        32
+        8
     );
     assert_eq!(claim_ids(&fresh, 3).await, old[..3].to_vec());
     let new = fresh

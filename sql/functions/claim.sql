@@ -437,8 +437,7 @@ BEGIN
         -- The candidates: shards whose sequences say they may hold work (no index probe; drained
         -- shards are skipped), each sequence read once (OFFSET 0 keeps the volatile reads in the
         -- subqueries). A shard never written has no cursor to read: a sequence read opens and locks
-        -- a relation, and a queue has 8 base shards at each of 4 priorities, so a claim of a queue
-        -- used at one priority read 64 sequences, and now about half.
+        -- a relation (a queue has 8 base shards at each priority its jobs use).
         SELECT array_agg(l.lane_id), array_agg(l.cursor_seq), array_agg(l.priority), array_agg(l.cursor_pos)
         INTO v_shard_ids, v_shard_seqs, v_shard_priorities, v_shard_cursors
         FROM (SELECT w.lane_id, w.cursor_seq, w.priority, w.last_segment,
@@ -577,16 +576,25 @@ BEGIN
                 v_more := true;
             END IF;
 
-            -- Walked every visible row of the shard: if that ended its last segment, move the cursor
-            -- to the segment's end, so the shard reads as drained from its sequences alone and later
-            -- claims, producers and counts skip it without a probe.
+            -- Walked every visible row of the shard: the last one ended its segment, so move the
+            -- cursor to the segment's end; the shard then reads as drained from its sequences alone
+            -- and later claims, producers and counts skip it without a probe. A segment's rows are
+            -- written by the one transaction that reserved it, so they are visible all together:
+            -- a walk that ran out of rows ran out at a segment's last row. Only a walk that found no
+            -- row asks ready_segments whether the cursor already stands on one (and for the slot of
+            -- its ledger row): that statement opens every queue slot's partition, which a claim
+            -- that walked rows no longer does.
             IF NOT v_stopped AND v_walked < v_limit AND (v_new_cursor & 1048575) <> 1048575 THEN
-                SELECT g.ready_slot INTO v_seg_slot FROM __S__.ready_segments g
-                WHERE g.lane_id = v_lane.lane_id AND g.segment_no = v_new_cursor >> 20
-                  AND g.job_count = (v_new_cursor & 1048575) + 1;
-                IF FOUND THEN
+                IF v_walked > 0 THEN
                     v_new_cursor := v_new_cursor | 1048575;
-                    v_last_slot := coalesce(v_last_slot, v_seg_slot);
+                ELSE
+                    SELECT g.ready_slot INTO v_seg_slot FROM __S__.ready_segments g
+                    WHERE g.lane_id = v_lane.lane_id AND g.segment_no = v_new_cursor >> 20
+                      AND g.job_count = (v_new_cursor & 1048575) + 1;
+                    IF FOUND THEN
+                        v_new_cursor := v_new_cursor | 1048575;
+                        v_last_slot := v_seg_slot;
+                    END IF;
                 END IF;
             END IF;
 

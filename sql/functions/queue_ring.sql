@@ -12,7 +12,7 @@
 
 -- Shards every (queue, priority) gets with its first use, created outside producers' transactions.
 -- They are what lets claimers in several processes work one queue at once, so there should be at
--- least as many as worker processes; an idle shard costs two sequence reads per claim.
+-- least as many as worker processes; an idle shard costs a sequence read per claim.
 CREATE OR REPLACE FUNCTION __S__.lane_base_shards() RETURNS int
 LANGUAGE sql IMMUTABLE AS $$ SELECT 8 $$;
 

@@ -82,8 +82,8 @@ pub struct Storage {
     pooling: Pooling,
     schema: SchemaName,
     sql: Arc<Statements>,
-    /// Queues whose lanes are known to exist (committed).
-    known_queues: Arc<Mutex<HashSet<String>>>,
+    /// The (queue, priority) lanes known to exist (committed).
+    known_lanes: Arc<Mutex<HashSet<(String, i16)>>>,
     /// The schema's callback key (lease_ring), read on first use.
     callback_key: Arc<tokio::sync::OnceCell<Vec<u8>>>,
     /// The schema's `max_args_bytes` setting (queue_ring), read on the first insert.
@@ -117,7 +117,7 @@ impl Storage {
             pooling: Pooling::Direct,
             schema,
             sql,
-            known_queues: Arc::default(),
+            known_lanes: Arc::default(),
             callback_key: Arc::default(),
             max_args_bytes: Arc::default(),
         }

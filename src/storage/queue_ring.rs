@@ -22,8 +22,8 @@ pub(super) struct Statements {
     schedule_jobs: String,
     reserve_segment: String,
     copy_ready: String,
-    ensure_lanes: String,
-    queue_lanes_exist: String,
+    ensure_lane: String,
+    lane_exists: String,
     insert_unique: String,
     enqueue_in_sequence: String,
     max_args_bytes: String,
@@ -45,10 +45,10 @@ impl Statements {
                 "COPY {s}.ready_entries (ready_slot, lane_id, lane_pos, job_id, queue, kind, args, priority, \
                  attempt, run_lease, max_attempts, timeout_ms, traceparent) FROM STDIN (FORMAT csv)"
             ),
-            ensure_lanes: format!("SELECT count({s}.ensure_lane($1, p::smallint)) FROM generate_series(1, 4) p"),
-            queue_lanes_exist: format!(
-                "SELECT count(*) = 4 * {s}.lane_base_shards() FROM {s}.queue_lanes
-                 WHERE queue = $1 AND shard < {s}.lane_base_shards()"
+            ensure_lane: format!("SELECT 1 FROM {s}.ensure_lane($1, $2)"),
+            lane_exists: format!(
+                "SELECT count(*) = {s}.lane_base_shards() FROM {s}.queue_lanes
+                 WHERE queue = $1 AND priority = $2 AND shard < {s}.lane_base_shards()"
             ),
             enqueue_in_sequence: format!("SELECT {s}.enqueue_in_sequence($1, $2, $3)"),
             insert_unique: format!(
@@ -115,55 +115,85 @@ pub struct Inserted {
 }
 
 impl Storage {
-    /// Create the queue's four lanes (priorities 1..=4) in a transaction of their own, once per
-    /// process. Creating a lane inside a caller's transaction would hold the lane-creation lock until
-    /// that transaction ends and block every other producer of the queue.
+    /// Create the queue and its lane at the default priority in a transaction of its own, once per
+    /// process. A queue's other priorities get their lanes when a job first uses them
+    /// (`ensure_lane`).
     pub async fn ensure_queue(&self, queue: &str) -> Result<()> {
+        self.ensure_lane(queue, crate::job::DEFAULT_PRIORITY).await
+    }
+
+    /// Create the lane of (queue, priority), its base shards, in a transaction of its own, once per
+    /// process. Creating a lane inside a caller's transaction would hold the lane-creation lock
+    /// until that transaction ends and block every other producer of the queue. Only the
+    /// priorities a queue uses get lanes: every claim reads each lane's segment sequence, and a
+    /// sequence read opens and locks a relation.
+    pub async fn ensure_lane(&self, queue: &str, priority: i16) -> Result<()> {
         crate::job::validate_name("queue name", queue)?;
-        if self
-            .known_queues
-            .lock()
-            .map(|q| q.contains(queue))
-            .unwrap_or(false)
-        {
+        crate::job::validate_priority(priority)?;
+        if self.lane_known(queue, priority) {
             return Ok(());
         }
-        sqlx::query(&self.sql.queue_ring.ensure_lanes)
+        sqlx::query(&self.sql.queue_ring.ensure_lane)
             .bind(queue)
+            .bind(priority)
             .execute(self.db())
             .await?;
-        if let Ok(mut known) = self.known_queues.lock() {
-            known.insert(queue.to_string());
-        }
+        self.learn_lane(queue, priority);
         Ok(())
     }
 
-    /// `ensure_queue` for an insert on `conn`: when the lanes already exist (the common case for a
-    /// process that has not seen the queue yet) this is learnt on `conn` itself, so a producer
-    /// holding a transaction never needs a second pool connection, and a pool's worth of concurrent
-    /// transactional producers cannot starve one another. Only a queue's first use anywhere takes a
-    /// pool connection to create its lanes.
-    async fn ensure_queue_from(&self, conn: &mut PgConnection, queue: &str) -> Result<()> {
-        crate::job::validate_name("queue name", queue)?;
-        let known = self
-            .known_queues
+    fn lane_known(&self, queue: &str, priority: i16) -> bool {
+        self.known_lanes
             .lock()
-            .map(|q| q.contains(queue))
-            .unwrap_or(false);
-        if known {
+            .map(|known| known.contains(&(queue.to_string(), priority)))
+            .unwrap_or(false)
+    }
+
+    fn learn_lane(&self, queue: &str, priority: i16) {
+        if let Ok(mut known) = self.known_lanes.lock() {
+            known.insert((queue.to_string(), priority));
+        }
+    }
+
+    /// `ensure_lane` for an insert on `conn`: when the lane already exists (the common case for a
+    /// process that has not seen it yet) this is learnt on `conn` itself, so a producer holding a
+    /// transaction never needs a second pool connection, and a pool's worth of concurrent
+    /// transactional producers cannot starve one another. Only a lane's first use anywhere takes a
+    /// pool connection to create it.
+    async fn ensure_lane_from(
+        &self,
+        conn: &mut PgConnection,
+        queue: &str,
+        priority: i16,
+    ) -> Result<()> {
+        crate::job::validate_name("queue name", queue)?;
+        crate::job::validate_priority(priority)?;
+        if self.lane_known(queue, priority) {
             return Ok(());
         }
-        let exists: bool = sqlx::query_scalar(&self.sql.queue_ring.queue_lanes_exist)
+        let exists: bool = sqlx::query_scalar(&self.sql.queue_ring.lane_exists)
             .bind(queue)
+            .bind(priority)
             .fetch_one(self.on(conn))
             .await?;
         if exists {
-            if let Ok(mut known) = self.known_queues.lock() {
-                known.insert(queue.to_string());
-            }
+            self.learn_lane(queue, priority);
             return Ok(());
         }
-        self.ensure_queue(queue).await
+        self.ensure_lane(queue, priority).await
+    }
+
+    /// `ensure_lane_from` for the lane of each of `jobs`.
+    pub(crate) async fn ensure_lanes_from<'a>(
+        &self,
+        conn: &mut PgConnection,
+        jobs: impl Iterator<Item = &'a NewJob>,
+    ) -> Result<()> {
+        for job in jobs {
+            self.ensure_lane_from(conn, &job.queue, job.priority)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Insert one job on `conn` (a pool connection or the caller's transaction).
@@ -258,7 +288,7 @@ impl Storage {
         Ok(ids)
     }
 
-    /// Write the jobs (their lanes first, if this process has not seen their queues) on `conn`.
+    /// Write the jobs (their lanes first, if this process has not seen them) on `conn`.
     async fn insert_groups(
         &self,
         conn: &mut PgConnection,
@@ -266,9 +296,7 @@ impl Storage {
         texts: &[Encoded],
         now: DateTime<Utc>,
     ) -> Result<Vec<Inserted>> {
-        for job in jobs {
-            self.ensure_queue_from(conn, &job.queue).await?;
-        }
+        self.ensure_lanes_from(conn, jobs.iter()).await?;
         let mut ids: Vec<Inserted> = (0..jobs.len())
             .map(|_| Inserted {
                 job_id: 0,

@@ -73,6 +73,7 @@ impl Storage {
         workflow: &Workflow,
     ) -> Result<InsertedWorkflow> {
         let steps = workflow.to_json(false)?;
+        self.ensure_lanes_from(conn, workflow.jobs()).await?;
         let rows = sqlx::query(&self.sql.workflows.enqueue_workflow)
             .bind(&steps)
             .fetch_all(self.on(conn))
@@ -98,6 +99,7 @@ impl Storage {
         workflow: &Workflow,
     ) -> Result<InsertedWorkflow> {
         let steps = workflow.to_json(true)?;
+        self.ensure_lanes_from(conn, workflow.jobs()).await?;
         let rows: Vec<(String, i64)> = sqlx::query_as(&self.sql.workflows.add_steps)
             .bind(workflow_id)
             .bind(&steps)
@@ -223,6 +225,7 @@ impl Storage {
     ) -> Result<InsertedBatch> {
         let members = batch.members_json()?;
         let (callback, success_only) = batch.callback_json()?;
+        self.ensure_lanes_from(conn, batch.jobs()).await?;
         let rows: Vec<(i64, i64, bool)> = sqlx::query_as(&self.sql.workflows.enqueue_batch)
             .bind(&members)
             .bind(&callback)
@@ -252,10 +255,11 @@ impl Storage {
         batch_id: i64,
         members: &[crate::NewJob],
     ) -> Result<Vec<i64>> {
-        let members = crate::workflow::members_json(members)?;
+        let members_json = crate::workflow::members_json(members)?;
+        self.ensure_lanes_from(conn, members.iter()).await?;
         Ok(sqlx::query_scalar(&self.sql.workflows.batch_add)
             .bind(batch_id)
-            .bind(&members)
+            .bind(&members_json)
             .fetch_all(self.on(conn))
             .await?)
     }
@@ -266,14 +270,16 @@ impl Storage {
         &self,
         conn: &mut PgConnection,
         batch_id: i64,
-        callback: &crate::NewJob,
+        callback_job: &crate::NewJob,
         success_only: bool,
     ) -> Result<i64> {
         let callback = crate::workflow::job_json(
-            callback,
+            callback_job,
             &crate::trace_context::current_traceparent(),
             "batch callback",
         )?;
+        self.ensure_lanes_from(conn, std::iter::once(callback_job))
+            .await?;
         Ok(sqlx::query_scalar(&self.sql.workflows.seal_batch)
             .bind(batch_id)
             .bind(&callback)

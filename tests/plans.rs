@@ -282,6 +282,7 @@ async fn per_call_helpers_keep_their_plans_for_the_session() {
         "count_running_from",
         "claimed_since",
         "multirange_size",
+        "workflow_steps_plain",
     ] {
         let language: String = sqlx::query_scalar(
             "SELECT l.lanname::text FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang \

@@ -1342,3 +1342,46 @@ async fn a_dead_lettered_sequence_job_holds_its_key_until_retried_or_purged() {
     );
     db.cleanup().await;
 }
+
+/// A step's release keeps its plans for the session, so they may have been made while
+/// `workflow_steps` held a handful of rows. Each step must still be found by an index probe once the
+/// table is large: a cached plan that scans it whole would cost every later release a pass over
+/// every step of every workflow kept.
+#[tokio::test]
+async fn a_release_planned_on_a_small_steps_table_never_scans_it_once_large() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // this connection's session caches the release's plans with the table nearly empty
+    let mut session = db.pool.acquire().await.unwrap();
+    storage
+        .insert_workflow(&mut session, &Workflow::new().step(step("first", &[])))
+        .await
+        .unwrap();
+    // then the table grows, through another session
+    let mut wide = Workflow::new();
+    for n in 0..3000 {
+        wide = wide.step(step(&format!("s{n}"), &[]));
+    }
+    insert(&db, wide).await;
+
+    let mut tx = sqlx::Connection::begin(&mut *session).await.unwrap();
+    let chain = Workflow::new().step(step("a", &[])).step(step("b", &["a"]));
+    let inserted = storage.insert_workflow(&mut tx, &chain).await.unwrap();
+    let scans: i64 = sqlx::query_scalar(&format!(
+        "SELECT seq_scan FROM pg_stat_xact_user_tables \
+         WHERE schemaname = '{}' AND relname = 'workflow_steps'",
+        db.schema
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(scans, 0, "sequential scans of workflow_steps in one insert");
+    let (pending, available) = counts_of(&storage).await;
+    assert_eq!(
+        (pending, available),
+        (1, 3002),
+        "a released at once, b waits for it: {inserted:?}"
+    );
+    db.cleanup().await;
+}

@@ -1353,10 +1353,13 @@ async fn a_release_planned_on_a_small_steps_table_never_scans_it_once_large() {
     let storage = db.storage();
     // this connection's session caches the release's plans with the table nearly empty
     let mut session = db.pool.acquire().await.unwrap();
-    storage
-        .insert_workflow(&mut session, &Workflow::new().step(step("first", &[])))
-        .await
-        .unwrap();
+    // more than five calls: past the plan cache's custom plans for a plan_cache_mode of auto
+    for _ in 0..8 {
+        storage
+            .insert_workflow(&mut session, &Workflow::new().step(step("first", &[])))
+            .await
+            .unwrap();
+    }
     // then the table grows, through another session
     let mut wide = Workflow::new();
     for n in 0..3000 {
@@ -1380,8 +1383,101 @@ async fn a_release_planned_on_a_small_steps_table_never_scans_it_once_large() {
     let (pending, available) = counts_of(&storage).await;
     assert_eq!(
         (pending, available),
-        (1, 3002),
+        (1, 3009),
         "a released at once, b waits for it: {inserted:?}"
     );
+    db.cleanup().await;
+}
+
+/// On `conn`, in one transaction: claim every available job of the default queue and complete
+/// them. Returns the jobs completed and the rows the workflow tables gave up meanwhile (tuples
+/// read by sequential and index scans) and their sequential scans.
+async fn claim_and_complete_on(
+    conn: &mut sqlx::PgConnection,
+    schema: &str,
+) -> (Vec<i64>, i64, i64) {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let claimed: Vec<(i32, i64, i64, i64)> = sqlx::query_as(&format!(
+        "SELECT claim_slot, receipt_id, job_id, run_lease FROM {schema}.claim('default', 100)"
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    let completed: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {schema}.complete_batch($1, $2, $3, $4) WHERE accepted"
+    ))
+    .bind(claimed.iter().map(|c| c.0).collect::<Vec<_>>())
+    .bind(claimed.iter().map(|c| c.1).collect::<Vec<_>>())
+    .bind(claimed.iter().map(|c| c.2).collect::<Vec<_>>())
+    .bind(claimed.iter().map(|c| c.3).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    let (read, scans): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0)::int8, \
+                coalesce(sum(coalesce(seq_scan, 0)), 0)::int8 \
+         FROM pg_stat_xact_user_tables WHERE schemaname = '{schema}' AND relname LIKE 'workflow%'"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    (completed, read, scans)
+}
+
+/// Settling a completed step keeps its plans for the session too (planning them at every
+/// completion was most of a workflow step's cost), so they may have been made on nearly empty
+/// workflow tables. Once those hold thousands of rows, a completion must still read only the rows
+/// of its own workflow.
+#[tokio::test]
+async fn a_settle_planned_on_small_workflow_tables_reads_only_its_workflow_once_they_are_large() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let schema = db.schema.to_string();
+    let chain = || Workflow::new().step(step("a", &[])).step(step("b", &["a"]));
+    // this connection's session settles a small chain first: its plans are made now
+    let mut session = db.pool.acquire().await.unwrap();
+    storage
+        .insert_workflow(&mut session, &chain())
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let (completed, _, _) = claim_and_complete_on(&mut session, &schema).await;
+        assert_eq!(completed.len(), 1);
+    }
+    // then a 1 -> 2,000 -> 1 workflow runs to its end through other sessions
+    let mut wide = Workflow::new().step(step("root", &[]));
+    let children: Vec<String> = (0..2000).map(|n| format!("c{n}")).collect();
+    for child in &children {
+        wide = wide.step(step(child, &["root"]));
+    }
+    let names: Vec<&str> = children.iter().map(String::as_str).collect();
+    wide = wide.step(step("fan-in", &names));
+    insert(&db, wide).await;
+    let mut done = 0;
+    loop {
+        let claimed = storage.claim("default", 4096, None).await.unwrap();
+        if claimed.is_empty() {
+            break;
+        }
+        let refs: Vec<_> = claimed.iter().map(|c| c.attempt_ref()).collect();
+        done += storage.complete_batch(&refs).await.unwrap().len();
+    }
+    assert_eq!(done, 2002);
+
+    storage
+        .insert_workflow(&mut session, &chain())
+        .await
+        .unwrap();
+    let (completed, read, scans) = claim_and_complete_on(&mut session, &schema).await;
+    assert_eq!(completed.len(), 1, "a");
+    assert_eq!(scans, 0, "sequential scans of the workflow tables");
+    // about 40 (index probes of the chain's own rows); the tables hold over 6,000
+    assert!(
+        read <= 100,
+        "{read} rows of the workflow tables read to settle one step"
+    );
+    let (completed, _, _) = claim_and_complete_on(&mut session, &schema).await;
+    assert_eq!(completed.len(), 1, "b, released by a");
     db.cleanup().await;
 }

@@ -28,9 +28,11 @@ LANGUAGE sql AS $$
 $$;
 
 -- Lock the workflows these jobs are steps of, in one order. One index probe per job: with no
--- workflows this is the whole cost the feature adds to a completion batch.
+-- workflows this is the whole cost the feature adds to a completion batch. Sequential scans off:
+-- its plan is cached for the session (a completion's plans are generic), and one made while
+-- workflow_steps was nearly empty scanned the table whole at every completion once it was large.
 CREATE OR REPLACE FUNCTION __S__.lock_workflows_of(p_job_ids bigint[]) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_found boolean := false;
     v_workflow bigint;
@@ -125,7 +127,8 @@ $$;
 -- thousand sequences, is a handful of statements and one segment per queue.
 CREATE OR REPLACE FUNCTION __S__.workflow_settle_many(p_workflow_ids bigint[], p_steps text[], p_run_leases bigint[],
                                                       p_outcomes text[]) RETURNS void
-LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_generic_plan
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     -- the engine's clock, read once (as in workflow_release_many)
     v_now timestamptz := __S__.engine_now();
@@ -251,7 +254,8 @@ $$;
 -- states (completed, failed, cancelled, dead_lettered: failed for a dependent).
 CREATE OR REPLACE FUNCTION __S__.workflow_settle(p_job_ids bigint[], p_run_leases bigint[], p_outcomes text[])
 RETURNS void
-LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = force_generic_plan
+    SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
     v_workflows bigint[];
     v_steps text[];

@@ -13,10 +13,13 @@
 -- while it cancels the running steps, never waits in a cycle with a completion.
 --
 -- JIT is off in this plane's functions: their statements over a call's JSON steps are estimated
--- far above jit_above_cost, and compiling them took ten times longer than running them. And they
--- plan every statement for its arguments (force_custom_plan): a workflow's tables grow by
--- thousands of rows in seconds, and a plan cached while they were small scanned them whole for
--- every step (a fan-in's completion batches slowed from 60 ms to 900 ms as its arrivals grew).
+-- far above jit_above_cost, and compiling them took ten times longer than running them. A
+-- workflow's tables grow by thousands of rows in seconds, and a plan cached while they were small
+-- scanned them whole for every step (a fan-in's completion batches slowed from 60 ms to 900 ms as
+-- its arrivals grew). So a function either plans every statement for its arguments
+-- (force_custom_plan) or, on the paths every step takes (settle, release), keeps its plans with
+-- sequential scans, hash and merge joins off: each lookup is then an index probe of its own
+-- workflow (docs/storage.md, "Plans").
 --
 -- Every function of the engine is defined exactly once, in the file of its plane, and installed with
 -- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function

@@ -183,15 +183,21 @@ impl Storage {
         self.ensure_lane(queue, priority).await
     }
 
-    /// `ensure_lane_from` for the lane of each of `jobs`.
+    /// `ensure_lane_from` for the lane of each of `jobs`, each lane once.
     pub(crate) async fn ensure_lanes_from<'a>(
         &self,
         conn: &mut PgConnection,
         jobs: impl Iterator<Item = &'a NewJob>,
     ) -> Result<()> {
+        let mut lanes: Vec<(&str, i16)> = Vec::new();
         for job in jobs {
-            self.ensure_lane_from(conn, &job.queue, job.priority)
-                .await?;
+            let lane = (job.queue.as_str(), job.priority);
+            if !lanes.contains(&lane) {
+                lanes.push(lane);
+            }
+        }
+        for (queue, priority) in lanes {
+            self.ensure_lane_from(conn, queue, priority).await?;
         }
         Ok(())
     }

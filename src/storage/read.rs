@@ -166,11 +166,11 @@ fn listed(rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<ListedJob>> {
 const MAX_LIST_CALLS: usize = 32;
 
 /// How many queues one statement counts. Counting a queue reads the two sequences of each of its
-/// lane shards (8 shards for each priority it uses, up to 64 sequences), and a statement holds a lock on every
-/// sequence it read until it ends: one statement over every queue took 64 locks per queue from
-/// the server's shared lock table (about 64 x max_connections entries, 6,400 by default), so from
-/// about 100 queues it failed with "out of shared memory", and failed other sessions' lock requests
-/// while it ran.
+/// lane shards (8 shards for each priority it uses, up to 64 sequences), and a statement holds a
+/// lock on every sequence it read until it ends: one statement over every queue took 64 locks per
+/// queue from the server's shared lock table (about 64 x max_connections entries, 6,400 by
+/// default), so from about 100 queues it failed with "out of shared memory", and failed other
+/// sessions' lock requests while it ran.
 const COUNTED_PER_STATEMENT: usize = 8;
 
 /// How many of those statements a page of queue counts runs at once (each on its own connection).

@@ -1370,14 +1370,7 @@ async fn a_release_planned_on_a_small_steps_table_never_scans_it_once_large() {
     let mut tx = sqlx::Connection::begin(&mut *session).await.unwrap();
     let chain = Workflow::new().step(step("a", &[])).step(step("b", &["a"]));
     let inserted = storage.insert_workflow(&mut tx, &chain).await.unwrap();
-    let scans: i64 = sqlx::query_scalar(&format!(
-        "SELECT seq_scan FROM pg_stat_xact_user_tables \
-         WHERE schemaname = '{}' AND relname = 'workflow_steps'",
-        db.schema
-    ))
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let (_, scans) = table_reads(&mut tx, db.schema.as_str(), "workflow_steps").await;
     tx.commit().await.unwrap();
     assert_eq!(scans, 0, "sequential scans of workflow_steps in one insert");
     let (pending, available) = counts_of(&storage).await;
@@ -1413,16 +1406,24 @@ async fn claim_and_complete_on(
     .fetch_all(&mut *tx)
     .await
     .unwrap();
-    let (read, scans): (i64, i64) = sqlx::query_as(&format!(
-        "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0)::int8, \
-                coalesce(sum(coalesce(seq_scan, 0)), 0)::int8 \
-         FROM pg_stat_xact_user_tables WHERE schemaname = '{schema}' AND relname LIKE 'workflow%'"
-    ))
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let (read, scans) = table_reads(&mut tx, schema, "workflow%").await;
     tx.commit().await.unwrap();
     (completed, read, scans)
+}
+
+/// The rows the tables named like `tables` gave up in this transaction so far (tuples read by
+/// sequential and index scans), and their sequential scans.
+async fn table_reads(conn: &mut sqlx::PgConnection, schema: &str, tables: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT coalesce(sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)), 0)::int8, \
+                coalesce(sum(coalesce(seq_scan, 0)), 0)::int8 \
+         FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname LIKE $2",
+    )
+    .bind(schema)
+    .bind(tables)
+    .fetch_one(conn)
+    .await
+    .unwrap()
 }
 
 /// Settling a completed step keeps its plans for the session too (planning them at every

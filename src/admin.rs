@@ -164,6 +164,23 @@ impl Admin {
             .await
     }
 
+    /// Search the archive by argument content, newest first, `limit` a page from the page key
+    /// `after`. Finds only jobs archived while the schema's `archive_search` setting was on.
+    pub async fn search_archive(
+        &self,
+        search: &crate::ArchiveSearch,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::ArchiveSearchPage> {
+        self.storage.search_archive(search, after, limit).await
+    }
+
+    /// Turn archive search on or off for the schema: while on, the archive copy indexes each
+    /// finished job's arguments for [`Admin::search_archive`].
+    pub async fn set_archive_search(&self, on: bool) -> Result<()> {
+        self.storage.set_archive_search(on).await
+    }
+
     /// Cancel a job by id, wherever it is: an available or scheduled job never runs, a running
     /// one has its claim closed and its handler signalled. `reason` is recorded (cut to the
     /// schema's bound).

@@ -75,12 +75,13 @@ pub use schema::{RingSizes, SchemaName};
 #[doc(hidden)]
 pub use storage::Storage;
 pub use storage::{
-    ArchiveSpan, ArchiveTable, ArgsText, AttemptRef, AwaitOutcome, BulkOutcome, CallbackAction,
-    CallbackOutcome, CancelOutcome, ClaimedJob, CloseOutcome, DeadLetter, HistoryEntry,
-    HorizonHolder, Inserted, JobFilter, JobPage, JobRecord, JobState, KeyInUse, KeyLimit,
-    LimitsInUse, ListedJob, Outcome, PendingJob, ProcessSession, Progress, ProgressRecord,
-    PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune, Readiness, ReplicaStatus,
-    RingSlot, ScheduleRecord, TableHealth, BULK_CANCEL_STATES, BULK_RETRY_STATES,
+    ArchiveSearch, ArchiveSearchPage, ArchiveSpan, ArchiveTable, ArgsText, AttemptRef,
+    AwaitOutcome, BulkOutcome, CallbackAction, CallbackOutcome, CancelOutcome, ClaimedJob,
+    CloseOutcome, DeadLetter, HistoryEntry, HorizonHolder, Inserted, JobFilter, JobPage, JobRecord,
+    JobState, KeyInUse, KeyLimit, LimitsInUse, ListedJob, Outcome, PendingJob, ProcessSession,
+    Progress, ProgressRecord, PruneBlocker, PruneResult, QueueCounts, QueueLimits, QueueSlotPrune,
+    Readiness, ReplicaStatus, RingSlot, ScheduleRecord, TableHealth, ARCHIVE_SEARCH_CAP,
+    BULK_CANCEL_STATES, BULK_RETRY_STATES,
 };
 pub use telemetry::Telemetry;
 pub use workflow::{

@@ -104,6 +104,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "pending_counts",
         include_str!("../migrations/0025_pending_counts.sql"),
     ),
+    (
+        "archive_search",
+        include_str!("../migrations/0026_archive_search.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -482,6 +486,8 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     // terminal history: INSERT-only rings of time buckets, reclaimed by TRUNCATE of a whole bucket
     ("archived_completion_batches", ChurnClass::Ring),
     ("archived_jobs", ChurnClass::Ring),
+    // archive search (migration 0026): one row per archived job while the setting is on
+    ("archived_job_args", ChurnClass::Ring),
     // durable terminal totals: appended at prune, folded and truncated a time bucket at a time
     ("terminal_totals", ChurnClass::Ring),
     // one INSERT per fire of a schedule; a schedule's fires older than a week deleted with a newer one

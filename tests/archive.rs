@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use ringwork::{
-    ArchiveTable, CancelOutcome, ClaimedJob, CloseOutcome, JobStatus, NewJob, PruneResult,
-    QueueSlotPrune, Storage,
+    ArchiveSearch, ArchiveTable, CancelOutcome, ClaimedJob, CloseOutcome, JobStatus, NewJob,
+    PruneResult, QueueSlotPrune, Storage,
 };
 use serde_json::json;
 use support::TestDb;
@@ -548,6 +548,7 @@ async fn rows_finished_after_the_archive_ahead_are_copied_by_the_prune_and_only_
     let db = TestDb::new().await;
     let storage = db.storage();
     // a producer's transaction open across the seal: its rows land in the slot after the copy
+    archive_search_on(&db).await;
     let (slot, early, producer) = three_completed_jobs_in_a_sealed_slot(&db, &storage, true).await;
     let (late, producer) = producer.expect("a late producer");
     let options = prune_options();
@@ -610,6 +611,247 @@ async fn rows_finished_after_the_archive_ahead_are_copied_by_the_prune_and_only_
     assert_eq!(failed.state, "failed");
     let counts = &storage.queue_counts(Some("default")).await.unwrap()[0];
     assert_eq!((counts.completed, counts.failed), (4, 1));
+    // archive search indexed the first copy and the prune's, each job once
+    let mut searched = search_ids(&storage, &ArchiveSearch::default()).await;
+    searched.sort_unstable();
+    let mut expected = [early.clone(), late.clone()].concat();
+    expected.sort_unstable();
+    assert_eq!(searched, expected);
+    db.cleanup().await;
+}
+
+/// Archive search on for the test's schema.
+async fn archive_search_on(db: &TestDb) {
+    assert_eq!(
+        db.scalar_i64("SELECT {s}.set_setting('archive_search', 1)")
+            .await,
+        1
+    );
+}
+
+/// The ids an archive search lists over all its pages (two jobs a page), in the order listed.
+async fn search_ids(storage: &Storage, search: &ArchiveSearch) -> Vec<i64> {
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = storage
+            .search_archive(search, after.as_deref(), 2)
+            .await
+            .unwrap();
+        assert!(page.enabled && !page.too_wide, "{page:?}");
+        ids.extend(page.jobs.iter().map(|j| j.job_id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return ids,
+        }
+    }
+}
+
+fn search_for(args: serde_json::Value) -> ArchiveSearch {
+    ArchiveSearch {
+        args,
+        ..ArchiveSearch::default()
+    }
+}
+
+#[tokio::test]
+async fn archive_search_finds_finished_jobs_by_what_their_arguments_contain_through_its_index() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    archive_search_on(&db).await;
+    let (ids, _) = six_finished_jobs(&storage, &db).await;
+    assert_eq!(
+        support::rotate_and_prune(&storage, DAY).await,
+        vec![PruneResult::Pruned]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_job_args")
+            .await,
+        6,
+        "one row per archived job"
+    );
+
+    // the completed, the failed and the cancelled job, each found by its arguments
+    let page = storage
+        .search_archive(&search_for(json!({ "n": 2 })), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(page.jobs.len(), 1, "{page:?}");
+    let found = &page.jobs[0];
+    assert_eq!(
+        (
+            found.job_id,
+            found.state,
+            found.kind.as_str(),
+            found.attempt
+        ),
+        (ids[2], JobStatus::Completed, "archived_kind", 1)
+    );
+    assert_eq!(found.args, r#"{"n": 2}"#);
+    for (n, state) in [(4, JobStatus::Failed), (5, JobStatus::Cancelled)] {
+        let page = storage
+            .search_archive(&search_for(json!({ "n": n })), None, 10)
+            .await
+            .unwrap();
+        let listed: Vec<_> = page.jobs.iter().map(|j| (j.job_id, j.state)).collect();
+        assert_eq!(listed, vec![(ids[n as usize], state)]);
+    }
+    // filters narrow it: the completed job is not failed, nor in another queue
+    for search in [
+        ArchiveSearch {
+            state: Some(JobStatus::Failed),
+            ..search_for(json!({ "n": 2 }))
+        },
+        ArchiveSearch {
+            queue: Some("elsewhere".into()),
+            ..search_for(json!({ "n": 2 }))
+        },
+        ArchiveSearch {
+            until: Some(chrono::Utc::now() - chrono::Duration::hours(1)),
+            ..search_for(json!({ "n": 2 }))
+        },
+        search_for(json!({ "n": 2, "other": true })),
+    ] {
+        let page = storage.search_archive(&search, None, 10).await.unwrap();
+        assert!(page.jobs.is_empty(), "{search:?}: {page:?}");
+    }
+    // every job matches {}: listed newest first over pages of two, each once
+    let all = search_ids(&storage, &search_for(json!({}))).await;
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ids);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn archive_search_refuses_a_search_too_wide_to_order_and_bad_input_clearly() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // off by default: nothing is indexed, and the page says so
+    let (_, _) = six_finished_jobs(&storage, &db).await;
+    assert_eq!(
+        support::rotate_and_prune(&storage, DAY).await,
+        vec![PruneResult::Pruned]
+    );
+    assert_eq!(archived_rows(&db).await, (1, 2));
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_job_args")
+            .await,
+        0,
+        "archive search off writes nothing"
+    );
+    let page = storage
+        .search_archive(&search_for(json!({})), None, 10)
+        .await
+        .unwrap();
+    assert!(!page.enabled && page.jobs.is_empty(), "{page:?}");
+
+    // more matches than the cap: refused as too wide, not read whole; a narrower one is served
+    archive_search_on(&db).await;
+    db.exec(&format!(
+        "INSERT INTO {{s}}.archived_job_args (archive_bucket, job_id, run_lease, queue, kind, state, \
+         attempt, finalized_at, args) \
+         SELECT 0, g, 1, 'default', 'wide', 'completed', 1, now() - g * interval '1 ms', \
+                jsonb_build_object('wide', true, 'n', g) \
+         FROM generate_series(1, {}) g",
+        ringwork::ARCHIVE_SEARCH_CAP + 1
+    ))
+    .await;
+    let wide = storage
+        .search_archive(&search_for(json!({ "wide": true })), None, 10)
+        .await
+        .unwrap();
+    assert!(wide.too_wide && wide.jobs.is_empty(), "{wide:?}");
+    let narrow = storage
+        .search_archive(&search_for(json!({ "wide": true, "n": 7 })), None, 10)
+        .await
+        .unwrap();
+    assert!(!narrow.too_wide);
+    assert_eq!(
+        narrow.jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+        vec![7]
+    );
+    // found through the index: the narrow search scans nothing whole and fetches a handful of
+    // the 10,001 rows (the counters, read before and after on one connection, are the session's
+    // not yet flushed, so only their difference is this search's)
+    let mut tx = db.pool.begin().await.unwrap();
+    let reads = "SELECT coalesce(sum(coalesce(idx_tup_fetch, 0)), 0)::int8, \
+                        coalesce(sum(coalesce(seq_scan, 0)), 0)::int8 \
+                 FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname LIKE 'archived_job_args%'";
+    let (fetched_before, scans_before): (i64, i64) = sqlx::query_as(reads)
+        .bind(db.schema.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let found: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.search_archive('{{\"wide\": true, \"n\": 7}}', NULL, NULL, NULL, \
+         NULL, NULL, NULL, NULL, 10, 10000)",
+        db.schema.as_str()
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(found, 1);
+    let (fetched, scans): (i64, i64) = sqlx::query_as(reads)
+        .bind(db.schema.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(scans - scans_before, 0);
+    let fetched = fetched - fetched_before;
+    assert!(
+        (1..=10).contains(&fetched),
+        "{fetched} rows fetched for one match"
+    );
+    tx.rollback().await.unwrap();
+
+    // bad input: a clear error each, and the setting takes only on or off
+    for (search, after, says) in [
+        (
+            ArchiveSearch {
+                state: Some(JobStatus::Available),
+                ..search_for(json!({}))
+            },
+            None,
+            "completed, failed and cancelled",
+        ),
+        (
+            ArchiveSearch {
+                queue: Some("bad queue\u{0}".into()),
+                ..search_for(json!({}))
+            },
+            None,
+            "queue name",
+        ),
+        (search_for(json!({ "s": "a\u{0}b" })), None, "NUL"),
+        (
+            search_for(json!({ "s": "x".repeat(5000) })),
+            None,
+            "4,096 bytes",
+        ),
+        (search_for(json!({})), Some("L1:2"), "page key"),
+        (
+            search_for(json!({})),
+            Some("T99999999999999999999:1"),
+            "page key",
+        ),
+    ] {
+        let err = storage
+            .search_archive(&search, after, 10)
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+    for bad in ["2", "0", "-1"] {
+        let err = sqlx::query(&format!(
+            "SELECT {}.set_setting('archive_search', {bad})",
+            db.schema.as_str()
+        ))
+        .execute(&db.pool)
+        .await
+        .expect_err("only 1 or NULL");
+        assert!(err.to_string().contains("archive_search"), "{err}");
+    }
     db.cleanup().await;
 }
 

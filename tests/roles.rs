@@ -232,6 +232,10 @@ async fn workers_producers_and_readers_run_without_create_on_the_schema() {
     }
     reading.load_job(ids[0]).await.unwrap().expect("the job");
     reading.job_args(ids[0], 100).await.unwrap();
+    reading
+        .search_archive(&ringwork::ArchiveSearch::default(), None, 10)
+        .await
+        .unwrap();
     refused(
         sqlx::query_scalar::<_, i64>(&format!("SELECT {schema}.enqueue('roles_q', 'k')"))
             .fetch_one(&as_reader)

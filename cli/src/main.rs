@@ -5,8 +5,8 @@ mod commands;
 
 use clap::{Parser, Subcommand};
 use commands::{
-    bulk, callback, counts, cron, demo, dlq, grant, job, maintain, migrate, queue, ring, serve,
-    status, work, workflow, Group, Result,
+    archive, bulk, callback, counts, cron, demo, dlq, grant, job, maintain, migrate, queue, ring,
+    serve, status, work, workflow, Group, Result,
 };
 
 #[derive(Parser)]
@@ -103,6 +103,11 @@ enum Command {
     ///
     /// Example: ringwork job 42 --json
     Job(job::ShowArgs),
+    /// Search the archive by what finished jobs' arguments contain; turn archive search on or
+    /// off.
+    ///
+    /// Example: ringwork archive search '{"customer": 42}' --state failed
+    Archive(Group<archive::Action>),
     /// Show a workflow's steps and state, or cancel it.
     ///
     /// Example: ringwork workflow show 7
@@ -136,6 +141,7 @@ async fn run(command: Command) -> Result<()> {
         Command::Serve(args) => serve::run(args).await,
         Command::Ring(args) => ring::run(args).await,
         Command::Job(args) => job::show(args).await,
+        Command::Archive(args) => archive::run(args).await,
         Command::Workflow(args) => workflow::run(args).await,
         Command::Work(args) => work::run(args).await,
         Command::Maintain(args) => maintain::run(args).await,

@@ -263,3 +263,73 @@ async fn cron_list_shows_a_declared_schedule_before_its_first_fire() {
     );
     db.drop().await.unwrap();
 }
+
+#[tokio::test]
+async fn archive_search_is_turned_on_and_finds_a_finished_job_by_its_arguments() {
+    let db = TestDatabase::new().await.unwrap();
+    let storage = db.storage();
+    let on = ringwork(&db, &["archive", "search-on"]);
+    assert!(on.status.success(), "{}", stderr(&on));
+    let jobs: Vec<_> = ["ada", "grace"]
+        .iter()
+        .map(|who| NewJob::from_parts("greet", json!({ "who": who })).unwrap())
+        .collect();
+    let mut conn = db.pool().acquire().await.unwrap();
+    let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    let claimed = storage.claim("default", 10, None).await.unwrap();
+    let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&refs).await.unwrap();
+    storage
+        .rotate_queue_ring(std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let options = ringwork::QueueSlotPrune {
+        lock_timeout: std::time::Duration::from_millis(250),
+        keep_completed: std::time::Duration::from_secs(86_400),
+        keep_failed: std::time::Duration::from_secs(86_400),
+        park_idle: None,
+    };
+    for slot in storage.sealed_queue_slots().await.unwrap() {
+        storage.prune_queue_slot_with(slot, &options).await.unwrap();
+    }
+
+    let found = ringwork(&db, &["archive", "search", r#"{"who": "grace"}"#]);
+    assert!(found.status.success(), "{}", stderr(&found));
+    let rows: Vec<_> = stdout(&found).lines().skip(1).map(str::to_string).collect();
+    assert_eq!(rows.len(), 1, "{}", stdout(&found));
+    assert!(rows[0].starts_with(&format!("{}\tcompleted\tdefault\tgreet\t1\t", ids[1])));
+    let none = ringwork(
+        &db,
+        &[
+            "archive",
+            "search",
+            r#"{"who": "grace"}"#,
+            "--state",
+            "failed",
+        ],
+    );
+    assert!(none.status.success());
+    assert_eq!(stdout(&none).lines().count(), 1, "the header only");
+
+    let bad = ringwork(&db, &["archive", "search", "{who: grace}"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("JSON"), "{}", stderr(&bad));
+    let bad = ringwork(&db, &["archive", "search", "{}", "--state", "running"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("completed, failed and cancelled"),
+        "{}",
+        stderr(&bad)
+    );
+    let off = ringwork(&db, &["archive", "search-off"]);
+    assert!(off.status.success(), "{}", stderr(&off));
+    let still = ringwork(&db, &["archive", "search", r#"{"who": "grace"}"#]);
+    assert!(stderr(&still).contains("archive search is off"));
+    assert_eq!(
+        stdout(&still).lines().count(),
+        2,
+        "what was indexed is still found"
+    );
+    db.drop().await.unwrap();
+}

@@ -167,6 +167,10 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         return;
     };
     let db = TestDatabase::new().await.unwrap();
+    // archive search on from the start, so the jobs below are indexed when they are archived
+    db.scalar_i64("SELECT {s}.set_setting('archive_search', 1)")
+        .await
+        .unwrap();
     let healed = Arc::new(AtomicBool::new(false));
     let runs = Arc::new(AtomicU32::new(0));
     let client = {
@@ -660,6 +664,52 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
         .await
         .contains("ready_entries"));
     screenshot(&browser, "storage").await;
+
+    // the archive: once a slot with the mail jobs is archived, archive search typed into its
+    // form finds the one sent to a@example.com
+    let archive_options = ringwork::QueueSlotPrune {
+        lock_timeout: Duration::from_millis(250),
+        keep_completed: Duration::from_secs(86_400),
+        keep_failed: Duration::from_secs(86_400),
+        park_idle: None,
+    };
+    let to_a = ringwork::ArchiveSearch {
+        args: serde_json::json!({ "to": "a@example.com" }),
+        ..ringwork::ArchiveSearch::default()
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            storage.rotate_queue_ring(Duration::ZERO).await.unwrap();
+            for slot in storage.sealed_queue_slots().await.unwrap() {
+                storage
+                    .archive_queue_slot_ahead(slot, &archive_options)
+                    .await
+                    .unwrap();
+            }
+            let page = storage.search_archive(&to_a, None, 10).await.unwrap();
+            !page.jobs.is_empty()
+        })
+        .await,
+        "the mail jobs were not archived"
+    );
+    browser.goto(&format!("{base}/archive")).await.unwrap();
+    browser
+        .find(Locator::Css("form.filters input[name='args']"))
+        .await
+        .unwrap()
+        .send_keys("{\"to\": \"a@example.com\"}\n")
+        .await
+        .unwrap();
+    wait_text(&browser, "table#found", "a@example.com").await;
+    assert_eq!(
+        browser
+            .find_all(Locator::Css("table#found tbody tr"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    screenshot(&browser, "archive").await;
 
     // live: the queues page updates in place (no reload), and holds still while paused
     browser.goto(&format!("{base}/queues")).await.unwrap();

@@ -326,6 +326,7 @@ async fn every_page_renders_beside_rows_no_worker_can_decode() {
         "/dashboard/queues",
         "/dashboard/dlq",
         "/dashboard/storage",
+        "/dashboard/archive?args=%7B%22x%22%3A%22%3Cscript%3Ex%22%7D",
         "/dashboard/callbacks",
         "/dashboard/schedules",
         "/dashboard/limits",

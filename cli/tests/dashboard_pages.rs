@@ -589,18 +589,6 @@ async fn finished_jobs_are_found_by_time_range_and_by_their_arguments() {
     .unwrap();
     let late = run(&["blue", "red"]).await;
     let (mut serve, addr) = serve(&db).await;
-    let shown = |page: &str| -> Vec<i64> {
-        page.match_indices("<tr data-job=\"")
-            .map(|(at, m)| {
-                page[at + m.len()..]
-                    .split('"')
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap()
-            })
-            .collect()
-    };
     let sorted = |mut ids: Vec<i64>| {
         ids.sort();
         ids
@@ -608,15 +596,15 @@ async fn finished_jobs_are_found_by_time_range_and_by_their_arguments() {
     let base = "/dashboard/jobs?state=completed&queue=paint";
     let (status, page) = get(addr, &format!("{base}&since={between}")).await;
     assert_eq!(status, 200, "{page}");
-    assert_eq!(sorted(shown(&page)), sorted(late.clone()));
+    assert_eq!(sorted(listed_jobs(&page)), sorted(late.clone()));
     let (_, page) = get(addr, &format!("{base}&before={between}")).await;
-    assert_eq!(sorted(shown(&page)), sorted(early.clone()));
+    assert_eq!(sorted(listed_jobs(&page)), sorted(early.clone()));
     // arguments: the red ones, in either range
     let (_, page) = get(addr, &format!("{base}&args=red")).await;
-    assert_eq!(shown(&page).len(), 3, "{page}");
+    assert_eq!(listed_jobs(&page).len(), 3, "{page}");
     assert!(page.contains("id=\"args-scope\""));
     let (_, page) = get(addr, &format!("{base}&args=red&since={between}")).await;
-    assert_eq!(shown(&page), vec![late[1]]);
+    assert_eq!(listed_jobs(&page), vec![late[1]]);
     // bad input is a clear 400
     for bad in [
         format!("{base}&since=yesterday"),
@@ -778,9 +766,12 @@ async fn queues_are_ordered_by_a_count_from_the_latest_sample() {
 }
 
 #[tokio::test]
-async fn each_archive_bucket_links_to_the_jobs_that_finished_in_it() {
+async fn each_archive_bucket_links_to_the_jobs_that_finished_in_it_and_archive_search_finds_them() {
     let db = TestDatabase::new().await.unwrap();
     let storage = db.storage();
+    db.scalar_i64("SELECT {s}.set_setting('archive_search', 1)")
+        .await
+        .unwrap();
     let jobs: Vec<_> = (0..3)
         .map(|n| {
             NewJob::from_parts("paint", json!({ "n": n }))
@@ -814,6 +805,9 @@ async fn each_archive_bucket_links_to_the_jobs_that_finished_in_it() {
     let (mut serve, addr) = serve(&db).await;
     let (status, page) = get(addr, "/dashboard/storage").await;
     assert_eq!(status, 200, "{page}");
+    assert!(page.contains("href=\"/dashboard/archive\""), "{page}");
+    let (status, page) = get(addr, "/dashboard/archive").await;
+    assert_eq!(status, 200, "{page}");
     let archive = &page[page
         .find("<table id=\"archive\"")
         .expect("the archive's buckets")..];
@@ -829,17 +823,7 @@ async fn each_archive_bucket_links_to_the_jobs_that_finished_in_it() {
     );
     let (status, listing) = get(addr, &link).await;
     assert_eq!(status, 200, "{listing}");
-    let mut listed: Vec<i64> = listing
-        .match_indices("<tr data-job=\"")
-        .map(|(at, m)| {
-            listing[at + m.len()..]
-                .split('"')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
+    let mut listed = listed_jobs(&listing);
     listed.sort();
     assert_eq!(listed, done, "the bucket's completed jobs");
     // the failed ones of the same bucket: none
@@ -847,6 +831,67 @@ async fn each_archive_bucket_links_to_the_jobs_that_finished_in_it() {
     let (status, listing) = get(addr, &failed).await;
     assert_eq!(status, 200);
     assert!(!listing.contains("<tr data-job=\""), "no job failed");
+
+    // archive search: the job whose arguments hold {"n": 1}, and with a state filter, none
+    let one = claimed
+        .iter()
+        .find(|j| j.args == json!({ "n": 1 }))
+        .expect("the job with n = 1")
+        .job_id;
+    let (status, found) = get(addr, "/dashboard/archive?args=%7B%22n%22%3A+1%7D").await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(listed_jobs(&found), vec![one]);
+    assert!(!found.contains("id=\"search-off\""), "{found}");
+    let (status, found) = get(
+        addr,
+        "/dashboard/archive?args=%7B%22n%22%3A+1%7D&state=failed&queue=paint",
+    )
+    .await;
+    assert_eq!(status, 200, "{found}");
+    assert!(listed_jobs(&found).is_empty() && found.contains("id=\"no-matches\""));
+    // every job matches {}
+    let (_, found) = get(addr, "/dashboard/archive?args=%7B%7D").await;
+    let mut all = listed_jobs(&found);
+    all.sort();
+    assert_eq!(all, done);
+    // bad input: a clear 400 each
+    for (bad, says) in [
+        ("/dashboard/archive?args=%7Bn%3A1", "JSON"),
+        (
+            "/dashboard/archive?args=%7B%7D&state=running",
+            "completed, failed and cancelled",
+        ),
+        ("/dashboard/archive?args=%7B%7D&after=L1%3A2", "page key"),
+        (
+            "/dashboard/archive?args=%7B%7D&since=yesterday",
+            "not a time",
+        ),
+    ] {
+        let (status, page) = get(addr, bad).await;
+        assert_eq!(status, 400, "{bad}: {page}");
+        assert!(page.contains(says), "{bad}: {page}");
+    }
+    // turned off, the page says so (what was indexed is still found)
+    db.scalar_i64("SELECT coalesce({s}.set_setting('archive_search', NULL), 0)")
+        .await
+        .unwrap();
+    let (_, found) = get(addr, "/dashboard/archive?args=%7B%22n%22%3A+1%7D").await;
+    assert!(found.contains("id=\"search-off\""), "{found}");
+    assert_eq!(listed_jobs(&found), vec![one]);
     serve.start_kill().unwrap();
     db.drop().await.unwrap();
+}
+
+/// The job ids a page lists (its `<tr data-job="…">` rows), in order.
+fn listed_jobs(page: &str) -> Vec<i64> {
+    page.match_indices("<tr data-job=\"")
+        .map(|(at, m)| {
+            page[at + m.len()..]
+                .split('"')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
 }

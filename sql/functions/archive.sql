@@ -21,6 +21,45 @@ LANGUAGE sql STABLE AS $$
             % __S__.archive_buckets())::int
 $$;
 
+-- Archive search (migration 0026): one archived_job_args row per job of the slot's terminal history
+-- that archive_slot copies, from the same rows and under the same keeps, while the archive_search
+-- setting is on. p_again: the slot was copied before (a mark exists), so rows already indexed are
+-- skipped by (job, run lease), as archive_slot skips rows already archived. Rows are bucketed by
+-- the longer keep, the keep retention cuts this table by.
+CREATE OR REPLACE FUNCTION __S__.archive_slot_search(p_slot int, p_keep_completed interval,
+                                                     p_keep_failed interval, p_again boolean)
+RETURNS void
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_keep interval := greatest(p_keep_completed, p_keep_failed);
+BEGIN
+    INSERT INTO __S__.archived_job_args (archive_bucket, job_id, run_lease, queue, kind, state, attempt,
+                                         finalized_at, args)
+    SELECT __S__.archive_bucket(x.finalized_at, v_keep), x.job_id, x.run_lease, x.queue, x.kind, x.state,
+           x.attempt, x.finalized_at, x.args
+    FROM (
+        SELECT u.job_id, u.run_lease, b.queue, e.kind, 'completed' AS state, e.attempt + 1 AS attempt,
+               b.finalized_at, e.args
+        FROM __S__.receipt_completion_batches b
+        CROSS JOIN LATERAL unnest(b.job_ids, b.run_leases) AS u(job_id, run_lease)
+        JOIN LATERAL (
+            SELECT r.kind, r.args, r.attempt FROM __S__.ready_entries r
+            WHERE r.ready_slot = p_slot AND r.job_id = u.job_id AND r.run_lease = u.run_lease - 1
+            LIMIT 1
+        ) e ON true
+        WHERE p_keep_completed > interval '0' AND b.ready_slot = p_slot
+          AND b.finalized_at > now() - p_keep_completed
+        UNION ALL
+        SELECT d.job_id, d.run_lease, d.queue, d.kind, d.state, d.attempt, d.finalized_at, d.args
+        FROM __S__.done_entries d
+        WHERE p_keep_failed > interval '0' AND d.ready_slot = p_slot AND d.finalized_at > now() - p_keep_failed
+    ) x
+    WHERE NOT p_again
+       OR NOT EXISTS (SELECT 1 FROM __S__.archived_job_args a
+                      WHERE a.job_id = x.job_id AND a.run_lease = x.run_lease);
+END
+$$;
+
 -- Append to the archive what a queue slot's generation holds of terminal history and the archive
 -- does not have yet, and mark how far that goes (queue_slot_archive_marks, migration 0016). A
 -- completion batch becomes one row: its arrays, plus its jobs' kinds, args, attempts and creation
@@ -94,6 +133,10 @@ BEGIN
           AND (v_marked_terminal IS NULL
                OR NOT EXISTS (SELECT 1 FROM __S__.archived_jobs a
                               WHERE a.job_id = d.job_id AND a.run_lease = d.run_lease));
+    END IF;
+    IF __S__.setting('archive_search') IS NOT NULL THEN
+        PERFORM __S__.archive_slot_search(p_slot, p_keep_completed, p_keep_failed,
+                                          v_marked_batches IS NOT NULL OR v_marked_terminal IS NOT NULL);
     END IF;
     INSERT INTO __S__.queue_slot_archive_marks (ready_slot, generation, completion_batches, terminal_rows,
                                                 ready_segments)
@@ -176,7 +219,7 @@ LANGUAGE sql STABLE AS $$
                    WHERE l.ready_slot = p_slot AND l.generation = p_generation AND l.event = 'sealed')
 $$;
 
--- Retention of one archive table ('completions' or 'jobs'): truncate every bucket other than the
+-- Retention of one archive table ('completions', 'jobs' or 'search'): truncate every bucket other than the
 -- current one whose newest row is older than p_keep, re-checked under its ACCESS EXCLUSIVE lock,
 -- which is waited for at most p_lock_timeout (a busy bucket is tried again next tick). Returns the
 -- number of buckets truncated.
@@ -185,7 +228,8 @@ RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     v_parent text := CASE p_table WHEN 'completions' THEN 'archived_completion_batches'
-                                  WHEN 'jobs' THEN 'archived_jobs' END;
+                                  WHEN 'jobs' THEN 'archived_jobs'
+                                  WHEN 'search' THEN 'archived_job_args' END;
     v_current int := __S__.archive_bucket(now(), p_keep);
     v_child text;
     v_newest timestamptz;
@@ -208,6 +252,39 @@ BEGIN
     END LOOP;
     RETURN v_n;
 END
+$$;
+
+-- Archive search (migration 0026): the archived jobs whose arguments contain p_args (jsonb
+-- containment, through the GIN index), of a queue, kind and state when given, finalized in
+-- [p_since, p_until) when given, newest first after the page key (p_before_at, p_before_id), at
+-- most p_limit. The index yields its matches in no order, so ordering them means reading them all:
+-- a search reads at most p_cap + 1 matches, and `matched` says how many it read (p_cap + 1: too
+-- wide to order, narrow it). Rows whose slot is still in the ring are included: archived ahead,
+-- their jobs are final. Sequential scans off: a partition never analyzed has no statistics, and a
+-- scan of the archive is what the index is for.
+CREATE OR REPLACE FUNCTION __S__.search_archive(p_args jsonb, p_queue text, p_kind text, p_state text,
+                                                p_since timestamptz, p_until timestamptz,
+                                                p_before_at timestamptz, p_before_id bigint, p_limit int,
+                                                p_cap int)
+RETURNS TABLE (job_id bigint, state text, queue text, kind text, args jsonb, attempt int, at timestamptz,
+               page_key text, matched int)
+LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off AS $$
+    WITH m AS MATERIALIZED (
+        SELECT a.job_id, a.state, a.queue, a.kind, a.args, a.attempt, a.finalized_at
+        FROM __S__.archived_job_args a
+        WHERE a.args @> p_args
+          AND (p_queue IS NULL OR a.queue = p_queue) AND (p_kind IS NULL OR a.kind = p_kind)
+          AND (p_state IS NULL OR a.state = p_state)
+          AND (p_since IS NULL OR a.finalized_at >= p_since) AND (p_until IS NULL OR a.finalized_at < p_until)
+          AND (p_before_at IS NULL OR (a.finalized_at, a.job_id) < (p_before_at, p_before_id))
+        LIMIT p_cap + 1
+    )
+    SELECT m.job_id, m.state, m.queue, m.kind, m.args, m.attempt, m.finalized_at,
+           'T' || (extract(epoch FROM m.finalized_at) * 1000000)::bigint || ':' || m.job_id,
+           (SELECT count(*) FROM m)::int
+    FROM m
+    ORDER BY m.finalized_at DESC, m.job_id DESC
+    LIMIT p_limit
 $$;
 
 -- A job's archived terminal rows: completions (from the batch rows whose job range covers it) and

@@ -30,7 +30,8 @@ BEGIN
 END
 $$;
 
--- Set one of the schema's limits (queue_ring.sql, setting); NULL puts back the default. A running
+-- Set one of the schema's settings (queue_ring.sql, setting); NULL puts back the default. The
+-- limits take 64 and more; archive_search (archive.sql, archive_slot_search) is 1 (on) or NULL. A running
 -- Rust process reads max_args_bytes once, at its first insert: restart producers after lowering it
 -- (the SQL API and a process started after the change check the new value).
 CREATE OR REPLACE FUNCTION __S__.set_setting(p_name text, p_value bigint) RETURNS bigint
@@ -38,13 +39,16 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_max bigint;
 BEGIN
-    IF p_name IS NULL OR p_name NOT IN ('max_args_bytes', 'max_error_chars') THEN
-        RAISE EXCEPTION 'ringwork: unknown setting %: expected max_args_bytes or max_error_chars',
+    IF p_name IS NULL OR p_name NOT IN ('max_args_bytes', 'max_error_chars', 'archive_search') THEN
+        RAISE EXCEPTION 'ringwork: unknown setting %: expected max_args_bytes, max_error_chars or archive_search',
             quote_nullable(p_name) USING ERRCODE = '22023';
+    END IF;
+    IF p_name = 'archive_search' AND p_value IS DISTINCT FROM 1 AND p_value IS NOT NULL THEN
+        RAISE EXCEPTION 'ringwork: archive_search is 1 (on) or NULL (off), got %', p_value USING ERRCODE = '22023';
     END IF;
     -- errors are read back whole up to 65,536 characters (read.rs, MAX_DETAIL_CHARS)
     v_max := CASE p_name WHEN 'max_error_chars' THEN 65536 ELSE 268435456 END;
-    IF p_value IS NOT NULL AND p_value NOT BETWEEN 64 AND v_max THEN
+    IF p_value IS NOT NULL AND p_name <> 'archive_search' AND p_value NOT BETWEEN 64 AND v_max THEN
         RAISE EXCEPTION 'ringwork: % must be 64..%, got %', p_name, v_max, p_value USING ERRCODE = '22023';
     END IF;
     IF p_value IS NULL THEN

@@ -309,7 +309,8 @@ $$;
 
 -- The schema's limits on what a job carries: its arguments' JSON text in bytes (default 1 MiB) and
 -- a recorded error or cancel reason in characters (default 16,384; longer text is cut with a
--- marker, since a failing job must never be refused its failure). Set with set_setting.
+-- marker, since a failing job must never be refused its failure); and archive_search, NULL (off)
+-- by default. Set with set_setting.
 -- PL/pgSQL for the reason clock_offset is (clock.sql): a SQL body with a subquery is planned at
 -- every call; close_batch and every insert read it.
 CREATE OR REPLACE FUNCTION __S__.setting(p_name text) RETURNS bigint

@@ -233,6 +233,7 @@ impl Dashboard {
             .route("/processes", get(pages::processes))
             .route("/dlq", get(pages::dead_letters))
             .route("/dlq/{action}", post(dead_letter_action))
+            .route("/archive", get(pages::archive))
             .route("/storage", get(pages::storage))
             .route("/login", get(pages::login).post(login))
             .route("/logout", post(logout))
@@ -1065,7 +1066,7 @@ pub(crate) struct ListQuery {
     before: Option<String>,
     /// Finished (or dead-lettered) at or after this time.
     since: Option<String>,
-    /// Arguments whose text holds this.
+    /// Arguments whose text holds this (the jobs page); JSON they contain (the archive page).
     args: Option<String>,
 }
 

@@ -133,6 +133,7 @@ fn render_page(
         ("limits", "/limits", "Limits"),
         ("processes", "/processes", "Processes"),
         ("dlq", "/dlq", "Dead letters"),
+        ("archive", "/archive", "Archive"),
         ("storage", "/storage", "Storage"),
     ];
     let mode = match (&shared.actions, shared.may_act(headers)) {
@@ -624,6 +625,17 @@ fn time_field(value: Option<&str>) -> Result<Option<DateTime<Utc>>, String> {
     .ok_or_else(|| format!("{value:?} is not a time: use YYYY-MM-DDTHH:MM[:SS] (UTC)"))
 }
 
+/// A listing's time range, `(before, since)`: either end may be open.
+type TimeRange = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
+/// A listing's time range from its `before` and `since` fields.
+fn time_range(params: &ListQuery) -> Result<TimeRange, String> {
+    Ok((
+        time_field(ListQuery::get(&params.before))?,
+        time_field(ListQuery::get(&params.since))?,
+    ))
+}
+
 /// How many jobs of a listing one page reads at most when it filters by arguments: a bounded
 /// search of what the listing walks anyway, never a scan of a whole state.
 const ARGS_SCAN_ROWS: usize = 2_000;
@@ -722,12 +734,9 @@ pub(crate) async fn jobs(
     let bad = |message: String| {
         (StatusCode::BAD_REQUEST, message_page("Error", &message)).into_response()
     };
-    let (before, since) = match (
-        time_field(ListQuery::get(&params.before)),
-        time_field(ListQuery::get(&params.since)),
-    ) {
-        (Ok(before), Ok(since)) => (before, since),
-        (Err(e), _) | (_, Err(e)) => return bad(e),
+    let (before, since) = match time_range(&params) {
+        Ok(range) => range,
+        Err(e) => return bad(e),
     };
     let newest_first = crate::storage::Storage::page_key_before(state, Utc::now()).is_some();
     if (before.is_some() || since.is_some()) && !newest_first {
@@ -1763,25 +1772,9 @@ pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Resp
             }
         }
         h2 { "Archive" }
-        @if archive.is_empty() { p.muted id="no-archive" { "The archive holds no history yet: finished jobs are archived when their queue slot is pruned." } } @else {
-            p.muted id="archive-span" {
-                "History from " (archive.first().map(|a| when(a.oldest)).unwrap_or_default())
-                " to " (archive.iter().map(|a| a.newest).max().map(when).unwrap_or_default())
-                ", " (archive.len()) " buckets, " (archive.iter().map(|a| a.total_bytes).sum::<i64>() / 1024) " kB. Each bucket links to the jobs that finished within its span; the jobs page searches it further (queue, kind, arguments, a time range)."
-            }
-            table id="archive" {
-                thead { tr { th.num { "bucket" } th { "oldest" } th { "newest" } th.num { "completion batches (est.)" } th.num { "job rows (est.)" } th.num { "size (kB)" } th { "its jobs" } } }
-                tbody { @for a in &archive { tr {
-                    td.num { (a.bucket) } td { (when(a.oldest)) } td { (when(a.newest)) }
-                    td.num { (a.batches_estimate) } td.num { (a.rows_estimate) } td.num { (a.total_bytes / 1024) }
-                    td.bucket-jobs {
-                        @for (i, state) in ["completed", "failed", "cancelled"].iter().enumerate() {
-                            @if i > 0 { " · " }
-                            a href=(shared.href(&bucket_jobs(state, a))) { (state) }
-                        }
-                    }
-                } } }
-            }
+        p.muted id="archive-span" {
+            (archive_span_line(&archive)) " "
+            a href=(shared.href("/archive")) { "Its buckets and its search →" }
         }
         h2 { "Tables" }
         table id="tables" {
@@ -1806,6 +1799,184 @@ pub(crate) async fn storage(State(shared): AppState, headers: HeaderMap) -> Resp
         }
     };
     layout(&shared, &headers, "storage", "Storage", body).await
+}
+
+/// The archive's span in a sentence: how far back history goes and what it costs on disk.
+fn archive_span_line(archive: &[crate::storage::ArchiveSpan]) -> String {
+    match (archive.first(), archive.iter().map(|a| a.newest).max()) {
+        (Some(first), Some(newest)) => format!(
+            "History from {} to {}, {} buckets, {} kB.",
+            when(first.oldest),
+            when(newest),
+            archive.len(),
+            archive.iter().map(|a| a.total_bytes).sum::<i64>() / 1024
+        ),
+        _ => "The archive holds no history yet: finished jobs are archived when their queue slot \
+              is pruned."
+            .to_string(),
+    }
+}
+
+/// How many jobs an archive search page lists.
+const ARCHIVE_PAGE_SIZE: usize = 50;
+
+/// The archive: its time buckets (each linking to the jobs that finished within it) and archive
+/// search, by what finished jobs' arguments contain, through its index.
+pub(crate) async fn archive(
+    State(shared): AppState,
+    headers: HeaderMap,
+    Query(params): Query<ListQuery>,
+) -> Response {
+    let bad = |message: String| {
+        (StatusCode::BAD_REQUEST, message_page("Error", &message)).into_response()
+    };
+    let state = match ListQuery::get(&params.state) {
+        None => None,
+        Some(name) => match name.parse::<JobStatus>() {
+            Ok(state @ (JobStatus::Completed | JobStatus::Failed | JobStatus::Cancelled)) => {
+                Some(state)
+            }
+            _ => {
+                return bad(format!(
+                    "the archive holds completed, failed and cancelled jobs, not {name:?} ones"
+                ))
+            }
+        },
+    };
+    let (until, since) = match time_range(&params) {
+        Ok(range) => range,
+        Err(e) => return bad(e),
+    };
+    let args_text = ListQuery::get(&params.args);
+    let searched = match args_text {
+        None => None,
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(args) => Some(crate::ArchiveSearch {
+                args,
+                queue: ListQuery::get(&params.queue).map(str::to_string),
+                kind: ListQuery::get(&params.kind).map(str::to_string),
+                state,
+                since,
+                until,
+            }),
+            Err(e) => {
+                return bad(format!(
+                    "the arguments to search for are JSON, such as {{\"customer\": 42}}: {e}"
+                ))
+            }
+        },
+    };
+    let archive = match shared.reads.archive_spans().await {
+        Ok(archive) => archive,
+        Err(e) => return failure(e),
+    };
+    let found = match &searched {
+        None => None,
+        Some(search) => match shared
+            .reads
+            .search_archive(search, ListQuery::get(&params.after), ARCHIVE_PAGE_SIZE)
+            .await
+        {
+            Ok(page) => Some(page),
+            Err(crate::Error::Database(e)) => return failure(crate::Error::Database(e)),
+            Err(e) => return bad(e.to_string()),
+        },
+    };
+    let next = found
+        .as_ref()
+        .and_then(|page| page.next.as_ref())
+        .map(|after| {
+            let mut pairs = vec![("args", args_text.unwrap_or("{}"))];
+            for (name, value) in [
+                ("queue", &params.queue),
+                ("kind", &params.kind),
+                ("state", &params.state),
+                ("since", &params.since),
+                ("before", &params.before),
+            ] {
+                pairs.extend(ListQuery::get(value).map(|v| (name, v)));
+            }
+            pairs.push(("after", after.as_str()));
+            shared.href(&format!("/archive?{}", query(&pairs)))
+        });
+    let field = |value: &Option<String>| ListQuery::get(value).unwrap_or("").to_string();
+    let body = html! {
+        h1 { "Archive" }
+        p.muted id="archive-span" { (archive_span_line(&archive)) }
+        h2 { "Search" }
+        form.filters method="get" action=(shared.href("/archive")) {
+            label title="JSON the arguments contain: an object matches arguments holding at least its keys with those values" {
+                "arguments contain (JSON)"
+                input type="search" name="args" placeholder="{\"customer\": 42}" value=(field(&params.args)) required;
+            }
+            label { "queue" input type="search" name="queue" value=(field(&params.queue)); }
+            label { "kind" input type="text" name="kind" value=(field(&params.kind)); }
+            label { "state"
+                select name="state" {
+                    option value="" { "any" }
+                    @for s in [JobStatus::Completed, JobStatus::Failed, JobStatus::Cancelled] {
+                        option value=(s.as_str()) selected[state == Some(s)] { (s.as_str()) }
+                    }
+                }
+            }
+            label { "finished since (UTC)" input type="datetime-local" step="1" name="since" value=(field(&params.since)); }
+            label { "finished before (UTC)" input type="datetime-local" step="1" name="before" value=(field(&params.before)); }
+            button type="submit" { "Search" }
+        }
+        @if let Some(page) = &found {
+            @if !page.enabled {
+                p.muted id="search-off" {
+                    "Archive search is off, so jobs archived from now on are not indexed. An operator turns it on with "
+                    code { "SELECT " (shared.reads.schema().as_str()) ".set_setting('archive_search', 1)" }
+                    "; it costs each archived job an index entry per argument value (docs/operations.md)."
+                }
+            }
+            @if page.too_wide {
+                p id="too-wide" {
+                    "More than " (crate::ARCHIVE_SEARCH_CAP) " archived jobs match, too many to list newest first: "
+                    "narrow the search (more keys, a queue, a kind, a state or a time range)."
+                }
+            } @else if page.jobs.is_empty() {
+                p.muted id="no-matches" { "No archived job matches." }
+            } @else {
+                table id="found" {
+                    thead { tr {
+                        th { "id" } th { "queue" } th { "kind" } th { "state" } th.num { "attempt" }
+                        th { "finished" } th { "args" }
+                    } }
+                    tbody {
+                        @for job in &page.jobs {
+                            tr data-job=(job.job_id) {
+                                td { a href=(shared.href(&format!("/jobs/{}", job.job_id))) { (job.job_id) } }
+                                td { (job.queue) } td { (job.kind) } td { (state_badge(job.state.as_str())) }
+                                td.num { (job.attempt) }
+                                td title=(when(job.at)) { (ago(job.at)) }
+                                td.args { (job.args) }
+                            }
+                        }
+                    }
+                }
+                @if let Some(next) = next { p.pager { a id="next" href=(next) { "Next page →" } } }
+            }
+        }
+        h2 { "Buckets" }
+        @if !archive.is_empty() {
+            table id="archive" {
+                thead { tr { th.num { "bucket" } th { "oldest" } th { "newest" } th.num { "completion batches (est.)" } th.num { "job rows (est.)" } th.num { "size (kB)" } th { "its jobs" } } }
+                tbody { @for a in &archive { tr {
+                    td.num { (a.bucket) } td { (when(a.oldest)) } td { (when(a.newest)) }
+                    td.num { (a.batches_estimate) } td.num { (a.rows_estimate) } td.num { (a.total_bytes / 1024) }
+                    td.bucket-jobs {
+                        @for (i, state) in ["completed", "failed", "cancelled"].iter().enumerate() {
+                            @if i > 0 { " · " }
+                            a href=(shared.href(&bucket_jobs(state, a))) { (state) }
+                        }
+                    }
+                } } }
+            }
+        }
+    };
+    layout(&shared, &headers, "archive", "Archive", body).await
 }
 
 #[derive(serde::Deserialize, Default)]

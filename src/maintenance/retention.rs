@@ -38,6 +38,13 @@ pub(super) async fn run(
                 config.keep_failed,
                 config.prune_lock_timeout,
             )
+            .await?
+        + storage
+            .archive_expire(
+                ArchiveTable::Search,
+                config.keep_completed.max(config.keep_failed),
+                config.prune_lock_timeout,
+            )
             .await?;
     // the durable terminal totals: fold old time buckets into the current one
     report.totals_buckets_folded = storage

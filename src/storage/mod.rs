@@ -30,7 +30,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::schema::SchemaName;
 
-pub use archive::ArchiveTable;
+pub use archive::{ArchiveSearch, ArchiveSearchPage, ArchiveTable, ARCHIVE_SEARCH_CAP};
 pub use callbacks::{AwaitOutcome, CallbackAction, CallbackOutcome};
 pub use claim::ClaimedJob;
 pub use complete::{AttemptRef, CloseOutcome, Outcome};

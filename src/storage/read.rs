@@ -142,7 +142,7 @@ pub struct KeyInUse {
 }
 
 /// The rows of a listing as jobs.
-fn listed(rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<ListedJob>> {
+pub(super) fn listed(rows: Vec<sqlx::postgres::PgRow>) -> Result<Vec<ListedJob>> {
     rows.into_iter()
         .map(|row| {
             Ok(ListedJob {

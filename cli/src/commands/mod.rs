@@ -1,5 +1,6 @@
 //! One module per command group: each owns its clap arguments and its `run`.
 
+pub mod archive;
 pub mod bulk;
 pub mod callback;
 pub mod counts;

@@ -372,6 +372,57 @@ async fn retention_truncates_a_whole_bucket_once_its_newest_row_is_past_the_keep
     db.cleanup().await;
 }
 
+/// Archive search's rows live as long as the archive rows they index: a completed job's by
+/// `keep_completed`, a failed one's by `keep_failed`, each in its own half of the partitions.
+#[tokio::test]
+async fn archive_search_rows_expire_with_the_keep_of_the_archive_rows_they_index() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    archive_search_on(&db).await;
+    // two jobs finished two days ago: one completed, one failed, bucketed as archive_slot_search
+    // buckets them
+    db.exec(
+        "INSERT INTO {s}.archived_job_args (archive_bucket, job_id, run_lease, attempt, finalized_at, doc)
+         SELECT b, id, 1, 1, t, jsonb_build_object('args', jsonb_build_object('n', id), 'queue', 'default',
+                                                   'kind', 'k', 'state', st)
+         FROM (SELECT now() - interval '2 days' AS t) x,
+              LATERAL (VALUES (1, 'completed', {s}.archive_bucket(t, interval '1 day')),
+                              (2, 'failed', {s}.archive_buckets() + {s}.archive_bucket(t, interval '7 days'))
+                      ) v(id, st, b)",
+    )
+    .await;
+    let searched = |db: &TestDb| {
+        let storage = db.storage();
+        async move { search_ids(&storage, &ArchiveSearch::default()).await }
+    };
+    assert_eq!(searched(&db).await, vec![2, 1]);
+    // a keep of a day removes the completed job's row; the failed job's, kept 7 days, stays
+    assert_eq!(
+        storage
+            .archive_expire(ArchiveTable::CompletionsSearch, DAY, NO_WAIT)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        storage
+            .archive_expire(ArchiveTable::JobsSearch, 7 * DAY, NO_WAIT)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(searched(&db).await, vec![2]);
+    assert_eq!(
+        storage
+            .archive_expire(ArchiveTable::JobsSearch, DAY, NO_WAIT)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(searched(&db).await.is_empty());
+    db.cleanup().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Archive ahead of prune (migration 0016): the copy runs under ACCESS SHARE before the prune, and
 // the prune, under its ACCESS EXCLUSIVE locks, copies only what arrived after it.
@@ -749,10 +800,11 @@ async fn archive_search_refuses_a_search_too_wide_to_order_and_bad_input_clearly
     // more matches than the cap: refused as too wide, not read whole; a narrower one is served
     archive_search_on(&db).await;
     db.exec(&format!(
-        "INSERT INTO {{s}}.archived_job_args (archive_bucket, job_id, run_lease, queue, kind, state, \
-         attempt, finalized_at, args) \
-         SELECT 0, g, 1, 'default', 'wide', 'completed', 1, now() - g * interval '1 ms', \
-                jsonb_build_object('wide', true, 'n', g) \
+        "INSERT INTO {{s}}.archived_job_args (archive_bucket, job_id, run_lease, attempt, finalized_at, doc) \
+         SELECT 0, g, 1, 1, now() - g * interval '1 ms', \
+                jsonb_build_object('args', jsonb_build_object('wide', true, 'n', g), 'queue', \
+                                   CASE WHEN g % 1000 = 0 THEN 'rare' ELSE 'default' END, \
+                                   'kind', 'wide', 'state', 'completed') \
          FROM generate_series(1, {}) g",
         ringwork::ARCHIVE_SEARCH_CAP + 1
     ))
@@ -770,6 +822,24 @@ async fn archive_search_refuses_a_search_too_wide_to_order_and_bad_input_clearly
     assert_eq!(
         narrow.jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(),
         vec![7]
+    );
+    // a queue narrows the index lookup itself: its ten jobs, not a too-wide refusal
+    let rare = storage
+        .search_archive(
+            &ArchiveSearch {
+                queue: Some("rare".into()),
+                ..search_for(json!({ "wide": true }))
+            },
+            None,
+            100,
+        )
+        .await
+        .unwrap();
+    assert!(!rare.too_wide, "{rare:?}");
+    assert_eq!(
+        rare.jobs.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+        (1..=10).map(|k| k * 1000).collect::<Vec<i64>>(),
+        "newest first"
     );
     // found through the index: the narrow search scans nothing whole and fetches a handful of
     // the 10,001 rows (the counters, read before and after on one connection, are the session's

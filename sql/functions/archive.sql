@@ -1,5 +1,6 @@
 -- The archive (migration 0004): terminal history, appended by prune just before it truncates a
--- queue slot, kept in two rings of time buckets and reclaimed by truncating a whole bucket.
+-- queue slot, kept in rings of time buckets and reclaimed by truncating a whole bucket; and
+-- archive search, which indexes it by argument content while the archive_search setting is on.
 --
 -- Every function of the engine is defined exactly once, in the file of its plane, and installed with
 -- CREATE OR REPLACE by src/schema.rs whenever the combined hash of these files changes. A function
@@ -22,41 +23,43 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Archive search (migration 0026): one archived_job_args row per job of the slot's terminal history
--- that archive_slot copies, from the same rows and under the same keeps, while the archive_search
--- setting is on. p_again: the slot was copied before (a mark exists), so rows already indexed are
--- skipped by (job, run lease), as archive_slot skips rows already archived. Rows are bucketed by
--- the longer keep, the keep retention cuts this table by.
+-- that archive_slot copies, from the same rows, under the same keeps and into the same time buckets
+-- (completions in 0..31, failed, cancelled and row-completed jobs in 32..63), while the
+-- archive_search setting is on. p_completions, p_terminal: which of the two archive_slot copies
+-- this time. p_skip_indexed: the slot was copied before (a mark exists), so jobs already indexed
+-- are skipped by (job, run lease), looked up in the one partition their row would be in.
 CREATE OR REPLACE FUNCTION __S__.archive_slot_search(p_slot int, p_keep_completed interval,
-                                                     p_keep_failed interval, p_again boolean)
+                                                     p_keep_failed interval, p_completions boolean,
+                                                     p_terminal boolean, p_skip_indexed boolean)
 RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan AS $$
-DECLARE
-    v_keep interval := greatest(p_keep_completed, p_keep_failed);
 BEGIN
-    INSERT INTO __S__.archived_job_args (archive_bucket, job_id, run_lease, queue, kind, state, attempt,
-                                         finalized_at, args)
-    SELECT __S__.archive_bucket(x.finalized_at, v_keep), x.job_id, x.run_lease, x.queue, x.kind, x.state,
-           x.attempt, x.finalized_at, x.args
+    INSERT INTO __S__.archived_job_args (archive_bucket, job_id, run_lease, attempt, finalized_at, doc)
+    SELECT x.bucket, x.job_id, x.run_lease, x.attempt, x.finalized_at,
+           jsonb_build_object('args', x.args, 'queue', x.queue, 'kind', x.kind, 'state', x.state)
     FROM (
-        SELECT u.job_id, u.run_lease, b.queue, e.kind, 'completed' AS state, e.attempt + 1 AS attempt,
-               b.finalized_at, e.args
+        SELECT __S__.archive_bucket(b.finalized_at, p_keep_completed) AS bucket, u.job_id, u.run_lease,
+               b.queue, coalesce(e.kind, '') AS kind, 'completed' AS state, coalesce(e.attempt + 1, 0) AS attempt,
+               b.finalized_at, coalesce(e.args, 'null'::jsonb) AS args
         FROM __S__.receipt_completion_batches b
         CROSS JOIN LATERAL unnest(b.job_ids, b.run_leases) AS u(job_id, run_lease)
-        JOIN LATERAL (
+        LEFT JOIN LATERAL (
             SELECT r.kind, r.args, r.attempt FROM __S__.ready_entries r
             WHERE r.ready_slot = p_slot AND r.job_id = u.job_id AND r.run_lease = u.run_lease - 1
             LIMIT 1
         ) e ON true
-        WHERE p_keep_completed > interval '0' AND b.ready_slot = p_slot
+        WHERE p_completions AND p_keep_completed > interval '0' AND b.ready_slot = p_slot
           AND b.finalized_at > now() - p_keep_completed
         UNION ALL
-        SELECT d.job_id, d.run_lease, d.queue, d.kind, d.state, d.attempt, d.finalized_at, d.args
+        SELECT __S__.archive_buckets() + __S__.archive_bucket(d.finalized_at, p_keep_failed), d.job_id,
+               d.run_lease, d.queue, d.kind, d.state, d.attempt, d.finalized_at, d.args
         FROM __S__.done_entries d
-        WHERE p_keep_failed > interval '0' AND d.ready_slot = p_slot AND d.finalized_at > now() - p_keep_failed
+        WHERE p_terminal AND p_keep_failed > interval '0' AND d.ready_slot = p_slot
+          AND d.finalized_at > now() - p_keep_failed
     ) x
-    WHERE NOT p_again
+    WHERE NOT p_skip_indexed
        OR NOT EXISTS (SELECT 1 FROM __S__.archived_job_args a
-                      WHERE a.job_id = x.job_id AND a.run_lease = x.run_lease);
+                      WHERE a.archive_bucket = x.bucket AND a.job_id = x.job_id AND a.run_lease = x.run_lease);
 END
 $$;
 
@@ -136,6 +139,8 @@ BEGIN
     END IF;
     IF __S__.setting('archive_search') IS NOT NULL THEN
         PERFORM __S__.archive_slot_search(p_slot, p_keep_completed, p_keep_failed,
+                                          v_batches IS DISTINCT FROM v_marked_batches,
+                                          v_terminal IS DISTINCT FROM v_marked_terminal,
                                           v_marked_batches IS NOT NULL OR v_marked_terminal IS NOT NULL);
     END IF;
     INSERT INTO __S__.queue_slot_archive_marks (ready_slot, generation, completion_batches, terminal_rows,
@@ -219,7 +224,8 @@ LANGUAGE sql STABLE AS $$
                    WHERE l.ready_slot = p_slot AND l.generation = p_generation AND l.event = 'sealed')
 $$;
 
--- Retention of one archive table ('completions', 'jobs' or 'search'): truncate every bucket other than the
+-- Retention of one archive table ('completions', 'jobs', or archive search's rows of either,
+-- 'completions_search' and 'jobs_search'): truncate every bucket other than the
 -- current one whose newest row is older than p_keep, re-checked under its ACCESS EXCLUSIVE lock,
 -- which is waited for at most p_lock_timeout (a busy bucket is tried again next tick). Returns the
 -- number of buckets truncated.
@@ -229,7 +235,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_parent text := CASE p_table WHEN 'completions' THEN 'archived_completion_batches'
                                   WHEN 'jobs' THEN 'archived_jobs'
-                                  WHEN 'search' THEN 'archived_job_args' END;
+                                  WHEN 'completions_search' THEN 'archived_job_args'
+                                  WHEN 'jobs_search' THEN 'archived_job_args' END;
+    -- archive search's jobs rows are in the partitions after its completions' (migration 0026)
+    v_first int := CASE p_table WHEN 'jobs_search' THEN __S__.archive_buckets() ELSE 0 END;
     v_current int := __S__.archive_bucket(now(), p_keep);
     v_child text;
     v_newest timestamptz;
@@ -240,7 +249,7 @@ BEGIN
     END IF;
     FOR v_bucket IN 0 .. __S__.archive_buckets() - 1 LOOP
         CONTINUE WHEN v_bucket = v_current;
-        v_child := format('%I.%I', '__S__', v_parent || '_' || v_bucket);
+        v_child := format('%I.%I', '__S__', v_parent || '_' || (v_first + v_bucket));
         EXECUTE 'SELECT max(finalized_at) FROM ' || v_child INTO v_newest;
         CONTINUE WHEN v_newest IS NULL OR v_newest >= now() - p_keep;
         CONTINUE WHEN NOT __S__.lock_exclusive_within(v_child, p_lock_timeout);
@@ -255,36 +264,55 @@ END
 $$;
 
 -- Archive search (migration 0026): the archived jobs whose arguments contain p_args (jsonb
--- containment, through the GIN index), of a queue, kind and state when given, finalized in
--- [p_since, p_until) when given, newest first after the page key (p_before_at, p_before_id), at
--- most p_limit. The index yields its matches in no order, so ordering them means reading them all:
--- a search reads at most p_cap + 1 matches, and `matched` says how many it read (p_cap + 1: too
--- wide to order, narrow it). Rows whose slot is still in the ring are included: archived ahead,
--- their jobs are final. Sequential scans off: a partition never analyzed has no statistics, and a
--- scan of the archive is what the index is for.
+-- containment) and, when given, of a queue, kind and state, looked up together in the GIN index
+-- of `doc`; then those finalized in [p_since, p_until), newest first after the page key
+-- (p_before_at, p_before_id), at most p_limit. The index yields its matches in no order, so a page
+-- newest first reads them all: a search reads at most p_cap + 1 of them, and `matched` says how
+-- many it read (p_cap + 1: too wide to order; more keys, a queue, a kind or a state narrow it, a
+-- time range does not). A lookup with nothing to look up (no value anywhere in it: every job
+-- matches) reads the table, p_cap + 1 rows at most, rather than the whole index. Rows whose slot
+-- is still in the ring are included: archived ahead, their jobs are final. Sequential scans off
+-- otherwise: a partition never analyzed has no statistics, and the index is what answers.
 CREATE OR REPLACE FUNCTION __S__.search_archive(p_args jsonb, p_queue text, p_kind text, p_state text,
                                                 p_since timestamptz, p_until timestamptz,
                                                 p_before_at timestamptz, p_before_id bigint, p_limit int,
                                                 p_cap int)
 RETURNS TABLE (job_id bigint, state text, queue text, kind text, args jsonb, attempt int, at timestamptz,
                page_key text, matched int)
-LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off AS $$
-    WITH m AS MATERIALIZED (
-        SELECT a.job_id, a.state, a.queue, a.kind, a.args, a.attempt, a.finalized_at
-        FROM __S__.archived_job_args a
-        WHERE a.args @> p_args
-          AND (p_queue IS NULL OR a.queue = p_queue) AND (p_kind IS NULL OR a.kind = p_kind)
-          AND (p_state IS NULL OR a.state = p_state)
-          AND (p_since IS NULL OR a.finalized_at >= p_since) AND (p_until IS NULL OR a.finalized_at < p_until)
-          AND (p_before_at IS NULL OR (a.finalized_at, a.job_id) < (p_before_at, p_before_id))
-        LIMIT p_cap + 1
-    )
-    SELECT m.job_id, m.state, m.queue, m.kind, m.args, m.attempt, m.finalized_at,
-           'T' || (extract(epoch FROM m.finalized_at) * 1000000)::bigint || ':' || m.job_id,
-           (SELECT count(*) FROM m)::int
-    FROM m
-    ORDER BY m.finalized_at DESC, m.job_id DESC
-    LIMIT p_limit
+LANGUAGE plpgsql STABLE SET jit = off SET enable_seqscan = off AS $$
+DECLARE
+    -- the filters given, beside the arguments (not jsonb_strip_nulls: a null inside p_args is
+    -- looked for)
+    v_lookup jsonb := jsonb_build_object('args', p_args)
+                      || CASE WHEN p_queue IS NULL THEN '{}' ELSE jsonb_build_object('queue', p_queue) END
+                      || CASE WHEN p_kind IS NULL THEN '{}' ELSE jsonb_build_object('kind', p_kind) END
+                      || CASE WHEN p_state IS NULL THEN '{}' ELSE jsonb_build_object('state', p_state) END;
+BEGIN
+    IF p_args IS NULL OR p_limit IS NULL OR p_cap IS NULL THEN
+        RAISE EXCEPTION 'ringwork: search_archive needs arguments to look for, a limit and a cap'
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT jsonb_path_exists(v_lookup, 'strict $.** ? (@.type() != "object" && @.type() != "array")') THEN
+        PERFORM set_config('enable_seqscan', 'on', true);
+    END IF;
+    RETURN QUERY
+        WITH candidates AS MATERIALIZED (
+            SELECT a.job_id, a.doc, a.attempt, a.finalized_at
+            FROM __S__.archived_job_args a
+            WHERE a.doc @> v_lookup
+            LIMIT p_cap + 1
+        ), m AS (
+            SELECT c.* FROM candidates c
+            WHERE (p_since IS NULL OR c.finalized_at >= p_since) AND (p_until IS NULL OR c.finalized_at < p_until)
+              AND (p_before_at IS NULL OR (c.finalized_at, c.job_id) < (p_before_at, p_before_id))
+        )
+        SELECT m.job_id, m.doc->>'state', m.doc->>'queue', m.doc->>'kind', m.doc->'args', m.attempt,
+               m.finalized_at, 'T' || (extract(epoch FROM m.finalized_at) * 1000000)::bigint || ':' || m.job_id,
+               (SELECT count(*) FROM candidates)::int
+        FROM m
+        ORDER BY m.finalized_at DESC, m.job_id DESC
+        LIMIT p_limit;
+END
 $$;
 
 -- A job's archived terminal rows: completions (from the batch rows whose job range covers it) and
@@ -393,6 +421,9 @@ LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off AS $$
                      WHERE c.oid = format('%I.%I', '__S__', 'archived_jobs_' || b.bucket)::regclass), 0)::bigint,
            pg_total_relation_size(format('%I.%I', '__S__', 'archived_completion_batches_' || b.bucket)::regclass)
            + pg_total_relation_size(format('%I.%I', '__S__', 'archived_jobs_' || b.bucket)::regclass)
+           -- archive search's rows of the same buckets (migration 0026)
+           + pg_total_relation_size(format('%I.%I', '__S__', 'archived_job_args_' || b.bucket)::regclass)
+           + pg_total_relation_size(format('%I.%I', '__S__', 'archived_job_args_' || (b.bucket + __S__.archive_buckets()))::regclass)
     FROM generate_series(0, __S__.archive_buckets() - 1) b(bucket)
     CROSS JOIN LATERAL (
         SELECT least((SELECT min(a.finalized_at) FROM __S__.archived_completion_batches a WHERE a.archive_bucket = b.bucket),

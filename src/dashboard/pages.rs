@@ -1878,8 +1878,10 @@ pub(crate) async fn archive(
             .await
         {
             Ok(page) => Some(page),
-            Err(crate::Error::Database(e)) => return failure(crate::Error::Database(e)),
-            Err(e) => return bad(e.to_string()),
+            Err(e @ (crate::Error::InvalidName { .. } | crate::Error::InvalidArgs { .. })) => {
+                return bad(e.to_string())
+            }
+            Err(e) => return failure(e),
         },
     };
     let next = found

@@ -2,7 +2,7 @@
 //! `dlq_retention`, and unique keys older than `unique_key_retention` whose job is no longer pending
 //! (a released key is re-taken by the next insert anyway; expiry only bounds the table), and finished
 //! workflows older than `keep_completed`; and the
-//! archive's time buckets, past `keep_completed` and `keep_failed`; and the folding of the
+//! archive's time buckets (archive search's with them), past `keep_completed` and `keep_failed`; and the folding of the
 //! terminal totals' old time buckets.
 
 use super::{MaintenanceConfig, TickReport};
@@ -41,8 +41,15 @@ pub(super) async fn run(
             .await?
         + storage
             .archive_expire(
-                ArchiveTable::Search,
-                config.keep_completed.max(config.keep_failed),
+                ArchiveTable::CompletionsSearch,
+                config.keep_completed,
+                config.prune_lock_timeout,
+            )
+            .await?
+        + storage
+            .archive_expire(
+                ArchiveTable::JobsSearch,
+                config.keep_failed,
                 config.prune_lock_timeout,
             )
             .await?;

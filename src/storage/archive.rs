@@ -1,4 +1,4 @@
-//! The archive: terminal history kept after its queue slot is pruned, in two rings of time buckets
+//! The archive: terminal history kept after its queue slot is pruned, in rings of time buckets
 //! (`sql/functions/archive.sql`). A sealed queue slot is archived ahead of its prune, under ACCESS
 //! SHARE locks only; prune appends whatever arrived since. This module also reclaims it, and
 //! searches it by argument content (archive search, migration 0026).
@@ -20,7 +20,7 @@ pub(super) struct Statements {
     archive_expire: String,
     fold_terminal_totals: String,
     search_archive: String,
-    archive_search_on: String,
+    archive_search_enabled: String,
     set_archive_search: String,
 }
 
@@ -40,21 +40,23 @@ impl Statements {
                  FROM {s}.search_archive($1::jsonb, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 cut = super::read::ARGS_PREVIEW_CHARS + 1
             ),
-            archive_search_on: format!("SELECT {s}.setting('archive_search') IS NOT NULL"),
+            archive_search_enabled: format!("SELECT {s}.setting('archive_search') IS NOT NULL"),
             set_archive_search: format!("SELECT {s}.set_setting('archive_search', $1)"),
         }
     }
 }
 
-/// One of the two archive tables.
+/// One of the archive's tables, or one half of archive search's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArchiveTable {
     /// `archived_completion_batches`: one row per completion batch, kept `keep_completed`.
     Completions,
     /// `archived_jobs`: failed, cancelled and row-completed jobs, kept `keep_failed`.
     Jobs,
-    /// `archived_job_args`: archive search's row per archived job, kept the longer of the two.
-    Search,
+    /// `archived_job_args`' completed jobs (archive search), kept `keep_completed`.
+    CompletionsSearch,
+    /// `archived_job_args`' failed, cancelled and row-completed jobs, kept `keep_failed`.
+    JobsSearch,
 }
 
 impl ArchiveTable {
@@ -62,7 +64,8 @@ impl ArchiveTable {
         match self {
             ArchiveTable::Completions => "completions",
             ArchiveTable::Jobs => "jobs",
-            ArchiveTable::Search => "search",
+            ArchiveTable::CompletionsSearch => "completions_search",
+            ArchiveTable::JobsSearch => "jobs_search",
         }
     }
 }
@@ -158,27 +161,25 @@ impl Storage {
                 ));
             }
         }
-        let args = serde_json::to_string(&search.args).map_err(|e| Error::InvalidArgs {
-            kind: "archive search".into(),
-            reason: e.to_string(),
-        })?;
+        let args = search.args.to_string();
+        let excerpt = || args.chars().take(64).collect::<String>();
         if args.len() > MAX_SEARCH_ARGS_BYTES {
             return Err(invalid(
                 "archive search",
-                &args.chars().take(64).collect::<String>(),
+                &excerpt(),
                 "the arguments searched for are longer than 4,096 bytes of JSON",
             ));
         }
         if args.contains("\\u0000") {
             return Err(invalid(
                 "archive search",
-                &args,
+                &excerpt(),
                 "JSON text in the database cannot hold the NUL character (\\u0000)",
             ));
         }
         let before = match after {
             None => None,
-            Some(key) => Some(page_key_time(key).ok_or_else(|| {
+            Some(key) => Some(page_key_position(key).ok_or_else(|| {
                 invalid(
                     "page key",
                     key,
@@ -187,7 +188,7 @@ impl Storage {
             })?),
         };
         let limit = limit.clamp(1, 1000);
-        let enabled: bool = sqlx::query_scalar(&self.sql.archive.archive_search_on)
+        let enabled: bool = sqlx::query_scalar(&self.sql.archive.archive_search_enabled)
             .fetch_one(self.db())
             .await?;
         let rows = sqlx::query(&self.sql.archive.search_archive)
@@ -289,8 +290,8 @@ pub struct ArchiveSearchPage {
     pub too_wide: bool,
 }
 
-/// The time and job id of a page key `T<microseconds since the epoch>:<job id>`.
-fn page_key_time(key: &str) -> Option<(DateTime<Utc>, i64)> {
+/// The position a page key `T<microseconds since the epoch>:<job id>` names: a time and a job id.
+fn page_key_position(key: &str) -> Option<(DateTime<Utc>, i64)> {
     let (micros, id) = key.strip_prefix('T')?.split_once(':')?;
     let micros: i64 = micros.parse().ok()?;
     let id: i64 = id.parse().ok()?;

@@ -30,7 +30,7 @@ pub enum Action {
         /// Only jobs finished before this time (RFC 3339).
         #[arg(long)]
         until: Option<DateTime<Utc>>,
-        /// How many jobs to list (1 to 1,000).
+        /// How many jobs to list (at most 1,000).
         #[arg(long, default_value_t = 50)]
         limit: usize,
         /// Go on after a previous search's last page key (printed when more remain).

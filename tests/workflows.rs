@@ -1071,6 +1071,81 @@ async fn a_sequence_runs_its_jobs_one_at_a_time_in_insert_order_and_keys_in_para
     db.cleanup().await;
 }
 
+/// An append skips asking where its tail is when nothing settled the tail since its release (it
+/// cannot be final then). What that rule could lose: a tail ended by the appending transaction
+/// itself (claimed and completed, or cancelled) before the next append, which must then see a
+/// final tail and start at once rather than wait behind it forever.
+#[tokio::test]
+async fn an_append_after_its_tail_ended_in_the_same_transaction_starts_at_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let s = db.schema.to_string();
+    let append = |key: &'static str, n: i64| {
+        format!(
+            "SELECT {s}.enqueue_in_sequence('{key}', '{{\"kind\": \"k\", \"args\": {{\"n\": {n}}}}}')"
+        )
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    // completed in the transaction that released it
+    let first: i64 = sqlx::query_scalar(&append("done-here", 1))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let (slot, receipt, job, lease): (i32, i64, i64, i64) = sqlx::query_as(&format!(
+        "SELECT claim_slot, receipt_id, job_id, run_lease FROM {s}.claim('default', 10)"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(job, first);
+    sqlx::query(&format!(
+        "SELECT * FROM {s}.complete_batch(ARRAY[$1], ARRAY[$2], ARRAY[$3], ARRAY[$4])"
+    ))
+    .bind(slot)
+    .bind(receipt)
+    .bind(job)
+    .bind(lease)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(&append("done-here", 2))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // cancelled in the transaction that released it
+    let cancelled: i64 = sqlx::query_scalar(&append("cancelled-here", 3))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(&format!("SELECT {s}.cancel_job($1, 'not needed')"))
+        .bind(cancelled)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(&append("cancelled-here", 4))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // and a tail released here and still open: the next waits behind it
+    sqlx::query(&append("open-here", 5))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(&append("open-here", 6))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut claimed: Vec<i64> = claim_ns(&storage).await.iter().map(|(n, _)| *n).collect();
+    claimed.sort_unstable();
+    assert_eq!(
+        claimed,
+        vec![2, 4, 5],
+        "6 waits for 5; 2 and 4 do not wait for ended tails"
+    );
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_sequence_continues_holds_or_cancels_after_a_failure_by_policy() {
     let db = TestDb::new().await;

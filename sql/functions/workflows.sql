@@ -931,17 +931,23 @@ BEGIN
                           WHERE r.workflow_id = s.workflow_id AND r.step = s.step
                             AND r.outcome = 'cancelled' AND r.run_lease = 0)
         ORDER BY s.job_id DESC LIMIT 1;
+        v_result_lease := (SELECT max(r.run_lease) FROM __S__.workflow_results r
+                           WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
         IF v_tail_waits THEN
             -- never released (under the workflow's lock, so it cannot be meanwhile) and not
             -- cancelled (skipped above): it waits behind its own tail, as job_state's search of
             -- every plane would say ('pending', its step row alone); a key with a backlog
             -- appends in constant time
             v_tail_state := 'pending';
+        ELSIF v_result_lease IS NULL THEN
+            -- released and never settled: every path that ends a job or dead-letters it settles
+            -- its step (a result row) in that transaction, under the workflow lock held here, so
+            -- the tail is available, running or waiting for a retry, not final, whatever
+            -- job_state's search of every plane (most of an append's cost) would say of it
+            v_tail_state := 'unsettled';
         ELSE
             SELECT j.state, j.run_lease INTO v_tail_state, v_tail_lease FROM __S__.job_state(v_tail_job) j;
         END IF;
-        v_result_lease := (SELECT max(r.run_lease) FROM __S__.workflow_results r
-                           WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
         -- a key whose last job is final starts a new workflow, so the old one can expire. A
         -- dead-lettered job is not final (it may be retried, and a held job waits for it), nor is
         -- one retried since its result (waiting again, or running at a higher lease); one whose

@@ -1146,6 +1146,49 @@ async fn an_append_after_its_tail_ended_in_the_same_transaction_starts_at_once()
     db.cleanup().await;
 }
 
+/// Many appends in one statement (what a producer's transaction of sequence jobs sends): each
+/// job's id comes back with its position, keys keep their order, and arrays of different lengths
+/// are refused.
+#[tokio::test]
+async fn many_appends_in_one_statement_return_each_jobs_id_with_its_position() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let s = db.schema.to_string();
+    let job = |n: i64| serde_json::json!({ "kind": "k", "args": { "n": n } });
+    let appended: Vec<(i32, i64)> = sqlx::query_as(&format!(
+        "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
+    ))
+    .bind(vec!["a", "a", "b"])
+    .bind(vec![job(1), job(2), job(3)])
+    .bind(vec!["run", "run", "run"])
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        appended.iter().map(|(ord, _)| *ord).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    let heads = claim_ns(&storage).await;
+    let mut by_n: Vec<(i64, i64)> = heads.iter().map(|(n, c)| (*n, c.job_id)).collect();
+    by_n.sort_unstable();
+    assert_eq!(
+        by_n,
+        vec![(1, appended[0].1), (3, appended[2].1)],
+        "2 waits for 1"
+    );
+    let err = sqlx::query(&format!(
+        "SELECT * FROM {s}.enqueue_in_sequence_many(ARRAY['a'], ARRAY[]::jsonb[], ARRAY['run'])"
+    ))
+    .execute(&db.pool)
+    .await
+    .expect_err("lengths differ");
+    assert!(
+        err.to_string().contains("as many keys, jobs and policies"),
+        "{err}"
+    );
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_sequence_continues_holds_or_cancels_after_a_failure_by_policy() {
     let db = TestDb::new().await;

@@ -995,6 +995,28 @@ BEGIN
 END
 $$;
 
+-- Many jobs appended to their keys in one statement, in the order given (a producer's transaction
+-- of sequence jobs: the Rust client sorts them by key so that two producers take the keys' locks in
+-- one order). Each is enqueue_in_sequence; a statement rather than one a job saves a round trip per
+-- job, which is most of an append while the transaction holds its keys' locks. Returns each job's
+-- position in the arrays (1-based) with its id.
+CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence_many(p_keys text[], p_jobs jsonb[], p_on_failures text[])
+RETURNS TABLE (ord int, job_id bigint)
+LANGUAGE plpgsql SET jit = off AS $$
+BEGIN
+    IF cardinality(p_keys) IS DISTINCT FROM cardinality(p_jobs)
+       OR cardinality(p_keys) IS DISTINCT FROM cardinality(p_on_failures) THEN
+        RAISE EXCEPTION 'ringwork: enqueue_in_sequence_many takes as many keys, jobs and policies, got %, % and %',
+            cardinality(p_keys), cardinality(p_jobs), cardinality(p_on_failures) USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. coalesce(cardinality(p_keys), 0) LOOP
+        ord := i;
+        job_id := __S__.enqueue_in_sequence(p_keys[i], p_jobs[i], p_on_failures[i]);
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
 -- The key's jobs that are not final, oldest first (the head is running or available, the rest
 -- pending), and each one's state.
 CREATE OR REPLACE FUNCTION __S__.sequence_pending(p_key text, p_limit int DEFAULT 100)

@@ -25,7 +25,7 @@ pub(super) struct Statements {
     ensure_lane: String,
     lane_exists: String,
     insert_unique: String,
-    enqueue_in_sequence: String,
+    enqueue_in_sequence_many: String,
     max_args_bytes: String,
 }
 
@@ -50,7 +50,9 @@ impl Statements {
                 "SELECT count(*) = {s}.lane_base_shards() FROM {s}.queue_lanes
                  WHERE queue = $1 AND priority = $2 AND shard < {s}.lane_base_shards()"
             ),
-            enqueue_in_sequence: format!("SELECT {s}.enqueue_in_sequence($1, $2, $3)"),
+            enqueue_in_sequence_many: format!(
+                "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
+            ),
             insert_unique: format!(
                 "SELECT o_job_id, o_inserted FROM {s}.insert_unique($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
             ),
@@ -407,24 +409,43 @@ impl Storage {
                 duplicate: !inserted,
             };
         }
-        // Jobs of a sequence one statement each, keys in order (two producers appending to the
+        // Jobs of a sequence in one statement, keys in order (two producers appending to the
         // same keys take their locks in the same order), each key's jobs in input order
-        sequenced.sort_by(|a, b| {
-            let key = |i: &usize| jobs[*i].sequence.as_ref().map(|(k, _)| k.clone());
-            key(a).cmp(&key(b))
-        });
-        for index in sequenced {
-            let job = &jobs[index];
-            let Some((key, on_failure)) = &job.sequence else {
-                continue;
-            };
-            let json = crate::workflow::job_json(job, &texts[index].traceparent, "sequence job")?;
-            let job_id: i64 = sqlx::query_scalar(&self.sql.queue_ring.enqueue_in_sequence)
-                .bind(key)
-                .bind(&json)
-                .bind(on_failure.as_str())
-                .fetch_one(self.on(conn))
+        let mut appends: Vec<(usize, &str, &str)> = sequenced
+            .iter()
+            .filter_map(|&index| {
+                let (key, on_failure) = jobs[index].sequence.as_ref()?;
+                Some((index, key.as_str(), on_failure.as_str()))
+            })
+            .collect();
+        if appends.is_empty() {
+            return Ok(ids);
+        }
+        appends.sort_by(|a, b| a.1.cmp(b.1));
+        let keys: Vec<&str> = appends.iter().map(|a| a.1).collect();
+        let policies: Vec<&str> = appends.iter().map(|a| a.2).collect();
+        let jsons = appends
+            .iter()
+            .map(|a| crate::workflow::job_json(&jobs[a.0], &texts[a.0].traceparent, "sequence job"))
+            .collect::<Result<Vec<_>>>()?;
+        let appended: Vec<(i32, i64)> =
+            sqlx::query_as(&self.sql.queue_ring.enqueue_in_sequence_many)
+                .bind(&keys)
+                .bind(&jsons)
+                .bind(&policies)
+                .fetch_all(self.on(conn))
                 .await?;
+        for (ord, job_id) in appended {
+            let index = usize::try_from(ord - 1)
+                .ok()
+                .and_then(|at| appends.get(at))
+                .map(|a| a.0)
+                .ok_or_else(|| {
+                    crate::Error::Database(sqlx::Error::Protocol(format!(
+                        "enqueue_in_sequence_many returned position {ord} of {}",
+                        appends.len()
+                    )))
+                })?;
             ids[index] = Inserted {
                 job_id,
                 duplicate: false,

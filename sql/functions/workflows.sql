@@ -884,7 +884,10 @@ $$;
 -- ---------------------------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence(p_key text, p_job jsonb, p_on_failure text DEFAULT 'run')
 RETURNS bigint
-LANGUAGE plpgsql SET jit = off AS $$
+-- sequential scans off: every lookup here is of one key or one workflow, by index, and a plan
+-- cached while the workflow tables were small (or whose estimate for one workflow counts a
+-- 10,000-step fan-out's rows) scanned workflow_steps whole at every append
+LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     v_workflow bigint;
     v_tail_step text;

@@ -43,7 +43,7 @@ BEGIN
         RAISE EXCEPTION 'ringwork: unknown setting %: expected max_args_bytes, max_error_chars or archive_search',
             quote_nullable(p_name) USING ERRCODE = '22023';
     END IF;
-    IF p_name = 'archive_search' AND p_value IS DISTINCT FROM 1 AND p_value IS NOT NULL THEN
+    IF p_name = 'archive_search' AND p_value <> 1 THEN
         RAISE EXCEPTION 'ringwork: archive_search is 1 (on) or NULL (off), got %', p_value USING ERRCODE = '22023';
     END IF;
     -- errors are read back whole up to 65,536 characters (read.rs, MAX_DETAIL_CHARS)

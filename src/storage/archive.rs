@@ -285,8 +285,9 @@ pub struct ArchiveSearchPage {
     pub jobs: Vec<ListedJob>,
     /// The page key of the next page; `None` on the last page.
     pub next: Option<String>,
-    /// More than [`ARCHIVE_SEARCH_CAP`] jobs match (after the page key): too many to order, and
-    /// none are listed. Narrow the search (queue, kind, state, a time range, more keys).
+    /// More than [`ARCHIVE_SEARCH_CAP`] jobs match the arguments, queue, kind and state: too many
+    /// to order, and none are listed. More keys, a queue, a kind or a state narrow it; a time
+    /// range filters the matches but does not narrow what is read.
     pub too_wide: bool,
 }
 

@@ -174,6 +174,72 @@ async fn a_rate_limit_admits_exactly_its_rate_per_window_across_4_processes() {
     db.cleanup().await;
 }
 
+/// A claim of a rate-limited queue that waits for the queue's limit lock while the engine clock
+/// moves an hour is decided on the clock it finds once it holds the lock: it counts the new hour's
+/// window (empty, so it gets its room) and its deadline lies ahead of the new now. Decided on the
+/// clock it read before the wait, it would count the old hour against the new one and record its
+/// claims in the old hour, where the next claim no longer counts them: the new window admits more
+/// than its rate (the fleet test above saw 108 of 100).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_for_the_limit_lock_across_a_clock_move_is_decided_on_the_new_clock() {
+    let db = TestDb::new().await;
+    let hour = Duration::from_secs(3600);
+    let deadline = Some(Duration::from_secs(600));
+    let storage = db.storage();
+    storage
+        .set_queue_limits(
+            "limited",
+            QueueLimits {
+                max_running: None,
+                rate: Some((10, hour)),
+                per_key: None,
+            },
+        )
+        .await
+        .unwrap();
+    enqueue(&db, 30, 0).await;
+    assert_eq!(
+        storage.claim("limited", 20, deadline).await.unwrap().len(),
+        10
+    );
+    // the next claim reads the clock, then waits for the queue's limit lock held here
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_xact_lock({s}.lock_ns('queue_limit'), hashtext('limited'))",
+        s = db.schema
+    ))
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let waiting = tokio::spawn({
+        let storage = storage.clone();
+        async move { storage.claim("limited", 20, deadline).await }
+    });
+    assert!(support::one_waits_for_a_lock(&db).await, "the claim waits");
+    db.advance_clock(hour).await;
+    holder.commit().await.unwrap();
+    let claimed = waiting.await.unwrap().unwrap();
+    assert_eq!(claimed.len(), 10, "the new hour's window is empty");
+    let now: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar(&format!("SELECT {}.engine_now()", db.schema))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    for job in &claimed {
+        let left = job.deadline_at.expect("a deadline") - now;
+        assert!(
+            left > chrono::Duration::seconds(500),
+            "the deadline is ten minutes after the decision, {left} from now"
+        );
+    }
+    // and the window counts the claims it recorded: full for the rest of the hour
+    assert_eq!(
+        storage.claim("limited", 20, deadline).await.unwrap().len(),
+        0
+    );
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn limits_are_validated_and_can_be_removed() {
     let db = TestDb::new().await;

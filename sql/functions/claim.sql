@@ -181,7 +181,7 @@ $$;
 -- claim's commit, and each count is a statement that starts after the lock, so it sees every claim
 -- committed before it. The counts come from what claims write anyway (claim batches, closures): no
 -- counter row is updated per job. Unlimited queues never call this.
-CREATE OR REPLACE FUNCTION __S__.claim_room(p_queue text, p_max int, p_clock_offset interval, p_max_running int,
+CREATE OR REPLACE FUNCTION __S__.claim_room(p_queue text, p_max int, p_max_running int,
                                             p_rate_limit int, p_rate_period interval, p_mark_seq regclass,
                                             p_key_path text[], p_key_max int, p_key_rate int,
                                             p_key_rate_period interval,
@@ -196,8 +196,10 @@ BEGIN
     key_room := '{}';
     PERFORM pg_advisory_xact_lock(__S__.lock_ns('queue_limit'), hashtext(p_queue));
     -- stamp the claim with when it was decided, not when its transaction began (before the lock
-    -- wait): the rate window below counts claims by that time
-    decided_at := clock_timestamp() + p_clock_offset;
+    -- wait): the rate window below counts claims by that time. The engine clock is read here too,
+    -- after the lock: a test clock moved during the wait would otherwise stamp this claim in the
+    -- window before the move, where a later claim no longer counts it (over-admitting the window).
+    decided_at := clock_timestamp() + __S__.clock_offset();
     -- the batch id is taken under the lock: a later limited claim of the queue, counting from the
     -- running mark, must see every claim with a lower id committed
     batch := nextval('__S__.claim_batch_ids');
@@ -334,8 +336,7 @@ DECLARE
     v_claim_slot int;
     v_batch bigint;
     -- the engine's clock (clock.sql): the claim's time and deadline, and its rate windows
-    v_clock_offset interval := __S__.clock_offset();
-    v_now timestamptz := now() + v_clock_offset;
+    v_now timestamptz := now() + __S__.clock_offset();
     v_batch_deadline timestamptz := v_now + p_deadline;
     v_own_deadline timestamptz;
     v_lane record;
@@ -418,11 +419,12 @@ BEGIN
     IF v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL OR v_key_path IS NOT NULL THEN
         SELECT r.room, r.batch, r.decided_at, r.key_room, r.key_default_room
         INTO p_max, v_batch, v_now, v_key_room, v_key_default_room
-        FROM __S__.claim_room(p_queue, p_max, v_clock_offset, v_max_running, v_rate_limit, v_rate_period,
+        FROM __S__.claim_room(p_queue, p_max, v_max_running, v_rate_limit, v_rate_period,
                               v_mark_seq, v_key_path, v_key_max, v_key_rate, v_key_rate_period) r;
         IF p_max < 1 THEN
             RETURN;
         END IF;
+        v_batch_deadline := v_now + p_deadline;
         v_more := true;
     END IF;
     v_batch := coalesce(v_batch, nextval('__S__.claim_batch_ids'));

@@ -93,3 +93,5 @@ $$;
 DROP FUNCTION IF EXISTS __S__.open_attempts(int[], bigint[], bigint[], bigint[]);
 -- claim_lane_order takes the claim's candidate shards instead of reading the queue's lanes itself
 DROP FUNCTION IF EXISTS __S__.claim_lane_order(text, timestamptz, interval);
+-- claim_room reads the engine clock itself, after the queue's limit lock
+DROP FUNCTION IF EXISTS __S__.claim_room(text, int, interval, int, int, interval, regclass, text[], int, int, interval);

@@ -1189,6 +1189,51 @@ async fn many_appends_in_one_statement_return_each_jobs_id_with_its_position() {
     db.cleanup().await;
 }
 
+/// An append reads its key's tail by key, however many steps other workflows have released: the
+/// tail's released mark is one probe, not a read of every released step. In the select list of
+/// the tail's lookup it was planned as a hashed subplan over the whole table once a wide workflow
+/// made each workflow look large (here: a 1 -> 10,000 -> 1 fan-out, and 200 keys' heads released).
+#[tokio::test]
+async fn an_append_reads_only_its_keys_rows_however_many_steps_other_workflows_released() {
+    let db = TestDb::new().await;
+    let s = db.schema.to_string();
+    let mut wide = Workflow::new().step(step("root", &[]));
+    let children: Vec<String> = (0..10_000).map(|n| format!("c{n}")).collect();
+    for child in &children {
+        wide = wide.step(step(child, &["root"]));
+    }
+    let names: Vec<&str> = children.iter().map(String::as_str).collect();
+    insert(&db, wide.step(step("fan-in", &names))).await;
+    db.exec(
+        "SELECT count(*) FROM {s}.enqueue_in_sequence_many(
+             (SELECT array_agg('key-' || n::text) FROM generate_series(1, 200) n),
+             (SELECT array_agg('{\"kind\": \"k\"}'::jsonb) FROM generate_series(1, 200) n),
+             (SELECT array_agg('run'::text) FROM generate_series(1, 200) n))",
+    )
+    .await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let append =
+        format!("SELECT {s}.enqueue_in_sequence('k', '{{\"kind\": \"k\", \"args\": {{}}}}')");
+    // the key's first job (released at once), then one behind it, then one behind that
+    for tail in ["none", "released", "waiting"] {
+        let (before, _) = table_reads(&mut tx, &s, "workflow_released").await;
+        sqlx::query(&append).execute(&mut *tx).await.unwrap();
+        let (after, scans) = table_reads(&mut tx, &s, "workflow_released").await;
+        assert_eq!(scans, 0, "{tail}: sequential scans of workflow_released");
+        assert!(
+            after - before <= 2,
+            "{tail}: {} released steps read by one append",
+            after - before
+        );
+    }
+    tx.commit().await.unwrap();
+    let pending: i64 = db
+        .scalar_i64("SELECT count(*) FROM {s}.sequence_pending('k') WHERE state = 'pending'")
+        .await;
+    assert_eq!(pending, 2, "the second and third wait in order");
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_sequence_continues_holds_or_cancels_after_a_failure_by_policy() {
     let db = TestDb::new().await;

@@ -925,15 +925,16 @@ BEGIN
     IF v_workflow IS NOT NULL THEN
         PERFORM __S__.lock_workflow(v_workflow);
         -- the key's last job, skipping jobs cancelled while they waited (they never had a turn)
-        SELECT s.step, s.job_id,
-               NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
-                           WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
-        INTO v_tail_step, v_tail_job, v_tail_waits FROM __S__.workflow_steps s
+        SELECT s.step, s.job_id INTO v_tail_step, v_tail_job FROM __S__.workflow_steps s
         WHERE s.workflow_id = v_workflow
           AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
                           WHERE r.workflow_id = s.workflow_id AND r.step = s.step
                             AND r.outcome = 'cancelled' AND r.run_lease = 0)
         ORDER BY s.job_id DESC LIMIT 1;
+        -- a statement of its own, one key probe: in the select list above it was planned as a
+        -- hashed subplan that read every released step of every workflow at each append
+        v_tail_waits := NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                                    WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
         v_result_lease := (SELECT max(r.run_lease) FROM __S__.workflow_results r
                            WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
         IF v_tail_waits THEN

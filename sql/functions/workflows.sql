@@ -152,7 +152,9 @@ DECLARE
     v_release text[] := '{}';
 BEGIN
     WHILE coalesce(cardinality(v_steps), 0) > 0 LOOP
-        -- the results, and which of them are new
+        -- the results, and which of them are new. The new ones come from RETURNING alone: joined
+        -- back to the input (two CTEs, with hash and merge joins off) they were a nested loop of
+        -- every row by every row, 30 ms for a batch of 512 completions under the workflow's lock.
         WITH input AS (
             SELECT DISTINCT ON (i.workflow_id, i.step, i.run_lease) i.workflow_id, i.step, i.run_lease, i.outcome
             FROM unnest(v_workflows, v_steps, v_leases, v_outcomes) WITH ORDINALITY
@@ -164,12 +166,27 @@ BEGIN
                    CASE WHEN i.outcome = 'dead_lettered' THEN 'failed' ELSE i.outcome END, v_now
             FROM input i
             ON CONFLICT DO NOTHING
-            RETURNING workflow_id, step, run_lease
+            RETURNING workflow_id, step, run_lease, outcome
         )
-        SELECT array_agg(a.workflow_id), array_agg(a.step), array_agg(i.outcome), array_agg(a.run_lease)
+        SELECT array_agg(a.workflow_id), array_agg(a.step), array_agg(a.outcome), array_agg(a.run_lease)
         INTO v_settled_workflows, v_settled, v_settled_outcomes, v_settled_leases
-        FROM added a JOIN input i ON i.workflow_id = a.workflow_id AND i.step = a.step AND i.run_lease = a.run_lease;
+        FROM added a;
         EXIT WHEN v_settled IS NULL;
+        IF 'dead_lettered' = ANY (v_outcomes) THEN
+            -- a result stores a dead letter as failed; a held dependent tells them apart, so the
+            -- few new results whose input (its first occurrence, as above) was a dead letter say so
+            SELECT array_agg(CASE WHEN x.outcome = 'failed'
+                                       AND (SELECT i.outcome
+                                            FROM unnest(v_workflows, v_steps, v_leases, v_outcomes) WITH ORDINALITY
+                                                 AS i(workflow_id, step, run_lease, outcome, n)
+                                            WHERE i.workflow_id = x.workflow_id AND i.step = x.step
+                                              AND i.run_lease = x.run_lease
+                                            ORDER BY i.n LIMIT 1) = 'dead_lettered'
+                                  THEN 'dead_lettered' ELSE x.outcome END ORDER BY x.n)
+            INTO v_settled_outcomes
+            FROM unnest(v_settled_workflows, v_settled, v_settled_outcomes, v_settled_leases) WITH ORDINALITY
+                 AS x(workflow_id, step, outcome, run_lease, n);
+        END IF;
         -- what each new result does to each dependent still waiting
         WITH effects AS (
             SELECT DISTINCT ON (e.workflow_id, e.step, e.depends_on) e.workflow_id, e.step, e.depends_on,

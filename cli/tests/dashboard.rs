@@ -465,7 +465,9 @@ async fn the_dashboard_shows_what_ran_and_its_actions_work_in_a_real_browser() {
     let submit_since = |since: chrono::DateTime<chrono::Utc>| {
         let browser = browser.clone();
         async move {
-            let since = since.format("%Y-%m-%dT%H:%M:%S").to_string();
+            // minutes: a datetime-local field drops ":00" seconds from its value, so a time
+            // taken on a minute's first second would never read back as it was set
+            let since = since.format("%Y-%m-%dT%H:%M").to_string();
             browser
                 .execute(
                     "const form = document.querySelector('form.filters');\

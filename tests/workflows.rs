@@ -1189,6 +1189,165 @@ async fn many_appends_in_one_statement_return_each_jobs_id_with_its_position() {
     db.cleanup().await;
 }
 
+/// Bad sequence input through SQL gets its own clear error, alone or among good jobs in one call
+/// (which then appends nothing: the statement is the unit), and good jobs that look unusual still
+/// go in.
+#[tokio::test]
+async fn bad_sequence_jobs_are_refused_with_a_clear_error_through_sql_and_append_nothing() {
+    let db = TestDb::new().await;
+    let s = db.schema.to_string();
+    let good = serde_json::json!({ "kind": "k", "args": { "n": 1 } });
+    let cases = [
+        (
+            "k",
+            serde_json::json!(5),
+            "run",
+            "a sequence job is a job object",
+        ),
+        (
+            "k",
+            serde_json::json!({ "kind": "k", "step": "x" }),
+            "run",
+            "unknown fields {step}",
+        ),
+        (
+            "k",
+            serde_json::json!({ "kind": "k", "depends_on": [] }),
+            "run",
+            "unknown fields {depends_on}",
+        ),
+        (
+            "k",
+            serde_json::json!({ "kind": "k", "priority": 9 }),
+            "run",
+            "priority must be 1..4",
+        ),
+        (
+            "k",
+            serde_json::json!({ "kind": 7 }),
+            "run",
+            "must be strings",
+        ),
+        (
+            "k",
+            serde_json::json!({ "args": {} }),
+            "run",
+            "invalid job kind",
+        ),
+        (
+            "k",
+            serde_json::json!({ "kind": "k", "timeout_ms": 0 }),
+            "run",
+            "timeout_ms must be",
+        ),
+        ("", good.clone(), "run", "invalid sequence key"),
+        (
+            "k",
+            good.clone(),
+            "sometimes",
+            "on a failure a sequence continues",
+        ),
+    ];
+    for (key, job, policy, expected) in cases {
+        let one = sqlx::query(&format!("SELECT {s}.enqueue_in_sequence($1, $2, $3)"))
+            .bind(key)
+            .bind(&job)
+            .bind(policy)
+            .execute(&db.pool)
+            .await
+            .expect_err(expected);
+        assert!(one.to_string().contains(expected), "one: {one}");
+        // the bad job between two good ones of other keys
+        let many = sqlx::query(&format!(
+            "SELECT * FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
+        ))
+        .bind(vec!["a", key, "z"])
+        .bind(vec![good.clone(), job.clone(), good.clone()])
+        .bind(vec!["run", policy, "run"])
+        .execute(&db.pool)
+        .await
+        .expect_err(expected);
+        assert!(many.to_string().contains(expected), "many: {many}");
+    }
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_steps")
+            .await,
+        0,
+        "nothing appended"
+    );
+    // an optional field given as null, and every field at once, are good jobs
+    let unusual = vec![
+        serde_json::json!({ "kind": "k", "timeout_ms": null, "traceparent": null }),
+        serde_json::json!({ "kind": "k", "args": { "n": [1, { "deep": true }] }, "queue": "q2",
+                            "priority": 4, "max_attempts": 3, "timeout_ms": 5000 }),
+    ];
+    let appended: Vec<(i32, i64)> = sqlx::query_as(&format!(
+        "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
+    ))
+    .bind(vec!["k", "k"])
+    .bind(&unusual)
+    .bind(vec!["run", "hold"])
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(appended.len(), 2);
+    db.cleanup().await;
+}
+
+/// The jobs of one call that are due at once (each new key's first) go to the queue ring together,
+/// in one segment, not one a key; a key's later jobs in the call wait behind its first as behind
+/// any tail that has not ended, and run after it, in order.
+#[tokio::test]
+async fn a_calls_first_jobs_of_new_keys_are_released_together_and_the_rest_wait_behind_them() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let s = db.schema.to_string();
+    // keys key-00 .. key-49, three jobs each, in key order: n = 3 * key + its place
+    let keys: Vec<String> = (0..150).map(|n| format!("key-{:02}", n / 3)).collect();
+    let jobs: Vec<serde_json::Value> = (0..150)
+        .map(|n| serde_json::json!({ "kind": "k", "args": { "n": n } }))
+        .collect();
+    let segments = "SELECT count(*) FROM {s}.ready_segments";
+    let before = db.scalar_i64(segments).await;
+    let appended: Vec<(i32, i64)> = sqlx::query_as(&format!(
+        "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
+    ))
+    .bind(&keys)
+    .bind(&jobs)
+    .bind(vec!["run"; 150])
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(appended.len(), 150);
+    assert_eq!(
+        db.scalar_i64(segments).await - before,
+        1,
+        "one segment for the 50 first jobs"
+    );
+    for place in 0..3 {
+        // every job available now (a claim can stop at a segment boundary: claim until empty),
+        // completed only once all are claimed
+        let mut claimed = Vec::new();
+        loop {
+            let more = claim_ns(&storage).await;
+            if more.is_empty() {
+                break;
+            }
+            claimed.extend(more);
+        }
+        let mut ran: Vec<i64> = Vec::new();
+        for (n, c) in &claimed {
+            ran.push(*n);
+            complete_one(&storage, c).await;
+        }
+        ran.sort_unstable();
+        let expected: Vec<i64> = (0..50).map(|key| 3 * key + place).collect();
+        assert_eq!(ran, expected, "each key's job {place}, and only it");
+    }
+    assert!(claim_ns(&storage).await.is_empty());
+    db.cleanup().await;
+}
+
 /// An append reads its key's tail by key, however many steps other workflows have released: the
 /// tail's released mark is one probe, not a read of every released step. In the select list of
 /// the tail's lookup it was planned as a hashed subplan over the whole table once a wide workflow

@@ -899,8 +899,33 @@ $$;
 -- until the failed job, dead-lettered, is retried and completes; a failure nothing can retry
 -- cancels the rest) or 'cancel' (the jobs waiting behind it are cancelled). Keys are independent: a key's waiting jobs are off the ring and never in another's way.
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence(p_key text, p_job jsonb, p_on_failure text DEFAULT 'run')
-RETURNS bigint
+CREATE OR REPLACE FUNCTION __S__.validate_sequence_job(p_job jsonb) RETURNS void
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_extra text[];
+BEGIN
+    IF p_job IS NULL OR jsonb_typeof(p_job) <> 'object' THEN
+        RAISE EXCEPTION 'ringwork: a sequence job is a job object (kind, args, queue, priority, max_attempts, timeout_ms, traceparent)'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT array_agg(k ORDER BY k) INTO v_extra FROM jsonb_object_keys(p_job) k
+    WHERE k NOT IN ('kind', 'args', 'queue', 'priority', 'max_attempts', 'timeout_ms', 'traceparent');
+    IF v_extra IS NOT NULL THEN
+        RAISE EXCEPTION 'ringwork: a sequence job has unknown fields %', v_extra USING ERRCODE = '22023';
+    END IF;
+    PERFORM __S__.validate_step_job(p_job, 'sequence job');
+END
+$$;
+
+-- One job appended to its key (its shape checked by the caller): the step, and the edge from the
+-- key's tail. A step due at once (no tail, or a tail dead-lettered that counts as arrived) is
+-- returned to be released by the caller, not released here: a call of many appends releases all
+-- its due steps in one segment per queue (a segment each cost a shard lock, a sequence, a segment
+-- row and a NOTIFY). A later append of the same call sees such a step as its tail, not yet
+-- released: it waits for it, as for any tail that has not ended.
+CREATE OR REPLACE FUNCTION __S__.sequence_append(p_key text, p_job jsonb, p_on_failure text,
+                                                 OUT job_id bigint, OUT release_workflow bigint,
+                                                 OUT release_step text)
 -- sequential scans off: every lookup here is of one key or one workflow, by index, and a plan
 -- cached while the workflow tables were small (or whose estimate for one workflow counts a
 -- 10,000-step fan-out's rows) scanned workflow_steps whole at every append
@@ -911,7 +936,6 @@ DECLARE
     v_tail_job bigint;
     v_step text;
     v_job bigint;
-    v_extra text[];
     v_tail_state text;
     v_tail_lease bigint;
     v_tail_waits boolean;
@@ -926,16 +950,6 @@ BEGIN
         RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
             quote_nullable(p_on_failure) USING ERRCODE = '22023';
     END IF;
-    IF p_job IS NULL OR jsonb_typeof(p_job) <> 'object' THEN
-        RAISE EXCEPTION 'ringwork: a sequence job is a job object (kind, args, queue, priority, max_attempts, timeout_ms, traceparent)'
-            USING ERRCODE = '22023';
-    END IF;
-    SELECT array_agg(k ORDER BY k) INTO v_extra FROM jsonb_object_keys(p_job) k
-    WHERE k NOT IN ('kind', 'args', 'queue', 'priority', 'max_attempts', 'timeout_ms', 'traceparent');
-    IF v_extra IS NOT NULL THEN
-        RAISE EXCEPTION 'ringwork: a sequence job has unknown fields %', v_extra USING ERRCODE = '22023';
-    END IF;
-    PERFORM __S__.validate_step_job(p_job, 'sequence job');
     -- the key's one lock, so two producers append to it one after the other
     PERFORM pg_advisory_xact_lock(__S__.lock_ns('sequence'), hashtext(p_key));
     SELECT max(q.workflow_id) INTO v_workflow FROM __S__.workflow_sequences q WHERE q.sequence_key = p_key;
@@ -997,9 +1011,11 @@ BEGIN
             coalesce((p_job->>'max_attempts')::int, 25), (p_job->>'timeout_ms')::int,
             __S__.traceparent_bytes(p_job->>'traceparent'), p_on_failure,
             CASE WHEN v_tail_step IS NULL THEN 0 ELSE 1 END, __S__.engine_now());
+    job_id := v_job;
     IF v_tail_step IS NULL THEN
-        PERFORM __S__.workflow_release(v_workflow, ARRAY[v_step]);
-        RETURN v_job;
+        release_workflow := v_workflow;
+        release_step := v_step;
+        RETURN;
     END IF;
     INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step) VALUES (v_workflow, v_tail_step, v_step);
     -- a dead-lettered tail (kept above) counts now, by the job's policy
@@ -1007,34 +1023,70 @@ BEGIN
         v_effect := __S__.workflow_edge_effect('dead_lettered', p_on_failure);
         IF v_effect = 'arrived' THEN
             PERFORM __S__.workflow_arrive(v_workflow, v_step, v_tail_step, 1);
-            PERFORM __S__.workflow_release(v_workflow, ARRAY[v_step]);
+            release_workflow := v_workflow;
+            release_step := v_step;
         ELSIF v_effect = 'cancel' THEN
             PERFORM __S__.workflow_settle_steps(v_workflow, ARRAY[v_step], ARRAY[0::bigint], ARRAY['cancelled']);
         END IF;
     END IF;
-    RETURN v_job;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence(p_key text, p_job jsonb, p_on_failure text DEFAULT 'run')
+RETURNS bigint
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_append record;
+BEGIN
+    PERFORM __S__.validate_sequence_job(p_job);
+    SELECT * INTO v_append FROM __S__.sequence_append(p_key, p_job, p_on_failure);
+    IF v_append.release_step IS NOT NULL THEN
+        PERFORM __S__.workflow_release(v_append.release_workflow, ARRAY[v_append.release_step]);
+    END IF;
+    RETURN v_append.job_id;
 END
 $$;
 
 -- Many jobs appended to their keys in one statement, in the order given (a producer's transaction
 -- of sequence jobs: the Rust client sorts them by key so that two producers take the keys' locks in
 -- one order). Each is enqueue_in_sequence; a statement rather than one a job saves a round trip per
--- job, which is most of an append while the transaction holds its keys' locks. Returns each job's
--- position in the arrays (1-based) with its id.
+-- job, which is most of an append while the transaction holds its keys' locks. The jobs' shapes
+-- are checked at once when all are plain (workflow_steps_plain), else one by one for the exact
+-- error; the steps due at once are released together at the end. Returns each job's position in
+-- the arrays (1-based) with its id.
 CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence_many(p_keys text[], p_jobs jsonb[], p_on_failures text[])
 RETURNS TABLE (ord int, job_id bigint)
 LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_plain boolean;
+    v_append record;
+    v_release_workflows bigint[] := '{}';
+    v_release_steps text[] := '{}';
 BEGIN
     IF cardinality(p_keys) IS DISTINCT FROM cardinality(p_jobs)
        OR cardinality(p_keys) IS DISTINCT FROM cardinality(p_on_failures) THEN
         RAISE EXCEPTION 'ringwork: enqueue_in_sequence_many takes as many keys, jobs and policies, got %, % and %',
             cardinality(p_keys), cardinality(p_jobs), cardinality(p_on_failures) USING ERRCODE = '22023';
     END IF;
+    -- a sequence job is a workflow step without a name or dependencies of its own
+    v_plain := NOT EXISTS (SELECT 1 FROM unnest(p_jobs) j
+                           WHERE j IS NULL OR jsonb_typeof(j) <> 'object'
+                              OR j ?| ARRAY['step', 'depends_on', 'on_dependency_failure'])
+               AND __S__.workflow_steps_plain((SELECT jsonb_agg(j || '{"step": "s"}') FROM unnest(p_jobs) j));
     FOR i IN 1 .. coalesce(cardinality(p_keys), 0) LOOP
+        IF NOT v_plain THEN
+            PERFORM __S__.validate_sequence_job(p_jobs[i]);
+        END IF;
+        SELECT * INTO v_append FROM __S__.sequence_append(p_keys[i], p_jobs[i], p_on_failures[i]);
+        IF v_append.release_step IS NOT NULL THEN
+            v_release_workflows := v_release_workflows || v_append.release_workflow;
+            v_release_steps := v_release_steps || v_append.release_step;
+        END IF;
         ord := i;
-        job_id := __S__.enqueue_in_sequence(p_keys[i], p_jobs[i], p_on_failures[i]);
+        job_id := v_append.job_id;
         RETURN NEXT;
     END LOOP;
+    PERFORM __S__.workflow_release_many(v_release_workflows, v_release_steps);
 END
 $$;
 

@@ -172,9 +172,14 @@ BEGIN
         INTO v_settled_workflows, v_settled, v_settled_outcomes, v_settled_leases
         FROM added a;
         EXIT WHEN v_settled IS NULL;
-        IF 'dead_lettered' = ANY (v_outcomes) THEN
-            -- a result stores a dead letter as failed; a held dependent tells them apart, so the
-            -- few new results whose input (its first occurrence, as above) was a dead letter say so
+        IF 'dead_lettered' = ANY (v_outcomes) AND 'failed' <> ALL (v_outcomes) THEN
+            -- a result stores a dead letter as failed; a held dependent tells them apart. With no
+            -- plain failure in the input (the dead-letter trigger's calls) every new failed result
+            -- is a dead letter
+            v_settled_outcomes := array_replace(v_settled_outcomes, 'failed', 'dead_lettered');
+        ELSIF 'dead_lettered' = ANY (v_outcomes) THEN
+            -- both kinds in one call (no caller sends that today): each new failed result asks its
+            -- input (its first occurrence, as above), a read of the input per result
             SELECT array_agg(CASE WHEN x.outcome = 'failed'
                                        AND (SELECT i.outcome
                                             FROM unnest(v_workflows, v_steps, v_leases, v_outcomes) WITH ORDINALITY
@@ -1074,7 +1079,7 @@ BEGIN
                               OR j ?| ARRAY['step', 'depends_on', 'on_dependency_failure'])
                AND __S__.workflow_steps_plain((SELECT jsonb_agg(j || '{"step": "s"}') FROM unnest(p_jobs) j));
     FOR i IN 1 .. coalesce(cardinality(p_keys), 0) LOOP
-        IF NOT v_plain THEN
+        IF v_plain IS NOT TRUE THEN
             PERFORM __S__.validate_sequence_job(p_jobs[i]);
         END IF;
         SELECT * INTO v_append FROM __S__.sequence_append(p_keys[i], p_jobs[i], p_on_failures[i]);

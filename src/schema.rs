@@ -108,6 +108,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "archive_search",
         include_str!("../migrations/0026_archive_search.sql"),
     ),
+    (
+        "archive_search_doc",
+        include_str!("../migrations/0027_archive_search_doc.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is
@@ -486,7 +490,7 @@ pub const TABLE_CLASSES: &[(&str, ChurnClass)] = &[
     // terminal history: INSERT-only rings of time buckets, reclaimed by TRUNCATE of a whole bucket
     ("archived_completion_batches", ChurnClass::Ring),
     ("archived_jobs", ChurnClass::Ring),
-    // archive search (migration 0026): one row per archived job while the setting is on
+    // archive search (migrations 0026, 0027): one row per archived job while the setting is on
     ("archived_job_args", ChurnClass::Ring),
     // durable terminal totals: appended at prune, folded and truncated a time bucket at a time
     ("terminal_totals", ChurnClass::Ring),

@@ -22,7 +22,7 @@ LANGUAGE sql STABLE AS $$
             % __S__.archive_buckets())::int
 $$;
 
--- Archive search (migration 0026): one archived_job_args row per job of the slot's terminal history
+-- Archive search (migrations 0026, 0027): one archived_job_args row per job of the slot's terminal history
 -- that archive_slot copies, from the same rows, under the same keeps and into the same time buckets
 -- (completions in 0..31, failed, cancelled and row-completed jobs in 32..63), while the
 -- archive_search setting is on. p_completions, p_terminal: which of the two archive_slot copies
@@ -237,7 +237,7 @@ DECLARE
                                   WHEN 'jobs' THEN 'archived_jobs'
                                   WHEN 'completions_search' THEN 'archived_job_args'
                                   WHEN 'jobs_search' THEN 'archived_job_args' END;
-    -- archive search's jobs rows are in the partitions after its completions' (migration 0026)
+    -- archive search's jobs rows are in the partitions after its completions' (migrations 0026, 0027)
     v_first int := CASE p_table WHEN 'jobs_search' THEN __S__.archive_buckets() ELSE 0 END;
     v_current int := __S__.archive_bucket(now(), p_keep);
     v_child text;
@@ -263,7 +263,7 @@ BEGIN
 END
 $$;
 
--- Archive search (migration 0026): the archived jobs whose arguments contain p_args (jsonb
+-- Archive search (migrations 0026, 0027): the archived jobs whose arguments contain p_args (jsonb
 -- containment) and, when given, of a queue, kind and state, looked up together in the GIN index
 -- of `doc`; then those finalized in [p_since, p_until), newest first after the page key
 -- (p_before_at, p_before_id), at most p_limit. The index yields its matches in no order, so a page
@@ -422,7 +422,7 @@ LANGUAGE sql STABLE SET jit = off SET enable_seqscan = off AS $$
                      WHERE c.oid = format('%I.%I', '__S__', 'archived_jobs_' || b.bucket)::regclass), 0)::bigint,
            pg_total_relation_size(format('%I.%I', '__S__', 'archived_completion_batches_' || b.bucket)::regclass)
            + pg_total_relation_size(format('%I.%I', '__S__', 'archived_jobs_' || b.bucket)::regclass)
-           -- archive search's rows of the same buckets (migration 0026)
+           -- archive search's rows of the same buckets (migrations 0026, 0027)
            + pg_total_relation_size(format('%I.%I', '__S__', 'archived_job_args_' || b.bucket)::regclass)
            + pg_total_relation_size(format('%I.%I', '__S__', 'archived_job_args_' || (b.bucket + __S__.archive_buckets()))::regclass)
     FROM generate_series(0, __S__.archive_buckets() - 1) b(bucket)

@@ -1,7 +1,7 @@
 //! The archive: terminal history kept after its queue slot is pruned, in rings of time buckets
 //! (`sql/functions/archive.sql`). A sealed queue slot is archived ahead of its prune, under ACCESS
 //! SHARE locks only; prune appends whatever arrived since. This module also reclaims it, and
-//! searches it by argument content (archive search, migration 0026).
+//! searches it by argument content (archive search, migrations 0026 and 0027).
 
 use std::time::Duration;
 

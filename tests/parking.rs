@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use ringwork::{CancelOutcome, NewJob, PruneResult, QueueSlotPrune, Storage};
 use serde_json::json;
+use sqlx::Connection;
 use support::TestDb;
 
 const NO_WAIT: Duration = Duration::from_millis(25);
@@ -364,5 +365,64 @@ async fn parking_racing_claims_pauses_and_producers_loses_and_repeats_nothing() 
     let mut expected = produced.clone();
     expected.sort_unstable();
     assert_eq!(sorted, expected, "every produced job was claimed");
+    db.cleanup().await;
+}
+
+/// A claim looks for a lane's rows only in the slots its segments are in, and usually in the
+/// current slot alone: when the segments there from the cursor's on are numbered without a hole up
+/// to the lane's last allocated one. Unparking breaks the usual order of slots: the parked rows
+/// come back into the current slot, behind a newer segment of the same lane in an older slot. A
+/// claim that took the current slot alone there would drain the unparked segment and never reach
+/// the newer one.
+#[tokio::test]
+async fn a_lane_unparked_behind_its_own_newer_segment_is_claimed_from_both_slots_in_order() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage.set_queue_paused("cold", true).await.unwrap();
+    let first = insert(&db, "cold", 0..10).await;
+    assert_eq!(
+        rotate_and_prune(&storage, IDLE).await,
+        vec![PruneResult::Pruned]
+    );
+    assert_eq!(parked(&db).await, 10);
+    let lane = db
+        .scalar_i64("SELECT lane_id::int8 FROM {s}.parked_lanes")
+        .await;
+    // the lane's next segment, in the next slot: every other shard of the queue is held, so the
+    // producer writes this one
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_lock({s}.lock_ns('shard'), l.lane_id) FROM {s}.queue_lanes l \
+         WHERE l.queue = 'cold' AND l.lane_id <> $1",
+        s = db.schema
+    ))
+    .bind(lane as i32)
+    .execute(&mut holder)
+    .await
+    .unwrap();
+    let second = insert(&db, "cold", 10..20).await;
+    holder.close().await.unwrap();
+    let lane_of_second = db
+        .scalar_i64(&format!(
+            "SELECT min(lane_id)::int8 FROM {{s}}.ready_entries WHERE job_id = {}",
+            second[0]
+        ))
+        .await;
+    assert_eq!(lane_of_second, lane, "the parked lane's own next segment");
+    // that slot is sealed (not pruned), and resume brings the parked rows back into the new one
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+    storage.set_queue_paused("cold", false).await.unwrap();
+    assert_eq!(parked(&db).await, 0);
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(DISTINCT ready_slot) FROM {{s}}.ready_entries WHERE lane_id = {lane}"
+        ))
+        .await,
+        2,
+        "the lane's rows are in two slots, its older ones in the current slot"
+    );
+    let expected: Vec<i64> = first.iter().chain(second.iter()).copied().collect();
+    assert_eq!(drain(&storage, "cold", 3).await, expected);
+    assert_eq!(available(&storage, "cold").await, 0);
     db.cleanup().await;
 }

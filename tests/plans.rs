@@ -54,38 +54,46 @@ async fn hot_functions_pin_generic_plans() {
     db.cleanup().await;
 }
 
-/// Cut the ready-row walk out of the installed `claim()` and turn its PL/pgSQL variables into
-/// parameters, so the test explains the very statement claim runs.
-fn claim_walk_statement(claim_source: &str) -> String {
-    let start = claim_source
-        .find("FOR v_row IN")
-        .expect("claim() has no ready-row walk")
-        + "FOR v_row IN".len();
-    let end = start
-        + claim_source[start..]
-            .find("\n            LOOP")
-            .expect("the walk ends with LOOP");
-    let walk = &claim_source[start..end];
-    let mut statement = walk.to_string();
-    for (variable, parameter) in [
-        ("v_lane.lane_id", "$1"),
-        ("v_cursor", "$2"),
-        ("v_limit", "$3"),
-    ] {
-        assert!(
-            statement.contains(variable),
-            "the walk no longer uses {variable}: update this test with claim()\n{walk}"
-        );
-        statement = statement.replace(variable, parameter);
-    }
-    let unbound = statement
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .find(|word| word.starts_with("v_") || word.starts_with("p_"));
-    assert!(
-        unbound.is_none(),
-        "the walk uses {unbound:?}, a variable this test does not bind:\n{statement}"
-    );
-    statement
+/// Cut the ready-row walks out of the installed `claim()` (the one over the slots the lane's
+/// segments are in, then the one over every slot) and turn their PL/pgSQL variables into
+/// parameters, so the test explains the very statements claim runs.
+fn claim_walk_statements(claim_source: &str) -> Vec<String> {
+    let walks: Vec<&str> = claim_source
+        .split("OPEN v_walk FOR")
+        .skip(1)
+        .map(|rest| &rest[..rest.find(';').expect("the walk ends with ;")])
+        .collect();
+    assert_eq!(walks.len(), 2, "claim() has two ready-row walks");
+    walks
+        .into_iter()
+        .map(|walk| {
+            let mut statement = walk.to_string();
+            for (variable, parameter) in [
+                ("v_lane.lane_id", "$1"),
+                ("v_cursor", "$2"),
+                ("v_limit", "$3"),
+                ("v_slot_a", "$4"),
+                ("v_slot_b", "$5"),
+                ("v_slot_c", "$6"),
+            ] {
+                statement = statement.replace(variable, parameter);
+            }
+            for parameter in ["$1", "$2", "$3"] {
+                assert!(
+                    statement.contains(parameter),
+                    "the walk no longer uses {parameter}: update this test with claim()\n{walk}"
+                );
+            }
+            let unbound = statement
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .find(|word| word.starts_with("v_") || word.starts_with("p_"));
+            assert!(
+                unbound.is_none(),
+                "the walk uses {unbound:?}, a variable this test does not bind:\n{statement}"
+            );
+            statement
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -121,7 +129,7 @@ async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
     .fetch_one(&mut *conn)
     .await
     .unwrap();
-    let walk = claim_walk_statement(&source);
+    let walks = claim_walk_statements(&source);
     let (lane, cursor): (i32, i64) = sqlx::query_as(&format!(
         "SELECT lane_id, {s}.lane_cursor(lane_id) FROM {s}.queue_lanes WHERE queue = 'default' \
          AND priority = 2 ORDER BY pg_sequence_last_value(segment_seq) DESC NULLS LAST LIMIT 1",
@@ -130,34 +138,62 @@ async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
     .fetch_one(&mut *conn)
     .await
     .unwrap();
-    sqlx::raw_sql(&format!(
-        "PREPARE walk(int, bigint, int) AS {walk}; SET plan_cache_mode = force_generic_plan"
+    // the slots of the lane's first three segments past its cursor, as a claim would name them
+    let slots: Vec<i32> = sqlx::query_scalar(&format!(
+        "SELECT g.ready_slot FROM {s}.ready_segments g WHERE g.lane_id = $1 AND g.segment_no >= $2 >> 20 \
+         ORDER BY g.segment_no LIMIT 3",
+        s = db.schema
     ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    let plan: Vec<String> = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, TIMING OFF) EXECUTE walk({lane}, {cursor}, 192)"
-    ))
+    .bind(lane)
+    .bind(cursor)
     .fetch_all(&mut *conn)
     .await
     .unwrap();
-    let plan = plan.join("\n");
-    // An ordered merge of the children's (lane_id, lane_pos) index scans that stops after the
-    // batch: no sort of the whole lane, no sequential scan of ready rows.
-    assert!(plan.contains("Merge Append"), "{plan}");
-    assert!(plan.contains("lane_id_lane_pos_idx"), "{plan}");
-    assert!(!plan.contains("Seq Scan on ready_entries"), "{plan}");
-    assert!(!plan.contains("Sort  ("), "{plan}");
-    assert!(
-        plan.contains("actual rows=192"),
-        "the walk returned a batch\n{plan}"
+    assert_eq!(
+        slots.len(),
+        3,
+        "the lane's waiting jobs span three slots or more"
     );
-    // leave the pooled connection as it was found
-    sqlx::raw_sql("DEALLOCATE walk; RESET plan_cache_mode")
+    for (i, walk) in walks.iter().enumerate() {
+        sqlx::raw_sql(&format!(
+            "PREPARE walk(int, bigint, int, int, int, int) AS {walk}; SET plan_cache_mode = force_generic_plan"
+        ))
         .execute(&mut *conn)
         .await
         .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, TIMING OFF) EXECUTE walk({lane}, {cursor}, 192, {}, {}, {})",
+            slots[0], slots[1], slots[2]
+        ))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        let plan = plan.join("\n");
+        // An ordered merge of the children's (lane_id, lane_pos) index scans that stops after the
+        // batch: no sort of the whole lane, no sequential scan of ready rows.
+        assert!(plan.contains("Merge Append"), "{plan}");
+        assert!(plan.contains("lane_id_lane_pos_idx"), "{plan}");
+        assert!(!plan.contains("Seq Scan on ready_entries"), "{plan}");
+        assert!(!plan.contains("Sort  ("), "{plan}");
+        assert!(
+            plan.contains("actual rows=192"),
+            "the walk returned a batch\n{plan}"
+        );
+        if i == 0 {
+            // the walk over named slots opens only their partitions, the ready rows' and the
+            // tombstones' alike, when the executor starts
+            assert_eq!(
+                plan.matches("Subplans Removed: 13").count(),
+                2,
+                "the walk over three named slots prunes the other thirteen\n{plan}"
+            );
+        }
+        // leave the pooled connection as it was found
+        sqlx::raw_sql("DEALLOCATE walk; RESET plan_cache_mode")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
     drop(conn);
     db.cleanup().await;
 }

@@ -645,3 +645,70 @@ async fn a_paused_queue_reports_no_backlog_and_resume_wakes_its_dispatchers() {
     assert_eq!(claim_ids(&storage, 10).await.len(), 1);
     db.cleanup().await;
 }
+
+/// A claim finds the slots of its lane's segments before it walks the lane's rows in those slots
+/// only. The race it must not lose: the lane's next segment commits into a newer slot between the
+/// two. The walk does not see it, so it must not step over it either; the next claim takes it.
+/// Driven from both sides: a session holding the claim ledger stops the claim after it found the
+/// slots, and the producer commits meanwhile.
+#[tokio::test]
+async fn a_segment_that_commits_into_a_new_slot_while_a_claim_walks_is_claimed_next_and_not_skipped(
+) {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first: Vec<i64> = storage
+        .insert_many(&mut conn, &(0..3).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    drop(conn);
+    let lane = shards_of(&db, &first).await[0];
+    assert_eq!(claim_ids(&storage, 1).await, first[..1].to_vec());
+    assert!(storage.rotate_queue_ring(Duration::ZERO).await.unwrap());
+
+    let mut ledger = db.pool.begin().await.unwrap();
+    sqlx::raw_sql(&format!(
+        "LOCK TABLE {}.ready_claim_attempt_batches IN ACCESS EXCLUSIVE MODE",
+        db.schema
+    ))
+    .execute(&mut *ledger)
+    .await
+    .unwrap();
+    let claimer = {
+        let storage = storage.clone();
+        tokio::spawn(async move {
+            let jobs = storage.claim("default", 10, None).await.unwrap();
+            jobs.into_iter().map(|j| j.job_id).collect::<Vec<_>>()
+        })
+    };
+    assert!(support::one_waits_for_a_lock(&db).await);
+
+    // the lane's next segment, written into the new current slot: every other shard is held
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_lock({s}.lock_ns('shard'), l.lane_id) FROM {s}.queue_lanes l \
+         WHERE l.queue = 'default' AND l.lane_id <> $1",
+        s = db.schema
+    ))
+    .bind(lane)
+    .execute(&mut holder)
+    .await
+    .unwrap();
+    let late = insert_on_a_new_connection(&db, job(3)).await;
+    holder.close().await.unwrap();
+    assert_eq!(shards_of(&db, &[late]).await, [lane]);
+    assert_eq!(
+        db.scalar_i64("SELECT count(DISTINCT ready_slot) FROM {s}.ready_entries")
+            .await,
+        2
+    );
+
+    ledger.rollback().await.unwrap();
+    // the claim walked the slot it had found: the first segment's rest, not the late one
+    assert_eq!(claimer.await.unwrap(), first[1..].to_vec());
+    assert_eq!(claim_ids(&storage, 10).await, vec![late]);
+    assert!(claim_ids(&storage, 10).await.is_empty());
+    assert_eq!(available(&storage).await, 0);
+    db.cleanup().await;
+}

@@ -348,6 +348,19 @@ DECLARE
     v_shard_cursors bigint[];
     v_shards refcursor;
     v_cursor bigint;
+    v_seq_cursor bigint;
+    -- the queue slots that hold the lane's visible segments from its cursor sequence's on, when
+    -- there are at most three (v_slot_a..c, repeated to fill); NULL: walk every slot
+    v_slots int[];
+    v_slot_a int;
+    v_slot_b int;
+    v_slot_c int;
+    v_walk refcursor;
+    v_current_slot int;
+    v_seg_min bigint;
+    v_seg_max bigint;
+    v_seg_count bigint;
+    v_last_segment bigint;
     v_new_cursor bigint;
     v_last_slot int;
     v_row record;
@@ -431,6 +444,8 @@ BEGIN
     IF v_any_parked THEN
         PERFORM __S__.unpark_queue(p_queue);
     END IF;
+    -- read once: a claim that sees a rotation only looks in more slots (below)
+    v_current_slot := __S__.current_queue_slot();
     -- The walk: shards in claim_lane_order, at most four passes (a pass ends early where the merge
     -- across shards cuts a walk at a segment boundary).
     LOOP
@@ -476,13 +491,55 @@ BEGIN
             -- sees a park that committed before it (the park held the lane until its commit). The
             -- rows must be back before the walk, or it would step over them as a gap; unparking
             -- does not move the cursor.
-            SELECT __S__.lane_cursor(v_lane.lane_id),
-                   EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id)
-            INTO v_cursor, v_parked;
+            SELECT EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id) INTO v_parked;
             IF v_parked THEN
                 PERFORM __S__.unpark_lane(v_lane.lane_id);
             END IF;
-            IF v_cursor > coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0) THEN
+            -- Where the walk must look: the slots of the lane's visible segments from the cursor
+            -- sequence's segment on. The sequence is at or behind the cursor (it lags the ledger by
+            -- the last claim), so these segments hold every row past the cursor and the ledger row
+            -- of the last claim; a segment that commits later has a higher number than all of them
+            -- (one writer per shard at a time), so a walk that does not see it cannot step over it.
+            -- Named in an IN list of variables, the slots prune the ledger, walk and tombstone
+            -- statements to their partitions when the executor starts (an array parameter does not
+            -- prune): an unpruned statement opens and probes all sixteen slots' partitions and
+            -- indexes, which was a fifth of a small claim's and completion's cost together.
+            -- Usually they are all in the current slot, which one pruned probe shows: the segments
+            -- there from the sequence's on are numbered without a hole up to the shard's last
+            -- allocated one. Numbers are unique in a shard, so no other slot holds one of them, and
+            -- none above was allocated before the probe. Otherwise (a rotation since, a segment
+            -- rolled back or not yet committed), one statement over every slot finds them.
+            v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
+            SELECT min(g.segment_no), max(g.segment_no), count(*),
+                   (SELECT pg_sequence_last_value(l.segment_seq) FROM __S__.queue_lanes l
+                    WHERE l.lane_id = v_lane.lane_id)
+            INTO v_seg_min, v_seg_max, v_seg_count, v_last_segment
+            FROM __S__.ready_segments g
+            WHERE g.ready_slot = v_current_slot AND g.lane_id = v_lane.lane_id
+              AND g.segment_no >= v_seq_cursor >> 20;
+            IF v_seg_min = v_seq_cursor >> 20 AND v_seg_count = v_seg_max - v_seg_min + 1
+               AND v_seg_max >= v_last_segment THEN
+                v_slots := ARRAY[v_current_slot];
+            ELSE
+                SELECT array_agg(DISTINCT g.ready_slot) INTO v_slots FROM __S__.ready_segments g
+                WHERE g.lane_id = v_lane.lane_id AND g.segment_no >= v_seq_cursor >> 20;
+            END IF;
+            IF v_slots IS NULL THEN
+                -- no visible segment past the sequence's: nothing to walk, and no ledger row past it
+                CONTINUE;
+            ELSIF cardinality(v_slots) <= 3 THEN
+                v_slot_a := v_slots[1];
+                v_slot_b := coalesce(v_slots[2], v_slot_a);
+                v_slot_c := coalesce(v_slots[3], v_slot_a);
+                SELECT greatest(v_seq_cursor, coalesce(max(upper(a.lane_range)) - 1, 0)) INTO v_cursor
+                FROM __S__.ready_claim_attempt_batches a
+                WHERE a.ready_slot IN (v_slot_a, v_slot_b, v_slot_c) AND a.lane_id = v_lane.lane_id;
+            ELSE
+                -- a backlog over more slots: the lane's cursor and walk over every slot
+                v_slots := NULL;
+                v_cursor := __S__.lane_cursor(v_lane.lane_id);
+            END IF;
+            IF v_cursor > v_seq_cursor THEN
                 PERFORM setval(v_lane.cursor_seq, v_cursor, true);
             END IF;
             v_new_cursor := v_cursor;
@@ -494,20 +551,38 @@ BEGIN
 
             -- No gap check: a shard is written by one open transaction at a time (enqueue_segment),
             -- so a segment missing below a visible one was rolled back or lost for good.
-            FOR v_row IN
-                SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
-                       e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
-                       -- the text form, as before the row stored bytes (migration 0017): a process
-                       -- of the previous build reads claims as text until it is replaced
-                       __S__.traceparent_text(e.traceparent) AS traceparent_text,
-                       EXISTS (SELECT 1 FROM __S__.ready_tombstones t
-                               WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
-                                 AND t.run_lease = e.run_lease) AS spent
-                FROM __S__.ready_entries e
-                WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
-                ORDER BY e.lane_pos
-                LIMIT v_limit
+            -- The two statements differ only in the slots they name.
+            IF v_slots IS NOT NULL THEN
+                OPEN v_walk FOR
+                    SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                           e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                           __S__.traceparent_text(e.traceparent) AS traceparent_text,
+                           EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                                   WHERE t.ready_slot = e.ready_slot AND t.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
+                                     AND t.job_id = e.job_id AND t.run_lease = e.run_lease) AS spent
+                    FROM __S__.ready_entries e
+                    WHERE e.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
+                      AND e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                    ORDER BY e.lane_pos
+                    LIMIT v_limit;
+            ELSE
+                OPEN v_walk FOR
+                    SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                           e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                           -- the text form, as before the row stored bytes (migration 0017): a process
+                           -- of the previous build reads claims as text until it is replaced
+                           __S__.traceparent_text(e.traceparent) AS traceparent_text,
+                           EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                                   WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
+                                     AND t.run_lease = e.run_lease) AS spent
+                    FROM __S__.ready_entries e
+                    WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                    ORDER BY e.lane_pos
+                    LIMIT v_limit;
+            END IF;
             LOOP
+                FETCH v_walk INTO v_row;
+                EXIT WHEN NOT FOUND;
                 v_walked := v_walked + 1;
                 -- a new segment (the first row too, unless it continues the cursor's segment)
                 IF (v_row.lane_pos >> 20) <> coalesce(v_prev_seg, v_cursor >> 20)
@@ -573,6 +648,7 @@ BEGIN
                 v_max_attempts := v_max_attempts || v_row.max_attempts;
                 v_n := v_n + 1;
             END LOOP;
+            CLOSE v_walk;
             -- stopped by its row limit (spent rows between unclaimed ones): the shard has more
             IF NOT v_stopped AND v_walked >= v_limit THEN
                 v_more := true;

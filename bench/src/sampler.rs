@@ -35,6 +35,10 @@ pub(crate) struct Sample {
     /// Commits this sample made itself (its statements, the counters' read among them): left
     /// out of the phase's commits, which an idle fleet's few would otherwise drown in.
     pub(crate) own_commits: i64,
+    /// CPU ms the server spent on this sample's own statements after it read the server's CPU
+    /// (the table statistics read most of all: about 40 ms over ringwork's partitions), left out
+    /// of the phase's server CPU like its commits.
+    pub(crate) own_server_cpu_ms: f64,
 }
 
 pub(crate) async fn sample(
@@ -43,17 +47,20 @@ pub(crate) async fn sample(
     storage: Option<&Storage>,
     started: Instant,
 ) -> Result<Sample> {
+    // one session for the sample's statements, so their server CPU is that backend's
+    let mut conn = admin.acquire().await?;
     let (wal_lsn, commits, backend): (i64, i64, i32) = sqlx::query_as(
         "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8,
                 (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
                 pg_backend_pid()",
     )
-    .fetch_one(admin)
+    .fetch_one(&mut *conn)
     .await?;
-    let server_cpu = u32::try_from(backend)
-        .ok()
+    let backend = u32::try_from(backend).ok();
+    let server_cpu = backend
         .and_then(cpu::postmaster_of)
         .and_then(|postmaster| Some((postmaster, cpu::server_ms(postmaster)?)));
+    let own_cpu_from = backend.and_then(|pid| cpu::processes_ms([pid]));
     let client_cpu_ms = cpu::processes_ms(
         processes
             .workers
@@ -67,7 +74,7 @@ pub(crate) async fn sample(
          FROM pg_stat_user_tables WHERE schemaname = $1",
     )
     .bind(&schema)
-    .fetch_all(admin)
+    .fetch_all(&mut *conn)
     .await?;
     let tables = rows
         .into_iter()
@@ -94,11 +101,19 @@ pub(crate) async fn sample(
                     (SELECT count(*) FROM {schema}.queue_ring_slots WHERE state = 'sealed')
                     + (SELECT count(*) FROM {schema}.claim_ring_slots WHERE state = 'sealed')"
         ))
-        .fetch_one(admin)
+        .fetch_one(&mut *conn)
         .await
         .unwrap_or((0, 0)),
         System::Awa { .. } | System::Pgque { .. } => (0, 0),
     };
+    let own_server_cpu_ms = match (
+        own_cpu_from,
+        backend.and_then(|pid| cpu::processes_ms([pid])),
+    ) {
+        (Some(from), Some(to)) if to >= from => to - from,
+        _ => 0.0,
+    };
+    drop(conn);
     Ok(Sample {
         at: started.elapsed().as_secs_f64(),
         completed: processes.counters.completed.load(Ordering::Relaxed),
@@ -118,6 +133,7 @@ pub(crate) async fn sample(
             System::Ringwork => 4,
             System::Awa { .. } | System::Pgque { .. } => 2,
         },
+        own_server_cpu_ms,
     })
 }
 
@@ -186,8 +202,17 @@ pub(crate) fn summarise(
     // per 1,000 completed jobs; the server's only while one postmaster ran the whole phase (a
     // restart resets its counters)
     let per_1k_jobs = |ms: f64| (completed > 0).then(|| ms * 1000.0 / completed as f64);
+    // less what the samples' own statements cost the server (each after its CPU reading, so the
+    // last sample's falls outside the phase)
+    let own_server_cpu_ms: f64 = samples
+        .iter()
+        .take(samples.len().saturating_sub(1))
+        .map(|s| s.own_server_cpu_ms)
+        .sum();
     let server_cpu_ms = match (first.server_cpu, last.server_cpu) {
-        (Some((a, from)), Some((b, to))) if a == b => Some(to - from),
+        (Some((a, from)), Some((b, to))) if a == b => {
+            Some((to - from - own_server_cpu_ms).max(0.0))
+        }
         _ => None,
     };
     let client_cpu_ms = match (first.client_cpu_ms, last.client_cpu_ms) {
@@ -279,6 +304,9 @@ mod tests {
             wal_lsn: wal,
             commits: completed as i64 / 10 + (t as i64) * 2,
             own_commits: 4,
+            // 600 ms of server CPU per 2 s, 40 of them the sampler's own statements
+            server_cpu: Some((1, t * 300.0)),
+            own_server_cpu_ms: 40.0,
             ..Sample::default()
         };
         let samples = vec![
@@ -296,5 +324,7 @@ mod tests {
         assert_eq!(p.commits_per_s, 150.0);
         assert_eq!(p.pickup_ms_p50, 2.0);
         assert_eq!(p.prunes, Some(0));
+        // 1,200 ms of server CPU less the two samples' own 80, for 6,000 jobs
+        assert_eq!(p.server_cpu_ms_per_1k_jobs, Some(1120.0 / 6.0));
     }
 }

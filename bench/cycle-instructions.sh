@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The server's instructions per job cycle: one backend enqueues 5 jobs (`enqueue_jobs`), claims
+# them and completes them (`claim` + `complete_batch`), as prepared statements, N times. Counted by
+# valgrind's callgrind on a single-user backend (`postgres --single`), so the figure does not move
+# with the machine's load: the same schema gives the same count to about 0.1 %, and an A/B of two
+# versions of a SQL function is one run each, where timings need many alternating rounds.
+#
+# usage: bench/cycle-instructions.sh [MODE] [SQL_FILE...]
+#   MODE   full (enqueue + claim + complete, default), claim (enqueue + claim), enqueue
+#   SQL_FILE  installed over the schema first, with __S__ replaced by `ringwork`: to measure a
+#             variant of a function file (sql/functions/*.sql) against the built schema
+# Prints the instructions of one cycle: (count after 120 cycles - count after 20) / 100.
+#
+# Needs valgrind, the server binaries (pg_config --bindir) and a built `ringwork` CLI
+# (target/debug/ringwork, or RINGWORK_CLI). Runs the server as the `postgres` system user when
+# started as root (initdb refuses root). Uses port 5441 and a temporary directory.
+set -euo pipefail
+
+MODE=${1:-full}
+shift || true
+case "$MODE" in full | claim | enqueue) ;; *)
+    echo "MODE must be full, claim or enqueue, got $MODE" >&2
+    exit 2
+    ;;
+esac
+BIN=$(pg_config --bindir)
+CLI=${RINGWORK_CLI:-$(dirname "$0")/../target/debug/ringwork}
+PORT=5441
+DIR=$(mktemp -d /tmp/ringwork-cycle.XXXXXX)
+as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -c "$*"; else sh -c "$*"; fi; }
+[ "$(id -u)" = 0 ] && chown postgres "$DIR"
+trap 'as_pg "$BIN/pg_ctl -D $DIR/data stop -m immediate" >/dev/null 2>&1 || true; rm -rf "$DIR"' EXIT
+
+as_pg "$BIN/initdb -D $DIR/data -A trust -U postgres" >/dev/null
+as_pg "$BIN/pg_ctl -D $DIR/data -l $DIR/log -o '-p $PORT -c autovacuum=off -k $DIR' start" >/dev/null
+psql -q -h 127.0.0.1 -p $PORT -U postgres -c "CREATE DATABASE cycle" >/dev/null
+"$CLI" migrate --database-url "postgres://postgres@127.0.0.1:$PORT/cycle" >/dev/null
+for f in "$@"; do
+    sed 's/__S__/ringwork/g' "$f" | psql -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p $PORT -U postgres cycle >/dev/null
+done
+psql -q -h 127.0.0.1 -p $PORT -U postgres cycle -c "SELECT ringwork.ensure_lane('q', 2::smallint)" >/dev/null
+as_pg "$BIN/pg_ctl -D $DIR/data stop" >/dev/null
+
+ENQUEUE="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[5]), array_fill('{\"a\":1}'::jsonb, ARRAY[5]), array_fill(25, ARRAY[5]), array_fill(NULL::int, ARRAY[5]), array_fill(NULL::text, ARRAY[5]))"
+CLAIM="SELECT count(*) FROM ringwork.claim('q', 5, interval '5 min')"
+CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', 5, interval '5 min')) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
+
+# instructions of a fresh copy of the cluster running $1 cycles
+instructions() {
+    rm -rf "$DIR/run" && cp -a "$DIR/data" "$DIR/run"
+    {
+        echo "PREPARE e AS $ENQUEUE"
+        echo "PREPARE k AS $CLAIM"
+        echo "PREPARE c AS $CYCLE"
+        for _ in $(seq "$1"); do
+            echo "EXECUTE e"
+            case "$MODE" in full) echo "EXECUTE c" ;; claim) echo "EXECUTE k" ;; enqueue) ;; esac
+        done
+    } >"$DIR/in.sql"
+    [ "$(id -u)" = 0 ] && chown -R postgres "$DIR"
+    as_pg "cd $DIR && valgrind --tool=callgrind --callgrind-out-file=$DIR/cg.$1 $BIN/postgres --single \
+        -D $DIR/run -c autovacuum=off -c synchronous_commit=off cycle < $DIR/in.sql > $DIR/out.$1 2>&1"
+    if grep -q "ERROR" "$DIR/out.$1"; then
+        grep -m1 -A2 "ERROR" "$DIR/out.$1" >&2
+        exit 1
+    fi
+    grep -o "summary: [0-9]*" "$DIR/cg.$1" | awk '{print $2}'
+}
+few=$(instructions 20)
+many=$(instructions 120)
+echo "$MODE: $(((many - few) / 100)) instructions per cycle of 5 jobs"

@@ -390,16 +390,7 @@ async fn a_lane_unparked_behind_its_own_newer_segment_is_claimed_from_both_slots
         .await;
     // the lane's next segment, in the next slot: every other shard of the queue is held, so the
     // producer writes this one
-    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query(&format!(
-        "SELECT pg_advisory_lock({s}.lock_ns('shard'), l.lane_id) FROM {s}.queue_lanes l \
-         WHERE l.queue = 'cold' AND l.lane_id <> $1",
-        s = db.schema
-    ))
-    .bind(lane as i32)
-    .execute(&mut holder)
-    .await
-    .unwrap();
+    let holder = support::hold_every_shard_but(&db, "cold", lane as i32).await;
     let second = insert(&db, "cold", 10..20).await;
     holder.close().await.unwrap();
     let lane_of_second = db

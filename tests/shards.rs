@@ -685,16 +685,7 @@ async fn a_segment_that_commits_into_a_new_slot_while_a_claim_walks_is_claimed_n
     assert!(support::one_waits_for_a_lock(&db).await);
 
     // the lane's next segment, written into the new current slot: every other shard is held
-    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query(&format!(
-        "SELECT pg_advisory_lock({s}.lock_ns('shard'), l.lane_id) FROM {s}.queue_lanes l \
-         WHERE l.queue = 'default' AND l.lane_id <> $1",
-        s = db.schema
-    ))
-    .bind(lane)
-    .execute(&mut holder)
-    .await
-    .unwrap();
+    let holder = support::hold_every_shard_but(&db, "default", lane).await;
     let late = insert_on_a_new_connection(&db, job(3)).await;
     holder.close().await.unwrap();
     assert_eq!(shards_of(&db, &[late]).await, [lane]);

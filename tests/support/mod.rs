@@ -312,3 +312,22 @@ pub async fn one_waits_for_a_lock(db: &TestDb) -> bool {
     })
     .await
 }
+
+/// A session holding the producer lock of every shard of `queue` but `lane`, so the next enqueue
+/// into the queue (at the lane's priority) writes `lane`: a test that needs the same shard's next
+/// segment from another transaction. The locks go with the session.
+pub async fn hold_every_shard_but(db: &TestDb, queue: &str, lane: i32) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_lock({s}.lock_ns('shard'), l.lane_id) FROM {s}.queue_lanes l \
+         WHERE l.queue = $1 AND l.lane_id <> $2",
+        s = db.schema
+    ))
+    .bind(queue)
+    .bind(lane)
+    .execute(&mut holder)
+    .await
+    .unwrap();
+    holder
+}

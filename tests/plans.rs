@@ -54,16 +54,16 @@ async fn hot_functions_pin_generic_plans() {
     db.cleanup().await;
 }
 
-/// Cut the ready-row walks out of the installed `claim()` (the one over the slots the lane's
-/// segments are in, then the one over every slot) and turn their PL/pgSQL variables into
-/// parameters, so the test explains the very statements claim runs.
+/// Cut the ready-row walks out of the installed `claim()` (the two over the slots the lane's
+/// segments are in, without and with the tombstone probe, then the one over every slot) and turn
+/// their PL/pgSQL variables into parameters, so the test explains the very statements claim runs.
 fn claim_walk_statements(claim_source: &str) -> Vec<String> {
     let walks: Vec<&str> = claim_source
         .split("OPEN v_walk FOR")
         .skip(1)
         .map(|rest| &rest[..rest.find(';').expect("the walk ends with ;")])
         .collect();
-    assert_eq!(walks.len(), 2, "claim() has two ready-row walks");
+    assert_eq!(walks.len(), 3, "claim() has three ready-row walks");
     walks
         .into_iter()
         .map(|walk| {
@@ -179,14 +179,15 @@ async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
             plan.contains("actual rows=192"),
             "the walk returned a batch\n{plan}"
         );
-        if i == 0 {
-            // the walk over named slots opens only their partitions, the ready rows' and the
-            // tombstones' alike, when the executor starts
+        if i < 2 {
+            // the walks over named slots open only their partitions, the ready rows' and (when
+            // the slots hold tombstones) the tombstones' alike, when the executor starts
             assert_eq!(
                 plan.matches("Subplans Removed: 13").count(),
-                2,
+                i + 1,
                 "the walk over three named slots prunes the other thirteen\n{plan}"
             );
+            assert_eq!(plan.contains("ready_tombstones"), i == 1, "{plan}");
         }
         // leave the pooled connection as it was found
         sqlx::raw_sql("DEALLOCATE walk; RESET plan_cache_mode")

@@ -287,16 +287,10 @@ LANGUAGE sql STABLE AS $$
     ORDER BY h.effective, h.priority, h.head_at, h.lane_id
 $$;
 
--- What a claim writes once, after its walk: the claimed count in the queue's rate window, one row per
--- key claimed for the keys' rate windows (migration 0013), and the claim batch that holds the compact
--- members' evidence (p_receipts: the receipts that are compact members; the arrays are positional,
--- receipt ordinal = array index - 1, and include the row-local claims' entries).
-CREATE OR REPLACE FUNCTION __S__.record_claim_batch(p_queue text, p_claim_slot int, p_batch bigint,
-                                                    p_claimed_at timestamptz, p_deadline_at timestamptz,
-                                                    p_rate_limited boolean, p_claimed int, p_key_claimed jsonb,
-                                                    p_job_ids bigint[], p_leases bigint[], p_ready_slots int[],
-                                                    p_lane_ids int[], p_attempts int[], p_max_attempts int[],
-                                                    p_receipts int8multirange)
+-- What a claim of a rate-limited queue writes once, after its walk: the claimed count in the queue's
+-- rate window, and one row per key claimed for the keys' rate windows (migration 0013).
+CREATE OR REPLACE FUNCTION __S__.record_claim_rates(p_queue text, p_claimed_at timestamptz, p_rate_limited boolean,
+                                                    p_claimed int, p_key_claimed jsonb)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -306,13 +300,6 @@ BEGIN
     IF p_key_claimed <> '{}' THEN
         INSERT INTO __S__.rate_limit_claims (queue, claimed_at, claimed, key)
         SELECT p_queue, p_claimed_at, c.value::int, c.key FROM jsonb_each_text(p_key_claimed) c;
-    END IF;
-    IF NOT isempty(p_receipts) THEN
-        INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,
-                                               lane_ids, attempts, max_attempts, receipt_ranges,
-                                               claimed_count, claimed_at, deadline_at)
-        VALUES (p_claim_slot, p_batch, p_queue, p_job_ids, p_leases, p_ready_slots, p_lane_ids, p_attempts,
-                p_max_attempts, p_receipts, __S__.multirange_size(p_receipts), p_claimed_at, p_deadline_at);
     END IF;
 END
 $$;
@@ -365,13 +352,17 @@ DECLARE
     v_last_slot int;
     v_row record;
     v_n int := 0;
-    v_job_ids bigint[] := '{}';
-    v_leases bigint[] := '{}';
-    v_ready_slots int[] := '{}';
-    v_lane_ids int[] := '{}';
-    v_attempts int[] := '{}';
-    v_max_attempts int[] := '{}';
+    v_job_ids bigint[];
+    v_leases bigint[];
+    v_ready_slots int[];
+    v_lane_ids int[];
+    v_attempts int[];
+    v_max_attempts int[];
     v_receipts int8multirange := '{}';
+    -- how many of the claimed jobs are compact members of the claim batch (the rest are row-local)
+    v_compact int := 0;
+    -- whether the slots a walk covers hold any tombstone: without one, the walk does not probe them
+    v_tombstones boolean;
     v_pass int := 0;
     v_cut boolean;
     v_stopped boolean;
@@ -394,13 +385,14 @@ DECLARE
     v_key_room jsonb := '{}';
     v_key_claimed jsonb := '{}';
     v_key text;
-    -- the rows to return, positional like the evidence arrays (returned at the end, when more is known)
-    v_kinds text[] := '{}';
-    v_args jsonb[] := '{}';
-    v_priorities smallint[] := '{}';
-    v_created timestamptz[] := '{}';
-    v_deadlines timestamptz[] := '{}';
-    v_traceparents text[] := '{}';
+    -- the rows to return, positional like the evidence arrays (returned at the end, when more is known);
+    -- NULL until a job is appended (|| appends to a NULL array)
+    v_kinds text[];
+    v_args jsonb[];
+    v_priorities smallint[];
+    v_created timestamptz[];
+    v_deadlines timestamptz[];
+    v_traceparents text[];
     -- whether the claim may have left claimable work behind: a shard it skipped as locked by
     -- another claimer, a walk cut short by its row limit or a segment cut it did not follow, or a
     -- limit (held jobs, a room the limits cut). A short claim without it saw every visible job.
@@ -487,14 +479,6 @@ BEGIN
                 v_more := true;
                 CONTINUE;
             END IF;
-            -- Parked after this claim looked? This statement starts after our lock, so its snapshot
-            -- sees a park that committed before it (the park held the lane until its commit). The
-            -- rows must be back before the walk, or it would step over them as a gap; unparking
-            -- does not move the cursor.
-            SELECT EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id) INTO v_parked;
-            IF v_parked THEN
-                PERFORM __S__.unpark_lane(v_lane.lane_id);
-            END IF;
             -- Where the walk must look: the slots of the lane's visible segments from the cursor
             -- sequence's segment on. The sequence is at or behind the cursor (it lags the ledger by
             -- the last claim), so these segments hold every row past the cursor and the ledger row
@@ -509,14 +493,24 @@ BEGIN
             -- allocated one. Numbers are unique in a shard, so no other slot holds one of them, and
             -- none above was allocated before the probe. Otherwise (a rotation since, a segment
             -- rolled back or not yet committed), one statement over every slot finds them.
+            -- The same statement asks whether the lane was parked after this claim looked: it starts
+            -- after our lock, so its snapshot sees a park that committed before it (the park held the
+            -- lane until its commit). The rows must be back before the walk, or it would step over
+            -- them as a gap; unparking does not move the cursor, and brings the segments back into
+            -- the current slot, so the probe is asked again.
             v_seq_cursor := coalesce(pg_sequence_last_value(v_lane.cursor_seq), 0);
-            SELECT min(g.segment_no), max(g.segment_no), count(*),
-                   (SELECT pg_sequence_last_value(l.segment_seq) FROM __S__.queue_lanes l
-                    WHERE l.lane_id = v_lane.lane_id)
-            INTO v_seg_min, v_seg_max, v_seg_count, v_last_segment
-            FROM __S__.ready_segments g
-            WHERE g.ready_slot = v_current_slot AND g.lane_id = v_lane.lane_id
-              AND g.segment_no >= v_seq_cursor >> 20;
+            LOOP
+                SELECT min(g.segment_no), max(g.segment_no), count(*),
+                       (SELECT pg_sequence_last_value(l.segment_seq) FROM __S__.queue_lanes l
+                        WHERE l.lane_id = v_lane.lane_id),
+                       EXISTS (SELECT 1 FROM __S__.parked_lanes p WHERE p.lane_id = v_lane.lane_id)
+                INTO v_seg_min, v_seg_max, v_seg_count, v_last_segment, v_parked
+                FROM __S__.ready_segments g
+                WHERE g.ready_slot = v_current_slot AND g.lane_id = v_lane.lane_id
+                  AND g.segment_no >= v_seq_cursor >> 20;
+                EXIT WHEN NOT v_parked;
+                PERFORM __S__.unpark_lane(v_lane.lane_id);
+            END LOOP;
             IF v_seg_min = v_seq_cursor >> 20 AND v_seg_count = v_seg_max - v_seg_min + 1
                AND v_seg_max >= v_last_segment THEN
                 v_slots := ARRAY[v_current_slot];
@@ -531,7 +525,13 @@ BEGIN
                 v_slot_a := v_slots[1];
                 v_slot_b := coalesce(v_slots[2], v_slot_a);
                 v_slot_c := coalesce(v_slots[3], v_slot_a);
-                SELECT greatest(v_seq_cursor, coalesce(max(upper(a.lane_range)) - 1, 0)) INTO v_cursor
+                -- and whether those slots hold a tombstone at all (cancelled jobs are rare). Every
+                -- tombstone of this lane is written under the lane's lock, which this claim holds,
+                -- so none can appear before the walk ends.
+                SELECT greatest(v_seq_cursor, coalesce(max(upper(a.lane_range)) - 1, 0)),
+                       EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                               WHERE t.ready_slot IN (v_slot_a, v_slot_b, v_slot_c))
+                INTO v_cursor, v_tombstones
                 FROM __S__.ready_claim_attempt_batches a
                 WHERE a.ready_slot IN (v_slot_a, v_slot_b, v_slot_c) AND a.lane_id = v_lane.lane_id;
             ELSE
@@ -551,8 +551,20 @@ BEGIN
 
             -- No gap check: a shard is written by one open transaction at a time (enqueue_segment),
             -- so a segment missing below a visible one was rolled back or lost for good.
-            -- The two statements differ only in the slots they name.
-            IF v_slots IS NOT NULL THEN
+            -- The three statements differ only in the slots they name and whether they probe for
+            -- tombstones (the probe was 5 % of an enqueue and claim of five jobs).
+            IF v_slots IS NOT NULL AND NOT v_tombstones THEN
+                OPEN v_walk FOR
+                    SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                           e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                           __S__.traceparent_text(e.traceparent) AS traceparent_text,
+                           false AS spent
+                    FROM __S__.ready_entries e
+                    WHERE e.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
+                      AND e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                    ORDER BY e.lane_pos
+                    LIMIT v_limit;
+            ELSIF v_slots IS NOT NULL THEN
                 OPEN v_walk FOR
                     SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
                            e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
@@ -632,6 +644,7 @@ BEGIN
                 ELSE
                     v_deadlines := v_deadlines || v_batch_deadline;
                     v_receipts := v_receipts + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
+                    v_compact := v_compact + 1;
                 END IF;
                 -- the arrays stay positional (receipt ordinal = array index - 1) over both shapes;
                 -- the multirange, not the arrays, says which ordinals are compact members
@@ -692,9 +705,19 @@ BEGIN
     END IF;
 
     IF v_n > 0 THEN
-        PERFORM __S__.record_claim_batch(p_queue, v_claim_slot, v_batch, v_now, v_batch_deadline,
-                                         v_rate_limit IS NOT NULL, v_n, v_key_claimed, v_job_ids, v_leases,
-                                         v_ready_slots, v_lane_ids, v_attempts, v_max_attempts, v_receipts);
+        IF v_rate_limit IS NOT NULL OR v_key_claimed <> '{}' THEN
+            PERFORM __S__.record_claim_rates(p_queue, v_now, v_rate_limit IS NOT NULL, v_n, v_key_claimed);
+        END IF;
+        -- the claim batch that holds the compact members' evidence (v_receipts: the receipts that are
+        -- compact members; the arrays are positional, receipt ordinal = array index - 1, and include
+        -- the row-local claims' entries)
+        IF v_compact > 0 THEN
+            INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,
+                                                   lane_ids, attempts, max_attempts, receipt_ranges,
+                                                   claimed_count, claimed_at, deadline_at)
+            VALUES (v_claim_slot, v_batch, p_queue, v_job_ids, v_leases, v_ready_slots, v_lane_ids, v_attempts,
+                    v_max_attempts, v_receipts, v_compact, v_now, v_batch_deadline);
+        END IF;
         -- column aliases apart from the output names, which are variables here
         RETURN QUERY
         SELECT u.j, u.l, v_claim_slot, v_batch * 4096 + u.o - 1, u.k, u.a, u.att, u.ma, u.p, u.c, u.d, u.t, v_more

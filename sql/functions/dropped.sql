@@ -95,3 +95,6 @@ DROP FUNCTION IF EXISTS __S__.open_attempts(int[], bigint[], bigint[], bigint[])
 DROP FUNCTION IF EXISTS __S__.claim_lane_order(text, timestamptz, interval);
 -- claim_room reads the engine clock itself, after the queue's limit lock
 DROP FUNCTION IF EXISTS __S__.claim_room(text, int, interval, int, int, interval, regclass, text[], int, int, interval);
+-- record_claim_batch gave way to the claim's own batch insert and record_claim_rates
+DROP FUNCTION IF EXISTS __S__.record_claim_batch(text, int, bigint, timestamptz, timestamptz, boolean, int, jsonb,
+                                                 bigint[], bigint[], int[], int[], int[], int[], int8multirange);

@@ -140,6 +140,7 @@ DECLARE
     v_i int;
     v_n int;
     v_seg bigint;
+    v_first_lane int;
 BEGIN
     IF p_count < 1 OR p_count > 1048575 THEN
         RAISE EXCEPTION 'ringwork: a segment holds 1..1048575 jobs, got %', p_count USING ERRCODE = '22023';
@@ -152,8 +153,8 @@ BEGIN
     -- same for every backend), so an idle queue's producers keep to one shard; concurrent producers
     -- find it locked and take the next.
     SELECT array_agg(c.lane_id ORDER BY c.backlog, c.last_segment DESC, c.turn, c.lane_id),
-           array_agg(c.segment_seq ORDER BY c.backlog, c.last_segment DESC, c.turn, c.lane_id)
-    INTO v_lanes, v_seqs
+           array_agg(c.segment_seq ORDER BY c.backlog, c.last_segment DESC, c.turn, c.lane_id), min(c.lane_id)
+    INTO v_lanes, v_seqs, v_first_lane
     FROM (SELECT l.lane_id, l.segment_seq, s.last_segment,
                  greatest(s.last_segment - (s.cursor_pos >> 20) - 1, 0) AS backlog,
                  ((l.shard - pg_backend_pid()) % __S__.lane_base_shards() + __S__.lane_base_shards())
@@ -168,13 +169,13 @@ BEGIN
           WHERE l.queue = p_queue AND l.priority = p_priority) c;
     IF v_lanes IS NULL THEN
         PERFORM __S__.ensure_lane(p_queue, p_priority);
-        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.segment_seq ORDER BY l.shard)
-        INTO v_lanes, v_seqs
+        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.segment_seq ORDER BY l.shard), min(l.lane_id)
+        INTO v_lanes, v_seqs, v_first_lane
         FROM __S__.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
     END IF;
     v_n := cardinality(v_lanes);
     -- the shard this transaction already writes for this (queue, priority), keyed by its lowest lane id
-    v_guc := 'rw___S__.shard_' || (SELECT min(x) FROM unnest(v_lanes) x);
+    v_guc := 'rw___S__.shard_' || v_first_lane;
     v_held := nullif(current_setting(v_guc, true), '')::int;
     IF v_held IS NOT NULL AND pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_held) THEN
         v_lane := v_held;

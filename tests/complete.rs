@@ -123,6 +123,50 @@ async fn a_batch_across_the_claim_ring_wrap_finds_every_attempt() {
     db.cleanup().await;
 }
 
+/// A claim batch's and a completion batch's arrays stay uncompressed up to a page (migration 0028):
+/// a compressed claim batch was decompressed again for every attempt a completion looked up in it.
+/// A claim too large for a page is compressed, and its completion still finds every attempt.
+#[tokio::test]
+async fn claim_and_completion_batches_are_stored_uncompressed_up_to_a_page() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let compressed = "SELECT count(*) FILTER (WHERE pg_column_compression(job_ids) IS NOT NULL \
+                              OR pg_column_compression(run_leases) IS NOT NULL) \
+                      FROM {s}.{table} WHERE {count} = {n}";
+    for (n, stored_compressed) in [(224_i64, 0), (1000, 1)] {
+        let jobs: Vec<NewJob> = (0..n).map(job).collect();
+        storage.insert_many(&mut conn, &jobs).await.unwrap();
+        let claimed = storage.claim("default", n as usize, None).await.unwrap();
+        assert_eq!(claimed.len() as i64, n);
+        let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+        let outcomes = storage.complete_batch(&refs).await.unwrap();
+        assert!(
+            outcomes.iter().all(|o| *o == Outcome::Applied),
+            "{outcomes:?}"
+        );
+        for (table, count) in [
+            ("lease_claim_batches", "claimed_count"),
+            ("receipt_completion_batches", "completed_count"),
+        ] {
+            let query = compressed
+                .replace("{table}", table)
+                .replace("{count}", count)
+                .replace("{n}", &n.to_string());
+            assert_eq!(
+                db.scalar_i64(&query).await,
+                stored_compressed,
+                "{table} of {n} jobs"
+            );
+        }
+        assert_eq!(
+            storage.complete_batch(&refs).await.unwrap(),
+            vec![Outcome::Stale; refs.len()]
+        );
+    }
+    db.cleanup().await;
+}
+
 /// Whether every job of `ids` is completed (its completion committed) within `within`.
 async fn completed_within(storage: &ringwork::Storage, ids: &[i64], within: Duration) -> bool {
     eventually(within, || {

@@ -123,6 +123,65 @@ async fn a_batch_across_the_claim_ring_wrap_finds_every_attempt() {
     db.cleanup().await;
 }
 
+/// One claim of jobs with and without a timeout of their own: the row-local member's receipt is a
+/// hole in the claim batch's receipts, and one completion of all three closes each in its shape.
+#[tokio::test]
+async fn a_claim_of_both_shapes_leaves_the_row_local_receipt_out_of_its_batch() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let jobs = [job(1), job(2).timeout(Duration::from_secs(600)), job(3)];
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    let claimed = storage.claim("default", 3, None).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    let base = claimed[0].receipt_id;
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|j| j.receipt_id - base)
+            .collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    let batch = format!(
+        "SELECT count(*) FROM {{s}}.lease_claim_batches WHERE claimed_count = 2 \
+         AND receipt_ranges = int8multirange(int8range({base}, {b1}), int8range({b2}, {b3}))",
+        b1 = base + 1,
+        b2 = base + 2,
+        b3 = base + 3
+    );
+    assert_eq!(
+        db.scalar_i64(&batch).await,
+        1,
+        "receipts 0 and 2 are compact"
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM {{s}}.lease_claims WHERE receipt_id = {}",
+            base + 1
+        ))
+        .await,
+        1,
+        "receipt 1 is row-local"
+    );
+    let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    assert_eq!(
+        storage.complete_batch(&refs).await.unwrap(),
+        vec![Outcome::Applied; 3]
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.lease_claim_closures")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT sum(closed_count)::int8 FROM {s}.lease_claim_closure_batches")
+            .await,
+        2
+    );
+    assert_eq!(storage.count_in_flight(None).await.unwrap(), 0);
+    db.cleanup().await;
+}
+
 /// A claim batch's and a completion batch's arrays stay uncompressed up to a page (migration 0028):
 /// a compressed claim batch was decompressed again for every attempt a completion looked up in it.
 /// A claim too large for a page is compressed, and its completion still finds every attempt.

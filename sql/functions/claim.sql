@@ -358,7 +358,8 @@ DECLARE
     v_lane_ids int[];
     v_attempts int[];
     v_max_attempts int[];
-    v_receipts int8multirange := '{}';
+    -- the receipts of row-local claims; every other receipt of the batch is a compact member's
+    v_row_local_receipts int8multirange := '{}';
     -- how many of the claimed jobs are compact members of the claim batch (the rest are row-local)
     v_compact int := 0;
     -- whether the slots a walk covers hold any tombstone: without one, the walk does not probe them
@@ -636,6 +637,8 @@ BEGIN
                 v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
                 IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
                     v_deadlines := v_deadlines || v_own_deadline;
+                    v_row_local_receipts := v_row_local_receipts
+                        + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
                     INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
                                                     lane_id, attempt, max_attempts, claimed_at, deadline_at)
                     VALUES (v_claim_slot, v_batch * 4096 + v_n, v_row.job_id, v_row.run_lease + 1, v_row.queue,
@@ -643,11 +646,10 @@ BEGIN
                             v_own_deadline);
                 ELSE
                     v_deadlines := v_deadlines || v_batch_deadline;
-                    v_receipts := v_receipts + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
                     v_compact := v_compact + 1;
                 END IF;
                 -- the arrays stay positional (receipt ordinal = array index - 1) over both shapes;
-                -- the multirange, not the arrays, says which ordinals are compact members
+                -- the batch's receipt ranges, not the arrays, say which ordinals are compact members
                 v_kinds := v_kinds || v_row.kind;
                 v_args := v_args || v_row.args;
                 v_priorities := v_priorities || v_row.priority;
@@ -708,15 +710,17 @@ BEGIN
         IF v_rate_limit IS NOT NULL OR v_key_claimed <> '{}' THEN
             PERFORM __S__.record_claim_rates(p_queue, v_now, v_rate_limit IS NOT NULL, v_n, v_key_claimed);
         END IF;
-        -- the claim batch that holds the compact members' evidence (v_receipts: the receipts that are
-        -- compact members; the arrays are positional, receipt ordinal = array index - 1, and include
-        -- the row-local claims' entries)
+        -- the claim batch that holds the compact members' evidence (its receipt ranges: the batch's
+        -- receipts less the row-local ones; the arrays are positional, receipt ordinal = array
+        -- index - 1, and include the row-local claims' entries)
         IF v_compact > 0 THEN
             INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,
                                                    lane_ids, attempts, max_attempts, receipt_ranges,
                                                    claimed_count, claimed_at, deadline_at)
             VALUES (v_claim_slot, v_batch, p_queue, v_job_ids, v_leases, v_ready_slots, v_lane_ids, v_attempts,
-                    v_max_attempts, v_receipts, v_compact, v_now, v_batch_deadline);
+                    v_max_attempts,
+                    int8multirange(int8range(v_batch * 4096, v_batch * 4096 + v_n)) - v_row_local_receipts,
+                    v_compact, v_now, v_batch_deadline);
         END IF;
         -- column aliases apart from the output names, which are variables here
         RETURN QUERY

@@ -112,10 +112,6 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "archive_search_doc",
         include_str!("../migrations/0027_archive_search_doc.sql"),
     ),
-    (
-        "uncompressed_batch_arrays",
-        include_str!("../migrations/0028_uncompressed_batch_arrays.sql"),
-    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -33,9 +33,9 @@ LANGUAGE sql STABLE AS $$
         SELECT * FROM unnest(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases)
                AS i(claim_slot, receipt_id, job_id, run_lease)
     ), batches AS MATERIALIZED (
-        -- [:] copies each array once, decompressed: a claim batch's row larger than a page is stored
-        -- compressed (migration 0028), and an element read from a compressed array decompresses all
-        -- of it, so every attempt looked up in the batch below would decompress its arrays again
+        -- [:] copies each array once, decompressed: a claim batch's row over 2 kB (about 60 jobs) is
+        -- stored compressed, and an element read from a compressed array decompresses all of it, so
+        -- every attempt looked up in the batch below would decompress its arrays again
         SELECT k.claim_slot, k.batch_id, b.job_ids[:] AS job_ids, b.run_leases[:] AS run_leases,
                b.ready_slots[:] AS ready_slots, b.attempts[:] AS attempts, b.max_attempts[:] AS max_attempts,
                b.queue, b.receipt_ranges - coalesce(x.closed, '{}'::int8multirange) AS open_receipts

@@ -182,6 +182,60 @@ async fn a_claim_of_both_shapes_leaves_the_row_local_receipt_out_of_its_batch() 
     db.cleanup().await;
 }
 
+/// A completion waiting for an attempt lock holds no lock on the claim ring: a relation lock is held
+/// to the transaction's end, so one taken before the wait would queue a prune's TRUNCATE of the
+/// slot (and every reader of the slot behind it) on the attempt lock's holder. Both sides driven:
+/// a session holds the attempt lock, the completion waits on it, and the slot's partitions can be
+/// locked exclusively without waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_waiting_for_an_attempt_lock_holds_no_claim_ring_lock() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let own_timeout = job(1).timeout(Duration::from_secs(600));
+    storage
+        .insert_many(&mut conn, &[job(0), own_timeout])
+        .await
+        .unwrap();
+    let claimed = storage.claim("default", 2, None).await.unwrap();
+    assert_eq!(claimed.len(), 2, "a compact and a row-local attempt");
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT {}.lock_attempt($1)", db.schema))
+        .bind(claimed[0].job_id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let completion = tokio::spawn({
+        let storage = db.storage();
+        let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+        async move { storage.complete_batch(&refs).await.unwrap() }
+    });
+    assert!(
+        support::one_waits_for_a_lock(&db).await,
+        "the completion waits for the attempt lock"
+    );
+    let mut prune = db.pool.begin().await.unwrap();
+    for table in [
+        "lease_claims",
+        "lease_claim_batches",
+        "lease_claim_closures",
+        "lease_claim_closure_batches",
+    ] {
+        sqlx::query(&format!(
+            "LOCK TABLE {s}.{table}_{slot} IN ACCESS EXCLUSIVE MODE NOWAIT",
+            s = db.schema,
+            slot = claimed[0].claim_slot
+        ))
+        .execute(&mut *prune)
+        .await
+        .unwrap_or_else(|e| panic!("{table} is locked by the waiting completion: {e}"));
+    }
+    prune.rollback().await.unwrap();
+    holder.commit().await.unwrap();
+    assert_eq!(completion.await.unwrap(), vec![Outcome::Applied; 2]);
+    db.cleanup().await;
+}
+
 /// A claim batch of 1,000 jobs is stored compressed (its arrays are over 2 kB); one completion of all
 /// of them finds every attempt once (the completion copies the arrays once, decompressed).
 #[tokio::test]

@@ -307,7 +307,7 @@ $$;
 -- Claim up to p_max jobs of the queue: the room its limits leave (claim_room), then a walk of its
 -- shards in claim_lane_order, each locked without waiting, from its cursor, leaving a ledger row per
 -- shard (ready_claim_attempt_batches: the cursor is never updated in place); the evidence is written
--- once (record_claim_batch), and the claimed jobs are returned together at the end, each with
+-- once (the claim batch row, and record_claim_rates), and the claimed jobs are returned together at the end, each with
 -- `more` (whether the claim may have left claimable jobs behind). p_deadline is the batch's lease;
 -- a job with a timeout of its own gets a row-local claim (lease_claims) instead.
 CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,

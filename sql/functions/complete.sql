@@ -106,8 +106,7 @@ DECLARE
     -- row-local claims in those slots: without any, the completion looks for compact members only
     v_row_local boolean;
 BEGIN
-    -- A completion's fixed cost is counted in statements, so each question rides on a statement the
-    -- completion runs anyway.
+    -- A completion's fixed cost is counted in statements: the workflow question rides on the first.
     SELECT min(s), max(s), EXISTS (SELECT 1 FROM __S__.workflow_steps w WHERE w.job_id = ANY (p_job_ids))
     INTO v_first_slot, v_last_slot, v_workflows
     FROM unnest(p_claim_slots) s;
@@ -115,11 +114,14 @@ BEGIN
         PERFORM __S__.lock_workflows_of(p_job_ids);
     END IF;
     -- The attempt locks, before the statement that decides (its snapshot then sees what a competing
-    -- closer committed). A row-local claim an input names committed before this call began (its
-    -- receipt came from it), so this statement sees it.
+    -- closer committed).
+    PERFORM __S__.lock_attempt(j) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t;
+    -- Only then a claim-ring table: its lock is held to the transaction's end, and held while this
+    -- call waits for an attempt lock it would queue a prune's TRUNCATE of the slot, and every reader
+    -- of the slot behind that, on the attempt lock's holder. A row-local claim an input names
+    -- committed before this call began (its receipt came from it), so this statement sees it.
     SELECT EXISTS (SELECT 1 FROM __S__.lease_claims l WHERE l.claim_slot BETWEEN v_first_slot AND v_last_slot)
-    INTO v_row_local
-    FROM (SELECT count(__S__.lock_attempt(j)) FROM (SELECT DISTINCT unnest(p_job_ids) AS j ORDER BY 1) t) locked;
+    INTO v_row_local;
     IF v_workflows THEN
         -- the attempts this call closes below: their locks keep them open until it does
         PERFORM __S__.workflow_settle(array_agg(o.job_id), array_agg(o.run_lease), array_agg('completed'::text))

@@ -120,6 +120,16 @@ impl Workflow {
         self.steps.iter().map(|s| &s.job)
     }
 
+    /// How many steps it has.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Whether it has no step yet.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
     /// Add a step.
     pub fn step(mut self, step: Step) -> Self {
         self.steps.push(step);

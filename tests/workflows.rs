@@ -41,6 +41,18 @@ async fn claim_names(
         .collect()
 }
 
+/// Every one of these tables of the schema is empty.
+async fn assert_empty(db: &TestDb, tables: &[&str]) {
+    for table in tables {
+        assert_eq!(
+            db.scalar_i64(&format!("SELECT count(*) FROM {{s}}.{table}"))
+                .await,
+            0,
+            "{table}"
+        );
+    }
+}
+
 async fn insert(db: &TestDb, workflow: Workflow) -> ringwork::InsertedWorkflow {
     let mut conn = db.pool.acquire().await.unwrap();
     db.storage()
@@ -427,20 +439,17 @@ async fn a_workflow_inserted_in_a_rolled_back_transaction_leaves_nothing() {
         .unwrap();
     assert_eq!(w.steps.len(), 2);
     tx.rollback().await.unwrap();
-    for table in [
-        "workflows",
-        "workflow_steps",
-        "workflow_edges",
-        "workflow_released",
-        "ready_entries",
-    ] {
-        assert_eq!(
-            db.scalar_i64(&format!("SELECT count(*) FROM {{s}}.{table}"))
-                .await,
-            0,
-            "{table}"
-        );
-    }
+    assert_empty(
+        &db,
+        &[
+            "workflows",
+            "workflow_steps",
+            "workflow_edges",
+            "workflow_released",
+            "ready_entries",
+        ],
+    )
+    .await;
     assert!(storage
         .workflow_status(w.workflow_id)
         .await
@@ -545,14 +554,7 @@ async fn bad_workflows_are_refused_with_a_clear_error_and_write_nothing() {
         );
         assert!(db_error.message().contains(expected), "{steps}: {db_error}");
     }
-    for table in ["workflows", "workflow_steps", "ready_entries"] {
-        assert_eq!(
-            db.scalar_i64(&format!("SELECT count(*) FROM {{s}}.{table}"))
-                .await,
-            0,
-            "{table}"
-        );
-    }
+    assert_empty(&db, &["workflows", "workflow_steps", "ready_entries"]).await;
     db.cleanup().await;
 }
 
@@ -1802,5 +1804,252 @@ async fn a_settle_planned_on_small_workflow_tables_reads_only_its_workflow_once_
     );
     let (completed, _, _) = claim_and_complete_on(&mut session, &schema).await;
     assert_eq!(completed.len(), 1, "b, released by a");
+    db.cleanup().await;
+}
+
+/// A diamond a → (b, c) → d.
+fn diamond() -> Workflow {
+    Workflow::new()
+        .step(step("a", &[]))
+        .step(step("b", &["a"]))
+        .step(step("c", &["a"]))
+        .step(step("d", &["b", "c"]))
+}
+
+#[tokio::test]
+async fn many_workflows_in_one_call_release_their_first_steps_together_and_run_in_dependency_order()
+{
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let segments = "SELECT count(*) FROM {s}.ready_segments";
+    let before = db.scalar_i64(segments).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let workflows: Vec<Workflow> = (0..30).map(|_| diamond()).collect();
+    let inserted = storage
+        .insert_workflows(&mut conn, &workflows)
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(
+        db.scalar_i64(segments).await - before,
+        1,
+        "one segment for the 30 first steps"
+    );
+    assert_eq!(inserted.len(), 30);
+    let mut last_job = 0;
+    for pair in inserted.windows(2) {
+        assert!(pair[0].workflow_id < pair[1].workflow_id, "ids in order");
+    }
+    for w in &inserted {
+        let names: Vec<&str> = w.steps.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c", "d"]);
+        for (_, job_id) in &w.steps {
+            assert!(*job_id > last_job, "job ids follow the order given");
+            last_job = *job_id;
+        }
+    }
+    assert_eq!(counts_of(&storage).await, (90, 30));
+    // each round runs exactly every workflow's next level, and nothing of the one after: all that
+    // is available is claimed (a claim can stop at a segment's end), then completed
+    for level in [&["a"][..], &["b", "c"], &["d"]] {
+        let mut claimed = Vec::new();
+        loop {
+            let more = storage.claim("default", 100, None).await.unwrap();
+            if more.is_empty() {
+                break;
+            }
+            claimed.extend(more);
+        }
+        let mut ran = Vec::new();
+        for c in &claimed {
+            let (w, name) = inserted
+                .iter()
+                .find_map(|w| {
+                    w.steps
+                        .iter()
+                        .find(|(_, id)| *id == c.job_id)
+                        .map(|(n, _)| (w.workflow_id, n.clone()))
+                })
+                .expect("a step of the call");
+            ran.push((w, name));
+            complete_one(&storage, c).await;
+        }
+        ran.sort();
+        let mut expected: Vec<(i64, String)> = inserted
+            .iter()
+            .flat_map(|w| level.iter().map(|n| (w.workflow_id, n.to_string())))
+            .collect();
+        expected.sort();
+        assert_eq!(ran, expected, "level {level:?}");
+    }
+    for w in &inserted {
+        let status = storage
+            .workflow_status(w.workflow_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.state, WorkflowState::Completed);
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_call_of_many_workflows_with_one_bad_is_refused_whole_with_a_clear_error() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let good = r#"[{"step": "a", "kind": "k"}, {"step": "b", "kind": "k", "depends_on": ["a"]}]"#;
+    let refused = [
+        (
+            r#"[{"step": "a", "kind": "k"}, {"step": "a", "kind": "k"}]"#,
+            "twice",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "depends_on": ["a"]}]"#,
+            "depends on itself",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "depends_on": ["x"]}]"#,
+            "not a step of workflow",
+        ),
+        (
+            r#"[{"step": "a", "kind": "k", "depends_on": ["b"]}, {"step": "b", "kind": "k", "depends_on": ["a"]}]"#,
+            "cycle",
+        ),
+        (r#"[{"step": "a"}]"#, "invalid job kind"),
+        (
+            r#"[{"step": "a", "kind": "k", "when": 1}]"#,
+            "unknown fields",
+        ),
+        (r#"[]"#, "non-empty JSON array"),
+        (r#"5"#, "non-empty JSON array"),
+        (r#"{"step": "a", "kind": "k"}"#, "non-empty JSON array"),
+    ];
+    // the bad workflow between two good ones, and alone
+    for (bad, expected) in refused {
+        for call in [format!("[{good}, {bad}, {good}]"), format!("[{bad}]")] {
+            let error = sqlx::query(&format!(
+                "SELECT * FROM {}.enqueue_workflows($1::jsonb)",
+                db.schema
+            ))
+            .bind(&call)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap_err();
+            let db_error = error.as_database_error().expect("a database error");
+            assert_eq!(
+                db_error.code().as_deref(),
+                Some("22023"),
+                "{call}: {db_error}"
+            );
+            assert!(db_error.message().contains(expected), "{call}: {db_error}");
+        }
+    }
+    for call in ["[]", "{}", "null"] {
+        let error = sqlx::query(&format!(
+            "SELECT * FROM {}.enqueue_workflows($1::jsonb)",
+            db.schema
+        ))
+        .bind(call)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("non-empty JSON array"),
+            "{call}: {error}"
+        );
+    }
+    assert_empty(
+        &db,
+        &[
+            "workflows",
+            "workflow_steps",
+            "workflow_edges",
+            "ready_entries",
+        ],
+    )
+    .await;
+    // a shape the quick check does not vouch for (a timeout above 999,999,999 ms) is inserted by
+    // the careful path, with each workflow's position
+    let unusual = r#"[{"step": "a", "kind": "k", "timeout_ms": 2000000000}]"#;
+    let rows: Vec<(i32, i64, String)> = sqlx::query_as(&format!(
+        "SELECT workflow_index, workflow_id, step FROM {}.enqueue_workflows($1::jsonb)",
+        db.schema
+    ))
+    .bind(format!("[{good}, {unusual}]"))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let shape: Vec<(i32, &str)> = rows.iter().map(|(i, _, s)| (*i, s.as_str())).collect();
+    assert_eq!(shape, [(1, "a"), (1, "b"), (2, "a")]);
+    assert!(rows[0].1 < rows[2].1);
+    // through the Rust API: the workflow's position in the error, and nothing written
+    let mut conn = db.pool.acquire().await.unwrap();
+    let before = db
+        .scalar_i64("SELECT count(*) FROM {s}.workflow_steps")
+        .await;
+    let error = storage
+        .insert_workflows(
+            &mut conn,
+            &[
+                diamond(),
+                Workflow::new().step(step("a", &[])).step(step("a", &[])),
+                diamond(),
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("workflow 2 of 3"), "{error}");
+    assert!(storage
+        .insert_workflows(&mut conn, &[])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_steps")
+            .await,
+        before
+    );
+    db.cleanup().await;
+}
+
+/// A call creates its workflows without a lock each: no other transaction can see them before it
+/// commits, and an advisory lock per workflow would fill the server's shared lock table in a
+/// large call. Nothing of the call exists after a rollback.
+#[tokio::test]
+async fn a_call_of_thousands_of_workflows_takes_no_lock_per_workflow_and_rolls_back_whole() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let workflows: Vec<Workflow> = (0..3_000)
+        .map(|_| {
+            Workflow::new()
+                .step(step("a", &[]))
+                .step(step("b", &["a"]))
+                .step(step("c", &["b"]))
+        })
+        .collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    let inserted = storage.insert_workflows(&mut tx, &workflows).await.unwrap();
+    assert_eq!(inserted.len(), 3_000);
+    let workflow_locks: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' \
+         AND classid = {}.lock_ns('workflow')::oid",
+        db.schema
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(workflow_locks, 0);
+    tx.rollback().await.unwrap();
+    assert_empty(
+        &db,
+        &[
+            "workflows",
+            "workflow_steps",
+            "workflow_edges",
+            "workflow_released",
+            "ready_entries",
+        ],
+    )
+    .await;
     db.cleanup().await;
 }

@@ -156,7 +156,7 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
             workflow = workflow.step(Step::new(name, job(false)?).after(&["root"]));
         }
         workflow = workflow.step(Step::new("fan_in", job(true)?).after(&names));
-        let flow = run_workflows(&client, &seen, vec![workflow], plain_n).await?;
+        let flow = run_workflows(&client, &seen, vec![workflow], plain_n, 1).await?;
         let release = match (
             *seen.last_child_end.lock().expect("lock"),
             *seen.fan_in_start.lock().expect("lock"),
@@ -187,16 +187,30 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
             let refs: Vec<&str> = middle.iter().map(String::as_str).collect();
             flows.push(w.step(Step::new("z", job(false)?).after(&refs)));
         }
-        let flow = run_workflows(&client, &seen, flows, config.workflows * 10).await?;
-        out.push_str(&format!(
-            "| {round} | {} × (1 → 8 → 1) | {:.2}, {:.2} | {:.2}, {:.2} | {:.2} | – |\n",
-            config.workflows,
-            plain.0,
-            plain.1,
-            flow.0,
-            flow.1,
-            flow.1 / plain.1
-        ));
+        for per_call in [1, 500] {
+            let flow = run_workflows(
+                &client,
+                &seen,
+                flows.clone(),
+                config.workflows * 10,
+                per_call,
+            )
+            .await?;
+            let how = if per_call == 1 {
+                "one insert each".to_string()
+            } else {
+                format!("{per_call} an insert")
+            };
+            out.push_str(&format!(
+                "| {round} | {} × (1 → 8 → 1), {how} | {:.2}, {:.2} | {:.2}, {:.2} | {:.2} | – |\n",
+                config.workflows,
+                plain.0,
+                plain.1,
+                flow.0,
+                flow.1,
+                flow.1 / plain.1
+            ));
+        }
         // keys: sequences of 10 jobs each, every key in parallel
         let n = config.keys * 10;
         let plain = run_plain(&client, &seen, n).await?;
@@ -349,19 +363,26 @@ async fn run_jobs(client: &Client, seen: &Seen, jobs: Vec<NewJob>) -> Result<(f6
     Ok((inserted, started.elapsed().as_secs_f64()))
 }
 
-/// Insert these workflows (one transaction each) and wait for `n` handlers.
+/// Insert these workflows (`per_call` a transaction) and wait for `n` handlers.
 async fn run_workflows(
     client: &Client,
     seen: &Seen,
     workflows: Vec<Workflow>,
     n: usize,
+    per_call: usize,
 ) -> Result<(f64, f64)> {
     seen.ran.store(0, Ordering::SeqCst);
     *seen.last_child_end.lock().expect("lock") = None;
     *seen.fan_in_start.lock().expect("lock") = None;
     let started = Instant::now();
-    for workflow in workflows {
-        client.insert_workflow(workflow).await?;
+    if per_call == 1 {
+        for workflow in workflows {
+            client.insert_workflow(workflow).await?;
+        }
+    } else {
+        for chunk in workflows.chunks(per_call) {
+            client.insert_workflows(chunk).await?;
+        }
     }
     let inserted = started.elapsed().as_secs_f64();
     wait_for(seen, n).await?;

@@ -80,7 +80,8 @@ $$;
 
 -- Move these steps (p_steps[i] of workflow p_workflow_ids[i]) to the queue ring, one segment per
 -- (queue, priority) whatever their workflows, in step job id order (the order they were added).
--- The caller holds the workflows' locks and has checked that each is due and not yet released.
+-- The caller holds the workflows' locks (or created the workflows in this transaction, where no
+-- one else can see them) and has checked that each is due and not yet released.
 -- Its plans are cached for the session (planning them at every call was about a fifth of a small
 -- workflow's insert), and each step is found by an index probe of its own (a lateral lookup, with
 -- sequential scans off): a plan cached while workflow_steps was small can then never scan it whole
@@ -594,7 +595,8 @@ END
 $$;
 
 -- A new workflow with these steps (workflow_add_steps), inside the caller's transaction: if it
--- rolls back, nothing of the workflow exists.
+-- rolls back, nothing of the workflow exists. Not enqueue_workflows with one workflow: wrapping
+-- that call's result cost a 10,002-step workflow's insert about a tenth more.
 CREATE OR REPLACE FUNCTION __S__.enqueue_workflow(p_steps jsonb)
 RETURNS TABLE (workflow_id bigint, step text, job_id bigint)
 LANGUAGE plpgsql SET jit = off AS $$
@@ -606,6 +608,122 @@ BEGIN
 END
 $$;
 
+-- New workflows, inside the caller's transaction: p_workflows is a JSON array whose elements are
+-- each a workflow's steps, as workflow_add_steps takes them. Returns each step's job id with its
+-- workflow's position in the call (1-based) and id, in job id order (the order given).
+--
+-- Set-based over every step of the call: a PL/pgSQL statement costs some 14 µs whatever it does,
+-- and a workflow through workflow_add_steps is about 25 of them, so here they are paid once a call,
+-- and the due steps of all the workflows go to the ring in one segment per (queue, priority).
+-- No workflow lock is taken: a workflow this call creates is invisible to every other transaction
+-- until it commits, so nothing can settle, cancel or add to it meanwhile (and an advisory lock per
+-- workflow would fill the shared lock table in a large call).
+-- A call whose steps are not all of the shapes workflow_steps_plain vouches for, or that names a
+-- step twice in a workflow, a dependency that is not a step of its own workflow, or a cycle, goes a
+-- workflow at a time through workflow_add_steps, which inserts the unusual shapes and raises the
+-- exact error for bad input; it names the workflow by the id the call gave it (ids follow the
+-- call's order). Not in a subtransaction per workflow to name its position instead: a call of
+-- more than 64 would overflow the backend's cache of subtransactions, which slows every
+-- snapshot on the server while the transaction lasts.
+CREATE OR REPLACE FUNCTION __S__.enqueue_workflows(p_workflows jsonb)
+RETURNS TABLE (workflow_index int, workflow_id bigint, step text, job_id bigint)
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    v_now timestamptz := __S__.engine_now();
+    v_count int;
+    v_id bigint;
+    v_ids bigint[];
+    v_careful boolean;
+    v_peeled jsonb := '{}';
+    v_level jsonb;
+    v_steps jsonb;
+    v_index int;
+    v_added_ids bigint[];
+    v_added_steps text[];
+    v_added_jobs bigint[];
+    v_release_ids bigint[];
+    v_release_steps text[];
+BEGIN
+    IF p_workflows IS NULL OR jsonb_typeof(p_workflows) <> 'array' OR jsonb_array_length(p_workflows) = 0 THEN
+        RAISE EXCEPTION 'ringwork: workflows must be a non-empty JSON array of step arrays'
+            USING ERRCODE = '22023';
+    END IF;
+    v_count := jsonb_array_length(p_workflows);
+    -- the quick checks, over every step at once; any doubt sends the call down the careful path,
+    -- and so does a single workflow, for which that path's statements cost less
+    v_careful := v_count = 1 OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_workflows) w
+                         WHERE jsonb_typeof(w) <> 'array' OR w = '[]'::jsonb)
+        OR NOT __S__.workflow_steps_plain((SELECT jsonb_agg(s) FROM jsonb_array_elements(p_workflows) w,
+                                                                 jsonb_array_elements(w) s));
+    IF NOT v_careful THEN
+        v_careful := EXISTS (
+            WITH steps AS (SELECT w.i, s->>'step' AS step, s->'depends_on' AS deps
+                           FROM jsonb_array_elements(p_workflows) WITH ORDINALITY w(steps, i),
+                                jsonb_array_elements(w.steps) s)
+            SELECT 1 FROM steps x GROUP BY x.i, x.step HAVING count(*) > 1
+            UNION ALL
+            SELECT 1 FROM steps x, jsonb_array_elements_text(coalesce(x.deps, '[]'::jsonb)) d
+            WHERE d = x.step OR NOT EXISTS (SELECT 1 FROM steps y WHERE y.i = x.i AND y.step = d));
+    END IF;
+    IF NOT v_careful THEN
+        -- no cycle: peel off, a level at a time, the steps whose dependencies are all peeled (keys
+        -- "position/step": names are unique within a workflow)
+        LOOP
+            SELECT jsonb_object_agg(w.i || '/' || (s->>'step'), true) INTO v_level
+            FROM jsonb_array_elements(p_workflows) WITH ORDINALITY w(steps, i), jsonb_array_elements(w.steps) s
+            WHERE NOT v_peeled ? (w.i || '/' || (s->>'step'))
+              AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(coalesce(s->'depends_on', '[]'::jsonb)) d
+                              WHERE NOT v_peeled ? (w.i || '/' || d));
+            EXIT WHEN v_level IS NULL;
+            v_peeled := v_peeled || v_level;
+        END LOOP;
+        v_careful := (SELECT count(*) FROM jsonb_object_keys(v_peeled))
+                     <> (SELECT count(*) FROM jsonb_array_elements(p_workflows) w, jsonb_array_elements(w) s);
+    END IF;
+    IF v_careful THEN
+        FOR v_index, v_steps IN SELECT w.i, w.steps FROM jsonb_array_elements(p_workflows) WITH ORDINALITY w(steps, i)
+                                ORDER BY w.i LOOP
+            v_id := nextval('__S__.workflow_ids');
+            INSERT INTO __S__.workflows (workflow_id, created_at) VALUES (v_id, v_now);
+            RETURN QUERY SELECT v_index, v_id, a.step, a.job_id FROM __S__.workflow_add_steps(v_id, v_steps) a;
+        END LOOP;
+        RETURN;
+    END IF;
+    v_ids := ARRAY(SELECT nextval('__S__.workflow_ids') FROM generate_series(1, v_count));
+    INSERT INTO __S__.workflows (workflow_id, created_at) SELECT w.id, v_now FROM unnest(v_ids) w(id);
+    -- the steps and their edges, in the order given (job ids follow it: nextval is evaluated after
+    -- the sort, being volatile)
+    WITH added AS (
+        INSERT INTO __S__.workflow_steps (workflow_id, step, job_id, queue, kind, args, priority, max_attempts,
+                                          timeout_ms, traceparent, on_dependency_failure, dependencies, created_at)
+        SELECT v_ids[w.i], s.e->>'step', nextval('__S__.job_ids'), coalesce(s.e->>'queue', 'default'), s.e->>'kind',
+               coalesce(s.e->'args', '{}'::jsonb), coalesce((s.e->>'priority')::int, 2)::smallint,
+               coalesce((s.e->>'max_attempts')::int, 25), (s.e->>'timeout_ms')::int,
+               __S__.traceparent_bytes(s.e->>'traceparent'), coalesce(s.e->>'on_dependency_failure', 'cancel'),
+               (SELECT count(DISTINCT d) FROM jsonb_array_elements_text(coalesce(s.e->'depends_on', '[]'::jsonb)) d),
+               v_now
+        FROM jsonb_array_elements(p_workflows) WITH ORDINALITY w(steps, i),
+             jsonb_array_elements(w.steps) WITH ORDINALITY s(e, n)
+        ORDER BY w.i, s.n
+        RETURNING workflow_steps.workflow_id, workflow_steps.step, workflow_steps.job_id, workflow_steps.dependencies)
+    SELECT array_agg(a.workflow_id ORDER BY a.job_id), array_agg(a.step ORDER BY a.job_id),
+           array_agg(a.job_id ORDER BY a.job_id),
+           array_agg(a.workflow_id ORDER BY a.job_id) FILTER (WHERE a.dependencies = 0),
+           array_agg(a.step ORDER BY a.job_id) FILTER (WHERE a.dependencies = 0)
+    INTO v_added_ids, v_added_steps, v_added_jobs, v_release_ids, v_release_steps FROM added a;
+    INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step)
+    SELECT DISTINCT v_ids[w.i], d, s->>'step'
+    FROM jsonb_array_elements(p_workflows) WITH ORDINALITY w(steps, i), jsonb_array_elements(w.steps) s,
+         jsonb_array_elements_text(coalesce(s->'depends_on', '[]'::jsonb)) d;
+    PERFORM __S__.workflow_release_many(v_release_ids, v_release_steps);
+    -- from what was written, not from workflow_steps: a plan cached while that table is small could
+    -- scan it whole once it is large
+    RETURN QUERY SELECT o.i::int, a.workflow_id, a.step, a.job_id
+                 FROM unnest(v_added_ids, v_added_steps, v_added_jobs) a(workflow_id, step, job_id)
+                 JOIN unnest(v_ids) WITH ORDINALITY o(id, i) ON o.id = a.workflow_id
+                 ORDER BY a.job_id;
+END
+$$;
 -- Cancel a workflow: no step is released after this; steps still waiting are cancelled, steps
 -- released and not finished are cancelled like any job (cancel_job). Returns the steps cancelled,
 -- or NULL for an unknown workflow.

@@ -18,6 +18,7 @@ use crate::workflow::{
 #[derive(Debug)]
 pub(super) struct Statements {
     enqueue_workflow: String,
+    enqueue_workflows: String,
     add_steps: String,
     workflow_status: String,
     cancel_workflow: String,
@@ -39,6 +40,9 @@ impl Statements {
         Self {
             enqueue_workflow: format!(
                 "SELECT workflow_id, step, job_id FROM {s}.enqueue_workflow($1)"
+            ),
+            enqueue_workflows: format!(
+                "SELECT workflow_index, workflow_id, step, job_id FROM {s}.enqueue_workflows($1)"
             ),
             add_steps: format!("SELECT step, job_id FROM {s}.workflow_add_steps($1, $2)"),
             workflow_status: format!("SELECT * FROM {s}.workflow_status($1)"),
@@ -86,6 +90,55 @@ impl Storage {
             inserted.workflow_id = row.try_get("workflow_id")?;
             inserted
                 .steps
+                .push((row.try_get("step")?, row.try_get("job_id")?));
+        }
+        Ok(inserted)
+    }
+
+    /// Insert new workflows in one statement on `conn`: what each wrote, in the order given.
+    pub async fn insert_workflows(
+        &self,
+        conn: &mut PgConnection,
+        workflows: &[Workflow],
+    ) -> Result<Vec<InsertedWorkflow>> {
+        if workflows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut all = Vec::with_capacity(workflows.len());
+        for (i, workflow) in workflows.iter().enumerate() {
+            all.push(workflow.to_json(false).map_err(|e| match e {
+                Error::Config(message) => Error::Config(format!(
+                    "workflow {} of {}: {message}",
+                    i + 1,
+                    workflows.len()
+                )),
+                other => other,
+            })?);
+        }
+        self.ensure_lanes_from(conn, workflows.iter().flat_map(Workflow::jobs))
+            .await?;
+        let rows = sqlx::query(&self.sql.workflows.enqueue_workflows)
+            .bind(serde_json::Value::Array(all))
+            .fetch_all(self.on(conn))
+            .await?;
+        let mut inserted: Vec<InsertedWorkflow> = workflows
+            .iter()
+            .map(|w| InsertedWorkflow {
+                workflow_id: 0,
+                steps: Vec::with_capacity(w.len()),
+            })
+            .collect();
+        for row in rows {
+            let index: i32 = row.try_get("workflow_index")?;
+            let slot = usize::try_from(index)
+                .ok()
+                .and_then(|i| i.checked_sub(1))
+                .and_then(|i| inserted.get_mut(i))
+                .ok_or_else(|| {
+                    Error::Config(format!("enqueue_workflows returned workflow {index}"))
+                })?;
+            slot.workflow_id = row.try_get("workflow_id")?;
+            slot.steps
                 .push((row.try_get("step")?, row.try_get("job_id")?));
         }
         Ok(inserted)

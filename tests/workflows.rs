@@ -1982,6 +1982,19 @@ async fn a_call_of_many_workflows_with_one_bad_is_refused_whole_with_a_clear_err
     let shape: Vec<(i32, &str)> = rows.iter().map(|(i, _, s)| (*i, s.as_str())).collect();
     assert_eq!(shape, [(1, "a"), (1, "b"), (2, "a")]);
     assert!(rows[0].1 < rows[2].1);
+    // dependencies listed after their steps: the cycle check peels the call's steps level by level
+    let reversed =
+        r#"[{"step": "b", "kind": "k", "depends_on": ["a"]}, {"step": "a", "kind": "k"}]"#;
+    let rows: Vec<(i32, String)> = sqlx::query_as(&format!(
+        "SELECT workflow_index, step FROM {}.enqueue_workflows($1::jsonb)",
+        db.schema
+    ))
+    .bind(format!("[{good}, {reversed}]"))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let shape: Vec<(i32, &str)> = rows.iter().map(|(i, s)| (*i, s.as_str())).collect();
+    assert_eq!(shape, [(1, "a"), (1, "b"), (2, "b"), (2, "a")]);
     // through the Rust API: the workflow's position in the error, and nothing written
     let mut conn = db.pool.acquire().await.unwrap();
     let before = db

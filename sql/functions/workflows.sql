@@ -634,6 +634,7 @@ DECLARE
     v_id bigint;
     v_ids bigint[];
     v_careful boolean;
+    v_in_order boolean;
     v_peeled jsonb := '{}';
     v_level jsonb;
     v_steps jsonb;
@@ -653,19 +654,22 @@ BEGIN
     -- and so does a single workflow, for which that path's statements cost less
     v_careful := v_count = 1 OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_workflows) w
                          WHERE jsonb_typeof(w) <> 'array' OR w = '[]'::jsonb)
-        OR NOT __S__.workflow_steps_plain((SELECT jsonb_agg(s) FROM jsonb_array_elements(p_workflows) w,
-                                                                 jsonb_array_elements(w) s));
+        OR NOT __S__.workflow_steps_plain(jsonb_path_query_array(p_workflows, 'lax $[*][*]'));
     IF NOT v_careful THEN
-        v_careful := EXISTS (
-            WITH steps AS (SELECT w.i, s->>'step' AS step, s->'depends_on' AS deps
-                           FROM jsonb_array_elements(p_workflows) WITH ORDINALITY w(steps, i),
-                                jsonb_array_elements(w.steps) s)
-            SELECT 1 FROM steps x GROUP BY x.i, x.step HAVING count(*) > 1
-            UNION ALL
-            SELECT 1 FROM steps x, jsonb_array_elements_text(coalesce(x.deps, '[]'::jsonb)) d
-            WHERE d = x.step OR NOT EXISTS (SELECT 1 FROM steps y WHERE y.i = x.i AND y.step = d));
+        -- names once per workflow, dependencies on other steps of the same workflow; and whether
+        -- every dependency comes before its step in the call, which rules out a cycle at once
+        WITH steps AS (SELECT w.i, s.n, s.e->>'step' AS step, s.e->'depends_on' AS deps
+                       FROM jsonb_array_elements(p_workflows) WITH ORDINALITY w(steps, i),
+                            jsonb_array_elements(w.steps) WITH ORDINALITY s(e, n)),
+             edges AS (SELECT x.n, x.step, d AS dep, y.n AS dep_n
+                       FROM steps x CROSS JOIN jsonb_array_elements_text(coalesce(x.deps, '[]'::jsonb)) d
+                       LEFT JOIN steps y ON y.i = x.i AND y.step = d)
+        SELECT EXISTS (SELECT 1 FROM steps x GROUP BY x.i, x.step HAVING count(*) > 1)
+               OR EXISTS (SELECT 1 FROM edges x WHERE x.dep = x.step OR x.dep_n IS NULL),
+               NOT EXISTS (SELECT 1 FROM edges x WHERE x.dep_n > x.n)
+        INTO v_careful, v_in_order;
     END IF;
-    IF NOT v_careful THEN
+    IF NOT v_careful AND NOT v_in_order THEN
         -- no cycle: peel off, a level at a time, the steps whose dependencies are all peeled (keys
         -- "position/step": names are unique within a workflow)
         LOOP

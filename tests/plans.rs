@@ -54,6 +54,31 @@ async fn hot_functions_pin_generic_plans() {
     db.cleanup().await;
 }
 
+/// The functions that add workflow steps group and deduplicate with sorts: a nested JSON array is
+/// estimated at 10,000 elements and more, and a hashed DISTINCT or GROUP BY allocated its table
+/// for that many at every call (40 % of the instructions of a call of five small workflows).
+#[tokio::test]
+async fn functions_adding_steps_never_size_a_hash_table_by_estimate() {
+    let db = TestDb::new().await;
+    for name in ["enqueue_workflows", "workflow_add_steps"] {
+        let config: Option<Vec<String>> = sqlx::query_scalar(
+            "SELECT proconfig FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = $2",
+        )
+        .bind(db.schema.as_str())
+        .bind(name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert!(
+            config
+                .unwrap_or_default()
+                .contains(&"enable_hashagg=off".to_string()),
+            "{name}"
+        );
+    }
+    db.cleanup().await;
+}
+
 /// Cut the ready-row walks out of the installed `claim()` (the two over the slots the lane's
 /// segments are in, without and with the tombstone probe, then the one over every slot) and turn
 /// their PL/pgSQL variables into parameters, so the test explains the very statements claim runs.

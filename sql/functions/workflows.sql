@@ -13,7 +13,10 @@
 -- while it cancels the running steps, never waits in a cycle with a completion.
 --
 -- JIT is off in this plane's functions: their statements over a call's JSON steps are estimated
--- far above jit_above_cost, and compiling them took ten times longer than running them. A
+-- far above jit_above_cost, and compiling them took ten times longer than running them. So are
+-- hash aggregates where steps are added: a nested JSON array is estimated at 10,000 elements and
+-- more, and a hashed DISTINCT or GROUP BY allocated its table for that many at every call (two of
+-- them were 40 % of a small call's instructions); a sort of what is really there costs little. A
 -- workflow's tables grow by thousands of rows in seconds, and a plan cached while they were small
 -- scanned them whole for every step (a fan-in's completion batches slowed from 60 ms to 900 ms as
 -- its arrivals grew). So a function either plans every statement for its arguments
@@ -416,7 +419,7 @@ $$;
 CREATE OR REPLACE FUNCTION __S__.workflow_add_steps(p_workflow_id bigint, p_steps jsonb)
 RETURNS TABLE (step text, job_id bigint)
 -- plan_cache_mode is restored when the function returns (its own SET), whatever the body sets
-LANGUAGE plpgsql SET jit = off SET plan_cache_mode = auto AS $$
+LANGUAGE plpgsql SET jit = off SET plan_cache_mode = auto SET enable_hashagg = off AS $$
 DECLARE
     -- the engine's clock, read once (as in workflow_release_many)
     v_now timestamptz := __S__.engine_now();
@@ -627,7 +630,7 @@ $$;
 -- snapshot on the server while the transaction lasts.
 CREATE OR REPLACE FUNCTION __S__.enqueue_workflows(p_workflows jsonb)
 RETURNS TABLE (workflow_index int, workflow_id bigint, step text, job_id bigint)
-LANGUAGE plpgsql SET jit = off AS $$
+LANGUAGE plpgsql SET jit = off SET enable_hashagg = off AS $$
 DECLARE
     v_now timestamptz := __S__.engine_now();
     v_count int;

@@ -2066,3 +2066,62 @@ async fn a_call_of_thousands_of_workflows_takes_no_lock_per_workflow_and_rolls_b
     .await;
     db.cleanup().await;
 }
+
+/// An append behind a tail whose last attempt completed, or was cancelled while it ran, knows the
+/// tail is final from the tail's result alone: nothing runs such a job again. It starts a new
+/// burst at once without `job_state`'s search of every plane (about 1.5 ms an append, most of a
+/// sequence insert's time when keys drain between inserts).
+#[tokio::test]
+async fn an_append_behind_a_completed_or_cancelled_tail_starts_at_once_without_searching_the_planes(
+) {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let s = db.schema.to_string();
+    support::enqueue(&db, vec![in_sequence("done", 1), in_sequence("stopped", 2)]).await;
+    let mut ran = claim_ns(&storage).await;
+    ran.sort_by_key(|(n, _)| *n);
+    assert_eq!(ran.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1, 2]);
+    complete_one(&storage, &ran[0].1).await;
+    let stopped: String = sqlx::query_scalar(&format!("SELECT {s}.cancel_job($1, 'stop')"))
+        .bind(ran[1].1.job_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stopped, "cancelled_running");
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    for (key, n) in [("done", 3), ("stopped", 4)] {
+        sqlx::query(&format!(
+            "SELECT {s}.enqueue_in_sequence($1, jsonb_build_object('kind', 'k', 'args', jsonb_build_object('n', $2::int)))"
+        ))
+        .bind(key)
+        .bind(n)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    let searches: i64 = sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions \
+         WHERE schemaname = $1 AND funcname = 'job_state'",
+    )
+    .bind(&s)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(searches, 0);
+    tx.commit().await.unwrap();
+    let mut next: Vec<i64> = claim_ns(&storage).await.iter().map(|(n, _)| *n).collect();
+    next.sort_unstable();
+    assert_eq!(next, [3, 4], "each starts at once, behind a final tail");
+    for key in ["done", "stopped"] {
+        assert_eq!(
+            storage.sequence_bursts(key, 10).await.unwrap().len(),
+            2,
+            "{key}"
+        );
+    }
+    db.cleanup().await;
+}

@@ -1070,6 +1070,7 @@ DECLARE
     v_tail_lease bigint;
     v_tail_waits boolean;
     v_result_lease bigint;
+    v_result_outcome text;
     v_effect text;
 BEGIN
     IF NOT __S__.valid_name(p_key) THEN
@@ -1096,8 +1097,8 @@ BEGIN
         -- hashed subplan that read every released step of every workflow at each append
         v_tail_waits := NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
                                     WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
-        v_result_lease := (SELECT max(r.run_lease) FROM __S__.workflow_results r
-                           WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
+        SELECT r.run_lease, r.outcome INTO v_result_lease, v_result_outcome FROM __S__.workflow_results r
+        WHERE r.workflow_id = v_workflow AND r.step = v_tail_step ORDER BY r.run_lease DESC LIMIT 1;
         IF v_tail_waits THEN
             -- never released (under the workflow's lock, so it cannot be meanwhile) and not
             -- cancelled (skipped above): it waits behind its own tail, as job_state's search of
@@ -1110,6 +1111,13 @@ BEGIN
             -- the tail is available, running or waiting for a retry, not final, whatever
             -- job_state's search of every plane (most of an append's cost) would say of it
             v_tail_state := 'unsettled';
+        ELSIF v_result_outcome IN ('completed', 'cancelled') THEN
+            -- its last attempt completed or was cancelled: both are final, for nothing runs such a
+            -- job again (only a dead-lettered job is retried, and its result says failed), and a
+            -- result is written by the attempt's own end, under the run-lease guard, so no later
+            -- attempt exists. The common case, and job_state's search of every plane (about
+            -- 1.5 ms) is left for a failure, dead-lettered or retried since
+            v_tail_state := v_result_outcome;
         ELSE
             SELECT j.state, j.run_lease INTO v_tail_state, v_tail_lease FROM __S__.job_state(v_tail_job) j;
         END IF;

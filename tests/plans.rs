@@ -60,7 +60,7 @@ async fn hot_functions_pin_generic_plans() {
 #[tokio::test]
 async fn functions_adding_steps_never_size_a_hash_table_by_estimate() {
     let db = TestDb::new().await;
-    for name in ["enqueue_workflows", "workflow_add_steps"] {
+    for name in ["enqueue_workflows", "workflow_write_steps"] {
         let config: Option<Vec<String>> = sqlx::query_scalar(
             "SELECT proconfig FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = $2",
         )

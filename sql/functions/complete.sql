@@ -122,10 +122,23 @@ BEGIN
     -- committed before this call began (its receipt came from it), so this statement sees it.
     SELECT EXISTS (SELECT 1 FROM __S__.lease_claims l WHERE l.claim_slot BETWEEN v_first_slot AND v_last_slot)
     INTO v_row_local;
-    IF v_workflows THEN
-        -- the attempts this call closes below: their locks keep them open until it does
-        PERFORM __S__.workflow_settle(array_agg(o.job_id), array_agg(o.run_lease), array_agg('completed'::text))
-        FROM __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, v_first_slot, v_last_slot) o;
+    -- The workflow steps among the attempts this call closes below (their locks keep them open
+    -- until it does), settled under the workflow locks taken above; each step found by an index
+    -- probe of its own (OFFSET 0 keeps the lookup a nested loop: the plan is cached, and a join
+    -- planned while workflow_steps was small could read it whole once it is large).
+    IF v_workflows AND v_row_local THEN
+        PERFORM __S__.workflow_settle_many(array_agg(w.workflow_id ORDER BY w.job_id), array_agg(w.step ORDER BY w.job_id),
+                                           array_agg(o.run_lease ORDER BY w.job_id), array_agg('completed'::text))
+        FROM __S__.open_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, v_first_slot, v_last_slot) o
+        CROSS JOIN LATERAL (SELECT s.workflow_id, s.step, s.job_id FROM __S__.workflow_steps s
+                            WHERE s.job_id = o.job_id OFFSET 0) w;
+    ELSIF v_workflows THEN
+        PERFORM __S__.workflow_settle_many(array_agg(w.workflow_id ORDER BY w.job_id), array_agg(w.step ORDER BY w.job_id),
+                                           array_agg(o.run_lease ORDER BY w.job_id), array_agg('completed'::text))
+        FROM __S__.open_compact_attempts(p_claim_slots, p_receipt_ids, p_job_ids, p_run_leases, v_first_slot,
+                                         v_last_slot) o
+        CROSS JOIN LATERAL (SELECT s.workflow_id, s.step, s.job_id FROM __S__.workflow_steps s
+                            WHERE s.job_id = o.job_id OFFSET 0) w;
     END IF;
     IF v_row_local THEN
         RETURN QUERY

@@ -2,7 +2,7 @@
 -- then go to the queue ring as ordinary jobs, with the job id they were given when added.
 --
 -- A step's final state is recorded where the job's is: completion (complete_batch calls
--- workflow_settle), failure and cancellation (the triggers on done_entries and dlq_entries below, so
+-- workflow_settle_many), failure and cancellation (the triggers on done_entries and dlq_entries below, so
 -- that every path that ends a job, rescue and operator cancels included, settles its step). Each
 -- settlement appends evidence (workflow_results, workflow_arrivals) under the workflow's advisory
 -- lock; the arrival whose number equals a dependent's dependency count releases it, once.
@@ -14,9 +14,11 @@
 --
 -- JIT is off in this plane's functions: their statements over a call's JSON steps are estimated
 -- far above jit_above_cost, and compiling them took ten times longer than running them. So are
--- hash aggregates where steps are added: a nested JSON array is estimated at 10,000 elements and
--- more, and a hashed DISTINCT or GROUP BY allocated its table for that many at every call (two of
--- them were 40 % of a small call's instructions); a sort of what is really there costs little. A
+-- hash aggregates where steps are written (enqueue_workflows, workflow_write_steps): a nested JSON
+-- array is estimated at 10,000 elements and more, and a hashed DISTINCT or GROUP BY allocated its
+-- table for that many at every call (two of them were 40 % of a small call's instructions); a sort
+-- of what is really there costs little. The setting reaches the functions they call, whose cached
+-- plans keep whichever choice their first planning made. A
 -- workflow's tables grow by thousands of rows in seconds, and a plan cached while they were small
 -- scanned them whole for every step (a fan-in's completion batches slowed from 60 ms to 900 ms as
 -- its arrivals grew). So a function either plans every statement for its arguments
@@ -415,8 +417,10 @@ $$;
 -- Only step and kind are required. A dependency names a step of the same call or one the workflow
 -- already has; a step whose dependencies are all final (or that has none) is released at once.
 -- Every step is checked before anything is written (SQLSTATE 22023 for bad input).
+-- workflow_write_steps is the work, for a caller that holds the workflow's lock or created the
+-- workflow in its transaction (no one else can see it yet); workflow_add_steps takes the lock.
 -- ---------------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION __S__.workflow_add_steps(p_workflow_id bigint, p_steps jsonb)
+CREATE OR REPLACE FUNCTION __S__.workflow_write_steps(p_workflow_id bigint, p_steps jsonb)
 RETURNS TABLE (step text, job_id bigint)
 -- plan_cache_mode is restored when the function returns (its own SET), whatever the body sets
 LANGUAGE plpgsql SET jit = off SET plan_cache_mode = auto SET enable_hashagg = off AS $$
@@ -448,7 +452,6 @@ BEGIN
     IF jsonb_array_length(p_steps) > 64 THEN
         PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
     END IF;
-    PERFORM __S__.lock_workflow(p_workflow_id);
     IF NOT EXISTS (SELECT 1 FROM __S__.workflows w WHERE w.workflow_id = p_workflow_id) THEN
         RAISE EXCEPTION 'ringwork: no workflow %', p_workflow_id USING ERRCODE = 'P0002';
     END IF;
@@ -597,7 +600,18 @@ BEGIN
 END
 $$;
 
--- A new workflow with these steps (workflow_add_steps), inside the caller's transaction: if it
+-- Add steps to a workflow under its lock: the SQL API's call for a running workflow (a step that
+-- fans out), and a batch's members and its seal.
+CREATE OR REPLACE FUNCTION __S__.workflow_add_steps(p_workflow_id bigint, p_steps jsonb)
+RETURNS TABLE (step text, job_id bigint)
+LANGUAGE plpgsql SET jit = off AS $$
+BEGIN
+    PERFORM __S__.lock_workflow(p_workflow_id);
+    RETURN QUERY SELECT w.step, w.job_id FROM __S__.workflow_write_steps(p_workflow_id, p_steps) w;
+END
+$$;
+
+-- A new workflow with these steps (workflow_write_steps), inside the caller's transaction: if it
 -- rolls back, nothing of the workflow exists. Not enqueue_workflows with one workflow: wrapping
 -- that call's result cost a 10,002-step workflow's insert about a tenth more.
 CREATE OR REPLACE FUNCTION __S__.enqueue_workflow(p_steps jsonb)
@@ -607,7 +621,7 @@ DECLARE
     v_id bigint := nextval('__S__.workflow_ids');
 BEGIN
     INSERT INTO __S__.workflows (workflow_id, created_at) VALUES (v_id, __S__.engine_now());
-    RETURN QUERY SELECT v_id, a.step, a.job_id FROM __S__.workflow_add_steps(v_id, p_steps) a;
+    RETURN QUERY SELECT v_id, a.step, a.job_id FROM __S__.workflow_write_steps(v_id, p_steps) a;
 END
 $$;
 
@@ -616,18 +630,19 @@ $$;
 -- workflow's position in the call (1-based) and id, in job id order (the order given).
 --
 -- Set-based over every step of the call: a PL/pgSQL statement costs some 14 µs whatever it does,
--- and a workflow through workflow_add_steps is about 25 of them, so here they are paid once a call,
+-- and a workflow through workflow_write_steps is about 25 of them, so here they are paid once a call,
 -- and the due steps of all the workflows go to the ring in one segment per (queue, priority).
 -- No workflow lock is taken: a workflow this call creates is invisible to every other transaction
 -- until it commits, so nothing can settle, cancel or add to it meanwhile (and an advisory lock per
 -- workflow would fill the shared lock table in a large call).
 -- A call whose steps are not all of the shapes workflow_steps_plain vouches for, or that names a
 -- step twice in a workflow, a dependency that is not a step of its own workflow, or a cycle, goes a
--- workflow at a time through workflow_add_steps, which inserts the unusual shapes and raises the
--- exact error for bad input; it names the workflow by the id the call gave it (ids follow the
--- call's order). Not in a subtransaction per workflow to name its position instead: a call of
--- more than 64 would overflow the backend's cache of subtransactions, which slows every
--- snapshot on the server while the transaction lasts.
+-- workflow at a time through workflow_write_steps (no lock either), which inserts the unusual
+-- shapes and raises the exact error for bad input. Its errors do not say which workflow of the
+-- call (a few name it by the id the call gave it, which its rollback undoes): not in a
+-- subtransaction per workflow to add the position, since more than 64 in one transaction would
+-- overflow the backend's cache of subtransactions and slow every snapshot on the server while it
+-- lasts. The Rust client checks each workflow first and names its position.
 CREATE OR REPLACE FUNCTION __S__.enqueue_workflows(p_workflows jsonb)
 RETURNS TABLE (workflow_index int, workflow_id bigint, step text, job_id bigint)
 LANGUAGE plpgsql SET jit = off SET enable_hashagg = off AS $$
@@ -692,7 +707,7 @@ BEGIN
                                 ORDER BY w.i LOOP
             v_id := nextval('__S__.workflow_ids');
             INSERT INTO __S__.workflows (workflow_id, created_at) VALUES (v_id, v_now);
-            RETURN QUERY SELECT v_index, v_id, a.step, a.job_id FROM __S__.workflow_add_steps(v_id, v_steps) a;
+            RETURN QUERY SELECT v_index, v_id, a.step, a.job_id FROM __S__.workflow_write_steps(v_id, v_steps) a;
         END LOOP;
         RETURN;
     END IF;

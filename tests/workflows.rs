@@ -2157,3 +2157,62 @@ async fn an_append_behind_a_completed_or_cancelled_tail_starts_at_once_without_s
     }
     db.cleanup().await;
 }
+
+/// A dead-lettered step that an operator retries and then cancels before it runs can never
+/// complete: the steps held behind it are cancelled, as behind any cancelled dependency. The
+/// retry's next attempt must not share the dead-lettered attempt's run lease, whose failed result
+/// would hide the cancellation (a result is recorded once per run lease).
+#[tokio::test]
+async fn a_retried_dead_letter_cancelled_before_it_runs_cancels_the_steps_held_behind_it() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage.ensure_queue("default").await.unwrap();
+    assert!(storage
+        .set_queue_dead_letter("default", true)
+        .await
+        .unwrap());
+    let s = db.schema.to_string();
+    // cancelled while scheduled by the retry, and while available after its promotion
+    for promoted in [false, true] {
+        let w = insert(
+            &db,
+            Workflow::new()
+                .step(step("load", &[]))
+                .step(step("held", &["load"]).on_dependency_failure(DependencyFailure::Hold)),
+        )
+        .await;
+        let id = |s: &str| w.job_id(s).unwrap();
+        let load = claim_names(&storage, &w).await;
+        fail(&storage, &load[0].1).await;
+        assert_eq!(state(&db, id("load")).await, "dead_lettered");
+        assert_eq!(state(&db, id("held")).await, "pending");
+        assert!(storage.dlq_retry(id("load")).await.unwrap());
+        if promoted {
+            storage.promote_due(10).await.unwrap();
+            assert_eq!(state(&db, id("load")).await, "available");
+        }
+        let cancelled: String = sqlx::query_scalar(&format!("SELECT {s}.cancel_job($1, 'no')"))
+            .bind(id("load"))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(cancelled, "cancelled");
+        assert_eq!(
+            state(&db, id("held")).await,
+            "cancelled",
+            "promoted: {promoted}"
+        );
+        let status = storage
+            .workflow_status(w.workflow_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            status.state,
+            WorkflowState::Cancelled,
+            "promoted: {promoted}"
+        );
+        assert!(claim_names(&storage, &w).await.is_empty());
+    }
+    db.cleanup().await;
+}

@@ -22,9 +22,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    -- the retry's run lease is one past the dead-lettered attempt's: a workflow step records one
+    -- result per run lease, and a cancellation before the retry runs must not share the failed
+    -- attempt's lease, whose result would hide it (and leave the steps held behind it waiting)
     INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease, max_attempts,
                                      run_at, created_at, last_error, timeout_ms, traceparent)
-    VALUES (v.job_id, v.queue, v.kind, v.args, v.priority, 0, v.run_lease, v.max_attempts, now(),
+    VALUES (v.job_id, v.queue, v.kind, v.args, v.priority, 0, v.run_lease + 1, v.max_attempts, now(),
             v.created_at, v.error, v.timeout_ms, v.traceparent);
     PERFORM __S__.wake_promotion();
     DELETE FROM __S__.dlq_entries WHERE job_id = p_job_id;

@@ -6,7 +6,11 @@
 # versions of a SQL function is one run each, where timings need many alternating rounds.
 #
 # usage: bench/cycle-instructions.sh [MODE] [SQL_FILE...]
-#   MODE   full (enqueue + claim + complete, default), claim (enqueue + claim), enqueue
+#   MODE   full (enqueue + claim + complete, default), claim (enqueue + claim), enqueue; and ten
+#          jobs a cycle, each cycle two claims and completions of five: plain10 (`enqueue_jobs`),
+#          chains (five workflows a -> b in one `enqueue_workflows`), sequence (two jobs to each
+#          of five keys in one `enqueue_in_sequence_many`: every append after the first cycle
+#          finds its key's tail completed)
 #   SQL_FILE  installed over the schema first, with __S__ replaced by `ringwork`: to measure a
 #             variant of a function file (sql/functions/*.sql) against the built schema
 # Prints the instructions of one cycle: (count after 120 cycles - count after 20) / 100.
@@ -18,8 +22,8 @@ set -euo pipefail
 
 MODE=${1:-full}
 shift || true
-case "$MODE" in full | claim | enqueue) ;; *)
-    echo "MODE must be full, claim or enqueue, got $MODE" >&2
+case "$MODE" in full | claim | enqueue | plain10 | chains | sequence) ;; *)
+    echo "MODE must be full, claim, enqueue, plain10, chains or sequence, got $MODE" >&2
     exit 2
     ;;
 esac
@@ -43,6 +47,11 @@ as_pg "$BIN/pg_ctl -D $DIR/data stop" >/dev/null
 
 ENQUEUE="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[5]), array_fill('{\"a\":1}'::jsonb, ARRAY[5]), array_fill(25, ARRAY[5]), array_fill(NULL::int, ARRAY[5]), array_fill(NULL::text, ARRAY[5]))"
 CLAIM="SELECT count(*) FROM ringwork.claim('q', 5, interval '5 min')"
+STEP='{"kind": "k", "queue": "q", "args": {"a": 1}}'
+CHAIN="[{\"step\": \"a\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}}, {\"step\": \"b\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}, \"depends_on\": [\"a\"]}]"
+PLAIN10="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[10]), array_fill('{\"a\":1}'::jsonb, ARRAY[10]), array_fill(25, ARRAY[10]), array_fill(NULL::int, ARRAY[10]), array_fill(NULL::text, ARRAY[10]))"
+CHAINS="SELECT count(*) FROM ringwork.enqueue_workflows('[$CHAIN, $CHAIN, $CHAIN, $CHAIN, $CHAIN]'::jsonb)"
+SEQUENCE="SELECT count(*) FROM ringwork.enqueue_in_sequence_many(ARRAY['k1', 'k1', 'k2', 'k2', 'k3', 'k3', 'k4', 'k4', 'k5', 'k5'], array_fill('$STEP'::jsonb, ARRAY[10]), array_fill('run'::text, ARRAY[10]))"
 CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', 5, interval '5 min')) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
 
 # instructions of a fresh copy of the cluster running $1 cycles
@@ -52,9 +61,18 @@ instructions() {
         echo "PREPARE e AS $ENQUEUE"
         echo "PREPARE k AS $CLAIM"
         echo "PREPARE c AS $CYCLE"
+        case "$MODE" in
+        plain10) echo "PREPARE t AS $PLAIN10" ;;
+        chains) echo "PREPARE t AS $CHAINS" ;;
+        sequence) echo "PREPARE t AS $SEQUENCE" ;;
+        esac
         for _ in $(seq "$1"); do
-            echo "EXECUTE e"
-            case "$MODE" in full) echo "EXECUTE c" ;; claim) echo "EXECUTE k" ;; enqueue) ;; esac
+            case "$MODE" in
+            full) printf 'EXECUTE e\nEXECUTE c\n' ;;
+            claim) printf 'EXECUTE e\nEXECUTE k\n' ;;
+            enqueue) echo "EXECUTE e" ;;
+            *) printf 'EXECUTE t\nEXECUTE c\nEXECUTE c\n' ;;
+            esac
         done
     } >"$DIR/in.sql"
     [ "$(id -u)" = 0 ] && chown -R postgres "$DIR"
@@ -68,4 +86,5 @@ instructions() {
 }
 few=$(instructions 20)
 many=$(instructions 120)
-echo "$MODE: $(((many - few) / 100)) instructions per cycle of 5 jobs"
+case "$MODE" in full | claim | enqueue) jobs=5 ;; *) jobs=10 ;; esac
+echo "$MODE: $(((many - few) / 100)) instructions per cycle of $jobs jobs"

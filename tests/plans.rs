@@ -28,19 +28,24 @@ const GENERIC_PLAN_FUNCTIONS: &[&str] = &[
     "rescue_deadline_slot",
 ];
 
+/// The settings a function of the schema runs with (its `SET` clauses, as `name=value`).
+async fn settings_of(db: &TestDb, function: &str) -> Vec<String> {
+    let config: Option<Vec<String>> = sqlx::query_scalar(
+        "SELECT proconfig FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = $2",
+    )
+    .bind(db.schema.as_str())
+    .bind(function)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    config.unwrap_or_default()
+}
+
 #[tokio::test]
 async fn hot_functions_pin_generic_plans() {
     let db = TestDb::new().await;
     for name in GENERIC_PLAN_FUNCTIONS {
-        let config: Option<Vec<String>> = sqlx::query_scalar(
-            "SELECT proconfig FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = $2",
-        )
-        .bind(db.schema.as_str())
-        .bind(name)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        let config = config.unwrap_or_default();
+        let config = settings_of(&db, name).await;
         assert!(
             config.contains(&"plan_cache_mode=force_generic_plan".to_string()),
             "{name}: {config:?}"
@@ -61,20 +66,8 @@ async fn hot_functions_pin_generic_plans() {
 async fn functions_adding_steps_never_size_a_hash_table_by_estimate() {
     let db = TestDb::new().await;
     for name in ["enqueue_workflows", "workflow_write_steps"] {
-        let config: Option<Vec<String>> = sqlx::query_scalar(
-            "SELECT proconfig FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = $2",
-        )
-        .bind(db.schema.as_str())
-        .bind(name)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        assert!(
-            config
-                .unwrap_or_default()
-                .contains(&"enable_hashagg=off".to_string()),
-            "{name}"
-        );
+        let config = settings_of(&db, name).await;
+        assert!(config.contains(&"enable_hashagg=off".to_string()), "{name}");
     }
     db.cleanup().await;
 }

@@ -67,6 +67,15 @@ async fn counts_of(storage: &ringwork::Storage) -> (i64, i64) {
     (counts[0].pending, counts[0].available)
 }
 
+/// The default queue dead-letters its failed jobs, so that an operator can retry them.
+async fn dead_letter_default_queue(storage: &ringwork::Storage) {
+    storage.ensure_queue("default").await.unwrap();
+    assert!(storage
+        .set_queue_dead_letter("default", true)
+        .await
+        .unwrap());
+}
+
 async fn fail(storage: &ringwork::Storage, claimed: &ringwork::ClaimedJob) {
     let outcome = storage
         .close_batch(&[(
@@ -231,12 +240,7 @@ async fn the_last_two_dependencies_completing_at_once_release_the_dependent_once
 async fn a_failed_dependency_cancels_runs_or_holds_its_dependents_by_policy() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    storage.ensure_queue("default").await.unwrap();
-    // dead-lettered, so that an operator can retry the failed step
-    assert!(storage
-        .set_queue_dead_letter("default", true)
-        .await
-        .unwrap());
+    dead_letter_default_queue(&storage).await;
     let w = insert(
         &db,
         Workflow::new()
@@ -1399,11 +1403,7 @@ async fn an_append_reads_only_its_keys_rows_however_many_steps_other_workflows_r
 async fn a_sequence_continues_holds_or_cancels_after_a_failure_by_policy() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    storage.ensure_queue("default").await.unwrap();
-    assert!(storage
-        .set_queue_dead_letter("default", true)
-        .await
-        .unwrap());
+    dead_letter_default_queue(&storage).await;
     support::enqueue(
         &db,
         vec![
@@ -1633,11 +1633,7 @@ async fn a_job_appended_behind_a_waiting_tail_runs_after_it() {
 async fn a_dead_lettered_sequence_job_holds_its_key_until_retried_or_purged() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    storage.ensure_queue("default").await.unwrap();
-    assert!(storage
-        .set_queue_dead_letter("default", true)
-        .await
-        .unwrap());
+    dead_letter_default_queue(&storage).await;
     support::enqueue(&db, vec![job(1).sequence("k", DependencyFailure::Hold)]).await;
     let first = claim_ns(&storage).await.remove(0).1;
     fail(&storage, &first).await;
@@ -2166,11 +2162,7 @@ async fn an_append_behind_a_completed_or_cancelled_tail_starts_at_once_without_s
 async fn a_retried_dead_letter_cancelled_before_it_runs_cancels_the_steps_held_behind_it() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    storage.ensure_queue("default").await.unwrap();
-    assert!(storage
-        .set_queue_dead_letter("default", true)
-        .await
-        .unwrap());
+    dead_letter_default_queue(&storage).await;
     let s = db.schema.to_string();
     // cancelled while scheduled by the retry, and while available after its promotion
     for promoted in [false, true] {

@@ -112,6 +112,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "archive_search_doc",
         include_str!("../migrations/0027_archive_search_doc.sql"),
     ),
+    (
+        "archive_finalized_ats",
+        include_str!("../migrations/0028_archive_finalized_ats.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -234,6 +234,104 @@ async fn every_job_is_listed_once_in_its_state_across_pages_in_the_ring_and_the_
     db.cleanup().await;
 }
 
+/// The archive gathers a queue's completions of one second into rows of up to 256 jobs, each job
+/// keeping its own finalization time; a listing reads them in (time, id) order, exactly, however
+/// its pages cut the rows.
+#[tokio::test]
+async fn archived_completions_share_rows_of_a_second_and_keep_their_own_times() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage
+        .insert_many(&mut conn, &(0..320).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    // ten completions of two jobs, a quarter of a second apart on the engine's clock, then one of 300
+    for _ in 0..10 {
+        let claimed = storage.claim("default", 2, None).await.unwrap();
+        let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+        storage.complete_batch(&refs).await.unwrap();
+        db.advance_clock(Duration::from_millis(250)).await;
+    }
+    let claimed = storage.claim("default", 300, None).await.unwrap();
+    assert_eq!(claimed.len(), 300);
+    let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&refs).await.unwrap();
+
+    // what the ring says, before the prune: each job's time, and the rows its seconds make
+    let times: std::collections::HashMap<i64, chrono::DateTime<Utc>> = sqlx::query_as(&format!(
+        "SELECT u.job_id, b.finalized_at FROM {s}.receipt_completion_batches b, unnest(b.job_ids) u(job_id)",
+        s = db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(times.len(), 320);
+    let batches = db
+        .scalar_i64("SELECT count(*) FROM {s}.receipt_completion_batches")
+        .await;
+    let rows = db
+        .scalar_i64(
+            "SELECT sum(ceil(n / 256.0))::bigint FROM (
+                 SELECT count(*) AS n FROM {s}.receipt_completion_batches b, unnest(b.job_ids) u
+                 GROUP BY b.queue, {s}.archive_bucket(b.finalized_at, interval '1 day'),
+                          date_trunc('second', b.finalized_at)) g",
+        )
+        .await;
+    assert_eq!(batches, 11);
+    support::rotate_and_prune(&storage, DAY).await;
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.receipt_completion_batches")
+            .await,
+        0,
+        "the slot is pruned: the listing reads the archive alone"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.archived_completion_batches")
+            .await,
+        rows,
+        "a row per queue, second and 256 jobs"
+    );
+    assert!(
+        rows < batches,
+        "{rows} rows for {batches} completion batches"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT max(cardinality(job_ids))::bigint FROM {s}.archived_completion_batches"
+        )
+        .await,
+        256
+    );
+
+    let mut expected: Vec<(chrono::DateTime<Utc>, i64)> =
+        times.iter().map(|(id, at)| (*at, *id)).collect();
+    expected.sort_by(|a, b| b.cmp(a));
+    for size in [1, 7, 100, 500] {
+        let listed = all_pages(&storage, JobStatus::Completed, Some("default"), size).await;
+        let got: Vec<(chrono::DateTime<Utc>, i64)> =
+            listed.iter().map(|r| (r.at, r.job_id)).collect();
+        assert_eq!(
+            got, expected,
+            "pages of {size}: every job once, at its own time, newest first"
+        );
+    }
+    for (at, id) in [expected[0], expected[319]] {
+        let archived: chrono::DateTime<Utc> = sqlx::query_scalar(&format!(
+            "SELECT finalized_at FROM {s}.archived_job($1)",
+            s = db.schema
+        ))
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(archived, at, "job {id}");
+    }
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_dead_lettered_job_is_listed_and_retried_and_a_finished_job_is_not() {
     let db = TestDb::new().await;

@@ -514,27 +514,31 @@ BEGIN
                    AND (a.finalized_at, a.job_id) < (v_before_at, v_before_id)
                  ORDER BY a.finalized_at DESC, a.job_id DESC LIMIT v_left)
                 UNION ALL
-                (SELECT a.job_ids[i], 'completed', a.queue, a.kinds[i], a.args[i], a.attempts[i], a.finalized_at,
-                        NULL
-                 -- every batch at the key's time, then the newest v_left older ones with a job of
-                 -- the kind (ties included: batches of one completion share their time), so each
-                 -- batch taken gives at least one row and the merge is exact
-                 FROM (SELECT * FROM __S__.archived_completion_batches w
-                       WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
-                         AND (p_kind IS NULL OR p_kind = ANY (w.kinds))
-                         AND w.finalized_at = v_before_at
-                         AND NOT __S__.archived_slot_in_ring(w.ready_slot, w.generation)
-                       UNION ALL
-                       (SELECT * FROM __S__.archived_completion_batches w
-                        WHERE p_state = 'completed' AND (p_queue IS NULL OR w.queue = p_queue)
-                          AND (p_kind IS NULL OR p_kind = ANY (w.kinds))
-                          AND w.finalized_at < v_before_at
-                          AND NOT __S__.archived_slot_in_ring(w.ready_slot, w.generation)
-                        ORDER BY w.finalized_at DESC FETCH FIRST v_left ROWS WITH TIES)) a
+                (SELECT a.job_ids[i], 'completed', a.queue, a.kinds[i], a.args[i], a.attempts[i],
+                        coalesce(a.finalized_ats[i], a.finalized_at) AS at, NULL
+                 -- Every job of an archive row finalized in the second of the row's finalized_at,
+                 -- its newest (archive_slot). So the rows to read are those of the key's second,
+                 -- and those from the second of the v_left-th newest row older than it with a job
+                 -- of the kind: each of those gives at least one row, every job of a row left out
+                 -- is older than all of theirs, and the merge is exact.
+                 FROM __S__.archived_completion_batches a
                  CROSS JOIN LATERAL generate_subscripts(a.job_ids, 1) i
-                 WHERE (p_kind IS NULL OR a.kinds[i] = p_kind)
-                   AND (a.finalized_at, a.job_ids[i]) < (v_before_at, v_before_id)
-                 ORDER BY a.finalized_at DESC, a.job_ids[i] DESC LIMIT v_left)
+                 WHERE p_state = 'completed' AND (p_queue IS NULL OR a.queue = p_queue)
+                   AND (p_kind IS NULL OR p_kind = ANY (a.kinds))
+                   AND a.finalized_at < date_trunc('second', v_before_at) + interval '1 second'
+                   AND a.finalized_at >= least(
+                         date_trunc('second', v_before_at),
+                         (SELECT date_trunc('second', min(t.finalized_at))
+                          FROM (SELECT w.finalized_at FROM __S__.archived_completion_batches w
+                                WHERE (p_queue IS NULL OR w.queue = p_queue)
+                                  AND (p_kind IS NULL OR p_kind = ANY (w.kinds))
+                                  AND w.finalized_at < date_trunc('second', v_before_at)
+                                  AND NOT __S__.archived_slot_in_ring(w.ready_slot, w.generation)
+                                ORDER BY w.finalized_at DESC LIMIT v_left) t))
+                   AND NOT __S__.archived_slot_in_ring(a.ready_slot, a.generation)
+                   AND (p_kind IS NULL OR a.kinds[i] = p_kind)
+                   AND (coalesce(a.finalized_ats[i], a.finalized_at), a.job_ids[i]) < (v_before_at, v_before_id)
+                 ORDER BY 7 DESC, 1 DESC LIMIT v_left)
             ) h
             ORDER BY h.at DESC, h.job_id DESC LIMIT v_left;
     END IF;

@@ -49,7 +49,8 @@ impl Statements {
 /// One of the archive's tables, or one half of archive search's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArchiveTable {
-    /// `archived_completion_batches`: one row per completion batch, kept `keep_completed`.
+    /// `archived_completion_batches`: completions, one row per queue, second and 256 jobs, kept
+    /// `keep_completed`.
     Completions,
     /// `archived_jobs`: failed, cancelled and row-completed jobs, kept `keep_failed`.
     Jobs,

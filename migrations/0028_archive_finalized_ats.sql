@@ -1,0 +1,13 @@
+-- Archive rows of many completion batches: each job's own finalization time.
+--
+-- FROZEN once released, like every migration: a schema change is a new file.
+--
+-- Until now archive_slot wrote one archived_completion_batches row per completion batch, so a row's
+-- jobs shared its `finalized_at`. Below saturation a completion batch holds a few jobs, and a row of
+-- five cost about 195 bytes of WAL per job, mostly per-row overhead (six array headers, the tuple
+-- and two index entries); rows of a few hundred jobs cost 10 to 20 (TOAST compresses them). So the
+-- copy now gathers a queue's completion batches of one second into rows of up to 256 jobs, and a
+-- row keeps each job's time here, in the order of `job_ids`. The row's `finalized_at` is the
+-- newest of them: the time bucket and its expiry go by it, and every job of a row finalized in the
+-- same second as it. NULL in rows written before: their jobs all finalized at `finalized_at`.
+ALTER TABLE __S__.archived_completion_batches ADD COLUMN finalized_ats timestamptz[];

@@ -164,8 +164,8 @@ async fn a_claim_does_not_wait_for_shards_held_by_an_open_transaction() {
     enqueue(&db, vec![job(1)]).await;
     let mut holder = db.pool.begin().await.unwrap();
     sqlx::query(&format!(
-        "SELECT 1 FROM {}.queue_lanes WHERE queue = 'default' FOR UPDATE",
-        db.schema
+        "SELECT {s}.lock_lane(lane_id) FROM {s}.queue_lanes WHERE queue = 'default'",
+        s = db.schema
     ))
     .execute(&mut *holder)
     .await
@@ -177,6 +177,33 @@ async fn a_claim_does_not_wait_for_shards_held_by_an_open_transaction() {
     assert!(claim.is_empty(), "the held shards were skipped");
     holder.rollback().await.unwrap();
     assert_eq!(storage.claim("default", 10, None).await.unwrap().len(), 1);
+    db.cleanup().await;
+}
+
+/// Two claims of one shard at once, both through `claim()`: the one that holds the shard's lock in
+/// its open transaction makes the other skip the shard (empty at once, not a wait, and never the
+/// same job); once it commits, the other takes the job after it.
+#[tokio::test]
+async fn a_claim_holding_a_shard_makes_a_concurrent_claim_skip_it() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, vec![job(1), job(2)]).await;
+    let mut first = db.pool.begin().await.unwrap();
+    let taken: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {}.claim('default', 1, NULL, NULL)",
+        db.schema
+    ))
+    .fetch_all(&mut *first)
+    .await
+    .unwrap();
+    assert_eq!(taken, [ids[0]]);
+    let (during, _) =
+        tokio::time::timeout(Duration::from_secs(5), claim_with_more(&db, "default", 10))
+            .await
+            .expect("the second claim returned while the first held the shard");
+    assert!(during.is_empty(), "the held shard was skipped: {during:?}");
+    first.commit().await.unwrap();
+    let (after, _) = claim_with_more(&db, "default", 10).await;
+    assert_eq!(after, [ids[1]], "the job after the first claim's, once");
     db.cleanup().await;
 }
 
@@ -209,8 +236,8 @@ async fn a_short_claim_says_whether_it_left_work_behind() {
     enqueue(&db, vec![job(4).priority(1), job(5).priority(2)]).await;
     let mut holder = db.pool.begin().await.unwrap();
     sqlx::query(&format!(
-        "SELECT 1 FROM {}.queue_lanes WHERE queue = 'default' AND priority = 1 FOR UPDATE",
-        db.schema
+        "SELECT {s}.lock_lane(lane_id) FROM {s}.queue_lanes WHERE queue = 'default' AND priority = 1",
+        s = db.schema
     ))
     .execute(&mut *holder)
     .await

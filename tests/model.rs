@@ -989,12 +989,12 @@ impl Model for RingModel {
                 let Worker::Claiming { slot } = s.workers[usize::from(w)] else {
                     return None;
                 };
-                // the shard row FOR UPDATE SKIP LOCKED, then, in a statement that starts after the
+                // the shard's lock, tried (lock_lane), then, in a statement that starts after the
                 // lock, the cursor and the shard's parked_lanes row: parked rows come back first
                 if !f.claim_skips_parked_recheck {
                     s.unpark(k);
                 }
-                // the lazy advance: setval(cursor_seq, lane_cursor()) under the shard row lock
+                // the lazy advance: setval(cursor_seq, lane_cursor()) under the shard's lock
                 s.shards[usize::from(k)].cursor_seq = s.lane_cursor(k);
                 s.workers[usize::from(w)] = Worker::Idle;
                 if let Some(j) = self.next_claimable(&s, k) {

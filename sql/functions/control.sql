@@ -125,7 +125,7 @@ $$;
 -- and any late completion is stale), 'already_finished', or 'not_found'.
 --
 -- An available job is cancelled with a ready_tombstones row (INSERT only). Deciding "available"
--- versus "claimed" takes the lane head lock FOR UPDATE — the lock every claimer takes — and then
+-- versus "claimed" takes the lane's lock (lock_lane) — the lock every claimer takes — and then
 -- reads the lane cursor in a new statement, so a claim and a cancel of the same job serialize:
 -- the job is either tombstoned before any claim reads it, or cancelled as a running attempt.
 -- ---------------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ BEGIN
     -- it goes back to the ring with a tombstone. Unparked meanwhile: cancel it in the ring below.
     SELECT p.lane_id INTO v_parked_lane FROM __S__.parked_entries p WHERE p.job_id = p_job_id AND NOT p.cancelled;
     IF FOUND THEN
-        PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_parked_lane FOR UPDATE;
+        PERFORM __S__.lock_lane(v_parked_lane);
         UPDATE __S__.parked_entries p SET cancelled = true
         WHERE p.job_id = p_job_id AND NOT p.cancelled RETURNING p.* INTO v_parked;
         IF FOUND THEN
@@ -200,7 +200,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'not_found';
     END IF;
-    PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_ready.lane_id FOR UPDATE;
+    PERFORM __S__.lock_lane(v_ready.lane_id);
     IF v_ready.lane_pos > __S__.lane_cursor(v_ready.lane_id) THEN
         IF EXISTS (SELECT 1 FROM __S__.ready_tombstones t WHERE t.job_id = p_job_id AND t.run_lease = v_ready.run_lease) THEN
             RETURN 'already_finished';

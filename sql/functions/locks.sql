@@ -13,6 +13,13 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('ringwork:__S__:' || p_kind) & 2147
 CREATE OR REPLACE FUNCTION __S__.lock_attempt(p_job_id bigint) RETURNS void
 LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock(__S__.lock_ns('attempt'), (p_job_id % 2147483647)::int) $$;
 
+-- The lock of a lane shard (its queue_lanes row's lane_id), held until the transaction ends: the
+-- claimers' lock (claim tries it and skips a shard another holds), which cancel, unparking and
+-- prune's cursor sync take too. An advisory lock rather than the row's: a row lock writes WAL and
+-- dirties the row's page each time.
+CREATE OR REPLACE FUNCTION __S__.lock_lane(p_lane_id int) RETURNS void
+LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock(__S__.lock_ns('lane'), p_lane_id) $$;
+
 -- Take ACCESS EXCLUSIVE on p_table (an already quoted name), waiting at most p_lock_timeout: true
 -- when granted (held until the transaction ends), false when another session holds a conflicting
 -- lock past the timeout. For maintenance truncating a time bucket, which tries again next tick

@@ -81,7 +81,7 @@ END
 $$;
 
 -- Move a parked lane's rows back into the current slot, at their original positions. The caller
--- holds the lane's row lock (FOR UPDATE). Returns the number of rows moved back (0: not parked).
+-- holds the lane's lock (lock_lane). Returns the number of rows moved back (0: not parked).
 -- A row at or behind the cursor cannot occur (see the header); were one ever found, it is handed to
 -- deferred_jobs (promotion re-enqueues it at a new position) rather than left where no claim looks.
 CREATE OR REPLACE FUNCTION __S__.unpark_lane(p_lane_id int) RETURNS int
@@ -142,8 +142,7 @@ DECLARE
     v_n int := 0;
 BEGIN
     FOR v_lane IN SELECT p.lane_id FROM __S__.parked_lanes p WHERE p.queue = p_queue ORDER BY p.lane_id LOOP
-        PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(__S__.lock_ns('lane'), v_lane.lane_id);
         v_n := v_n + __S__.unpark_lane(v_lane.lane_id);
     END LOOP;
     RETURN v_n;

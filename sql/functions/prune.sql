@@ -155,7 +155,9 @@ BEGIN
         -- the ledger rows in this slot are about to go: persist what they prove into the lane
         -- cursors first (NOWAIT: a claimer holding the lane is waiting on our lock, never wait on it)
         FOR v_lane IN SELECT DISTINCT a.lane_id FROM __S__.ready_claim_attempt_batches a WHERE a.ready_slot = p_slot LOOP
-            PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE NOWAIT;
+            IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('lane'), v_lane.lane_id) THEN
+                RAISE EXCEPTION 'lane % is held', v_lane.lane_id USING ERRCODE = 'lock_not_available';
+            END IF;
             PERFORM setval(l.cursor_seq, __S__.lane_cursor(l.lane_id), true)
             FROM __S__.queue_lanes l
             WHERE l.lane_id = v_lane.lane_id
@@ -164,7 +166,9 @@ BEGIN
         -- the lanes to park: no claim may move their cursors while their rows are copied
         IF v_park THEN
             FOR v_lane IN SELECT p.lane_id FROM __S__.slot_pending_lanes(p_slot) p ORDER BY p.lane_id LOOP
-                PERFORM 1 FROM __S__.queue_lanes l WHERE l.lane_id = v_lane.lane_id FOR UPDATE NOWAIT;
+                IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('lane'), v_lane.lane_id) THEN
+                    RAISE EXCEPTION 'lane % is held', v_lane.lane_id USING ERRCODE = 'lock_not_available';
+                END IF;
             END LOOP;
         END IF;
     EXCEPTION WHEN lock_not_available THEN

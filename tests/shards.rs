@@ -619,6 +619,75 @@ async fn a_lane_from_before_shards_keeps_its_jobs_and_gains_its_base_shards() {
     db.cleanup().await;
 }
 
+/// The backlog check races the claims of its shard. While a claimer holds the shard it says yes
+/// (the claimer may leave work); with a job left past the cursor, yes; once a claim drained the
+/// shard, no, although the cursor sequence still lags the ledger by that claim: the check reads
+/// the cursor from the ledger under the shard's lock and catches the sequence up, so that the
+/// other processes' checks answer from the sequences alone instead of claiming again for nothing.
+#[tokio::test]
+async fn the_backlog_check_reads_a_drained_shard_from_the_ledger_and_catches_its_sequence_up() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ids = storage
+        .insert_many(&mut conn, &[job(1), job(2)])
+        .await
+        .unwrap();
+    let mut first = db.pool.begin().await.unwrap();
+    let taken: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {}.claim('default', 1, NULL, NULL)",
+        db.schema
+    ))
+    .fetch_all(&mut *first)
+    .await
+    .unwrap();
+    assert_eq!(taken, [ids[0]]);
+    assert!(
+        storage.queue_has_backlog("default").await.unwrap(),
+        "a claimer holds the shard"
+    );
+    first.commit().await.unwrap();
+    assert!(
+        storage.queue_has_backlog("default").await.unwrap(),
+        "one job past the cursor"
+    );
+    assert_eq!(claim_ids(&storage, 10).await, [ids[1]]);
+
+    let cursors = format!(
+        "SELECT coalesce(pg_sequence_last_value(l.cursor_seq), 0), {s}.lane_cursor(l.lane_id) \
+         FROM {s}.queue_lanes l WHERE l.lane_id = (SELECT e.lane_id FROM {s}.ready_entries e WHERE e.job_id = $1)",
+        s = db.schema
+    );
+    let (sequence, ledger): (i64, i64) = sqlx::query_as(&cursors)
+        .bind(ids[1])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        sequence < ledger,
+        "the sequence lags the last claim: {sequence} < {ledger}"
+    );
+    assert!(
+        !storage.queue_has_backlog("default").await.unwrap(),
+        "drained, by the ledger"
+    );
+    let (sequence, after): (i64, i64) = sqlx::query_as(&cursors)
+        .bind(ids[1])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (sequence, after),
+        (ledger, ledger),
+        "the sequence caught up"
+    );
+
+    let next = storage.insert(&mut conn, &job(3)).await.unwrap();
+    assert!(storage.queue_has_backlog("default").await.unwrap());
+    assert_eq!(claim_ids(&storage, 10).await, [next]);
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_paused_queue_reports_no_backlog_and_resume_wakes_its_dispatchers() {
     let db = TestDb::new().await;

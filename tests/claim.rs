@@ -187,14 +187,7 @@ async fn a_claim_does_not_wait_for_shards_held_by_an_open_transaction() {
 async fn a_claim_holding_a_shard_makes_a_concurrent_claim_skip_it() {
     let db = TestDb::new().await;
     let ids = enqueue(&db, vec![job(1), job(2)]).await;
-    let mut first = db.pool.begin().await.unwrap();
-    let taken: Vec<i64> = sqlx::query_scalar(&format!(
-        "SELECT job_id FROM {}.claim('default', 1, NULL, NULL)",
-        db.schema
-    ))
-    .fetch_all(&mut *first)
-    .await
-    .unwrap();
+    let (first, taken) = support::claim_in_open_transaction(&db, "default", 1).await;
     assert_eq!(taken, [ids[0]]);
     let (during, _) =
         tokio::time::timeout(Duration::from_secs(5), claim_with_more(&db, "default", 10))

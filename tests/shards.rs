@@ -633,14 +633,7 @@ async fn the_backlog_check_reads_a_drained_shard_from_the_ledger_and_catches_its
         .insert_many(&mut conn, &[job(1), job(2)])
         .await
         .unwrap();
-    let mut first = db.pool.begin().await.unwrap();
-    let taken: Vec<i64> = sqlx::query_scalar(&format!(
-        "SELECT job_id FROM {}.claim('default', 1, NULL, NULL)",
-        db.schema
-    ))
-    .fetch_all(&mut *first)
-    .await
-    .unwrap();
+    let (first, taken) = support::claim_in_open_transaction(&db, "default", 1).await;
     assert_eq!(taken, [ids[0]]);
     assert!(
         storage.queue_has_backlog("default").await.unwrap(),

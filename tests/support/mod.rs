@@ -331,3 +331,23 @@ pub async fn hold_every_shard_but(db: &TestDb, queue: &str, lane: i32) -> sqlx::
     .unwrap();
     holder
 }
+
+/// `claim()` of up to `max` jobs of `queue` inside a transaction left open: the claim's shard stays
+/// locked until the caller commits or rolls back. Returns the transaction and the claimed job ids.
+pub async fn claim_in_open_transaction(
+    db: &TestDb,
+    queue: &str,
+    max: i32,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, Vec<i64>) {
+    let mut tx = db.pool.begin().await.unwrap();
+    let taken: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {}.claim($1, $2, NULL, NULL)",
+        db.schema
+    ))
+    .bind(queue)
+    .bind(max)
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    (tx, taken)
+}

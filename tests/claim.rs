@@ -265,6 +265,43 @@ async fn a_claim_with_other_shards_does_not_wait_for_a_held_one() {
     db.cleanup().await;
 }
 
+/// A claim never waits where waiting cannot help or cannot see the holder's claim: in a limited
+/// queue (its claimers take turns under the limit lock, so the shard's holder is no claimer), and
+/// under repeatable read (a snapshot from before the wait). Both return at once, empty, with `more`.
+#[tokio::test]
+async fn a_claim_waits_only_in_an_unlimited_queue_under_read_committed() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, vec![job(1)]).await;
+    let holder = hold_lanes(&db, "true").await;
+    let mut snapshot = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *snapshot)
+        .await
+        .unwrap();
+    let rows: Vec<(Option<i64>, Option<bool>)> = tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::query_as(&format!(
+            "SELECT job_id, more FROM {}.claim('default', 10, NULL, NULL, '60 s', true)",
+            db.schema
+        ))
+        .fetch_all(&mut *snapshot),
+    )
+    .await
+    .expect("the claim under repeatable read waited")
+    .unwrap();
+    assert_eq!(rows, [(None, Some(true))]);
+    snapshot.rollback().await.unwrap();
+
+    limit_running(&db, 100).await;
+    let during = tokio::time::timeout(Duration::from_secs(10), claim_waiting(&db, "60 s", 10))
+        .await
+        .expect("the claim of a limited queue waited");
+    assert_eq!(during, (vec![None], vec![Some(true)]));
+    holder.rollback().await.unwrap();
+    assert_eq!(claim_waiting(&db, "60 s", 10).await.0, [Some(ids[0])]);
+    db.cleanup().await;
+}
+
 /// `claim()` as the runtime calls it: waiting at most `shard_wait` for a lone held shard, and one
 /// row of NULLs but `more` when it takes nothing. (job ids, `more` of the rows).
 fn claim_waiting(
@@ -322,6 +359,21 @@ async fn hold_lanes(db: &TestDb, filter: &str) -> sqlx::Transaction<'static, sql
     holder
 }
 
+/// Limit the queue `default` to `max` running jobs fleet-wide.
+async fn limit_running(db: &TestDb, max: u32) {
+    db.storage()
+        .set_queue_limits(
+            "default",
+            ringwork::QueueLimits {
+                max_running: Some(max),
+                rate: None,
+                per_key: None,
+            },
+        )
+        .await
+        .unwrap();
+}
+
 /// The claims of `queue`, up to `max`, straight from SQL: (job ids, `more` of the rows).
 async fn claim_with_more(db: &TestDb, queue: &str, max: i32) -> (Vec<i64>, Vec<Option<bool>>) {
     let rows: Vec<(i64, Option<bool>)> = sqlx::query_as(&format!(
@@ -359,17 +411,7 @@ async fn a_short_claim_says_whether_it_left_work_behind() {
     assert_eq!(more, [Some(false)]);
 
     // a limited queue always says so: its limits may have cut the claim
-    db.storage()
-        .set_queue_limits(
-            "default",
-            ringwork::QueueLimits {
-                max_running: Some(100),
-                rate: None,
-                per_key: None,
-            },
-        )
-        .await
-        .unwrap();
+    limit_running(&db, 100).await;
     enqueue(&db, vec![job(6)]).await;
     let (ids, more) = claim_with_more(&db, "default", 10).await;
     assert_eq!(ids.len(), 1);

@@ -13,10 +13,29 @@ DROP FUNCTION IF EXISTS __S__.enqueue_jobs(text, smallint, text[], jsonb[], int[
 DROP FUNCTION IF EXISTS __S__.schedule_jobs(text, smallint, text[], jsonb[], int[], timestamptz[], int[]);
 DROP FUNCTION IF EXISTS __S__.insert_unique(text, text[], text, smallint, text, jsonb, int, timestamptz, int);
 DROP FUNCTION IF EXISTS __S__.enqueue(text, text, jsonb, int, int, timestamptz);
--- a changed result row cannot be replaced in place, so claim was dropped while it lacked its newest
--- column (traceparent, migration 0007; then more: whether a short claim left work behind); then it
--- gained p_shard_wait and p_empty_row, and the four-argument form would make calls ambiguous
-DROP FUNCTION IF EXISTS __S__.claim(text, int, interval, interval);
+-- a changed result row cannot be replaced in place; drop claim only while it lacks its newest
+-- column (traceparent, migration 0007; then more: whether a short claim left work behind)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.claim(text, int, interval, interval)')
+                 AND NOT ('more' = ANY (p.proargnames))) THEN
+        DROP FUNCTION __S__.claim(text, int, interval, interval);
+    END IF;
+END
+$$;
+-- the six-argument claim (shard wait, empty row) first came with defaults for every argument after
+-- the second, which made the four-argument claim's calls ambiguous; defaults cannot be removed in
+-- place
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.claim(text, int, interval, interval, interval, boolean)')
+                 AND p.pronargdefaults > 0) THEN
+        DROP FUNCTION __S__.claim(text, int, interval, interval, interval, boolean);
+    END IF;
+END
+$$;
 -- key limits (migration 0012): set_queue_limits gained the key path and its limit
 DROP FUNCTION IF EXISTS __S__.set_queue_limits(text, int, int, interval);
 -- key rate limits (migration 0013): set_queue_limits gained the key's rate

@@ -874,19 +874,30 @@ mod tests {
         assert!(RESERVED_WORDS.windows(2).all(|w| w[0] < w[1]), "sorted");
     }
 
-    /// Every function is defined in exactly one plane file, once; no migration defines one.
+    /// Every function is defined in exactly one plane file (its overloads beside it), each
+    /// signature once; no migration defines one.
     #[test]
     fn every_function_has_exactly_one_home() {
-        let mut seen = std::collections::HashMap::new();
+        let mut home = std::collections::HashMap::new();
+        let mut signatures = std::collections::HashSet::new();
         for (file, sql) in FUNCTION_FILES {
             for (at, _) in sql.match_indices("CREATE OR REPLACE FUNCTION __S__.") {
-                let name: String = sql[at + "CREATE OR REPLACE FUNCTION __S__.".len()..]
+                let rest = &sql[at + "CREATE OR REPLACE FUNCTION __S__.".len()..];
+                let name: String = rest
                     .chars()
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                     .collect();
-                if let Some(other) = seen.insert(name.clone(), *file) {
-                    panic!("{name} is defined in {other} and in {file}");
+                if let Some(other) = home.insert(name.clone(), *file) {
+                    assert_eq!(other, *file, "{name} is defined in {other} and in {file}");
                 }
+                // the name and its arguments, up to RETURNS, in words
+                let signature: Vec<&str> = rest[..rest.find("RETURNS").unwrap_or(rest.len())]
+                    .split_whitespace()
+                    .collect();
+                assert!(
+                    signatures.insert(signature.join(" ")),
+                    "{file} defines {name} twice with the same arguments"
+                );
             }
             assert!(
                 !sql.contains("CREATE FUNCTION"),
@@ -900,7 +911,7 @@ mod tests {
             "rescue",
             "prune_queue_slot",
         ] {
-            assert!(seen.contains_key(name), "{name} has no home");
+            assert!(home.contains_key(name), "{name} has no home");
         }
         for (name, sql) in MIGRATIONS {
             assert!(

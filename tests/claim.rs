@@ -162,14 +162,7 @@ async fn a_claim_does_not_wait_for_shards_held_by_an_open_transaction() {
     let db = TestDb::new().await;
     let storage = db.storage();
     enqueue(&db, vec![job(1)]).await;
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "SELECT {s}.lock_lane(lane_id) FROM {s}.queue_lanes WHERE queue = 'default'",
-        s = db.schema
-    ))
-    .execute(&mut *holder)
-    .await
-    .unwrap();
+    let holder = hold_lanes(&db, "true").await;
     let claim = tokio::time::timeout(Duration::from_secs(5), storage.claim("default", 10, None))
         .await
         .expect("claim returned while the shards were held")
@@ -200,6 +193,187 @@ async fn a_claim_holding_a_shard_makes_a_concurrent_claim_skip_it() {
     db.cleanup().await;
 }
 
+/// A claim whose lone shard with work another claim holds waits for it (`p_shard_wait`) instead of
+/// coming back empty: once the holder commits, it walks the shard and takes what the holder left.
+/// Both sides are driven: the second claim is seen waiting on the shard's lock before the first
+/// commits.
+#[tokio::test]
+async fn a_claim_waits_for_its_lone_shard_and_takes_what_the_holder_left() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, vec![job(1), job(2)]).await;
+    let (first, taken) = support::claim_in_open_transaction(&db, "default", 1).await;
+    assert_eq!(taken, [ids[0]]);
+    let waiting = tokio::spawn(claim_waiting(&db, "60 s", 10));
+    wait_for_lock_waiter(&db, &waiting).await;
+    first.commit().await.unwrap();
+    let (after, more) = waiting.await.unwrap();
+    assert_eq!(after, [Some(ids[1])], "the job the holder left, once");
+    assert_eq!(more, [Some(false)], "and it saw every visible job");
+    db.cleanup().await;
+}
+
+/// The same race when the holder takes everything: the waiting claim finds nothing and says so in
+/// its one empty row (`more` false: wait for a NOTIFY), with no backlog check needed.
+#[tokio::test]
+async fn a_claim_that_waited_for_a_drained_shard_says_it_saw_everything() {
+    let db = TestDb::new().await;
+    enqueue(&db, vec![job(1), job(2)]).await;
+    let (first, taken) = support::claim_in_open_transaction(&db, "default", 10).await;
+    assert_eq!(taken.len(), 2);
+    let waiting = tokio::spawn(claim_waiting(&db, "60 s", 10));
+    wait_for_lock_waiter(&db, &waiting).await;
+    first.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap(), (vec![None], vec![Some(false)]));
+    db.cleanup().await;
+}
+
+/// The wait is bounded: a shard held past `p_shard_wait` (here by a transaction that never lets
+/// go during the test) is skipped, and the empty claim says it left work behind.
+#[tokio::test]
+async fn a_claim_stops_waiting_for_a_held_shard_after_its_shard_wait() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, vec![job(1)]).await;
+    let mut holder = hold_lanes(&db, "true").await;
+    let during = tokio::time::timeout(Duration::from_secs(10), claim_waiting(&db, "10 ms", 10))
+        .await
+        .expect("the claim gave up on the held shard");
+    assert_eq!(during, (vec![None], vec![Some(true)]));
+    // the session's lock_timeout is untouched by the wait
+    let timeout: String = sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    assert_eq!(timeout, "0");
+    holder.rollback().await.unwrap();
+    assert_eq!(claim_waiting(&db, "10 ms", 10).await.0, [Some(ids[0])]);
+    db.cleanup().await;
+}
+
+/// A claim never waits for a shard while another shard can serve it: with a priority-1 shard held
+/// and a priority-2 one free, a claim with a long `p_shard_wait` takes the free shard's job at once
+/// and says it left work behind.
+#[tokio::test]
+async fn a_claim_with_other_shards_does_not_wait_for_a_held_one() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, vec![job(1).priority(1), job(2).priority(2)]).await;
+    let holder = hold_lanes(&db, "priority = 1").await;
+    let during = tokio::time::timeout(Duration::from_secs(10), claim_waiting(&db, "60 s", 10))
+        .await
+        .expect("the claim did not wait for the held shard");
+    assert_eq!(during, (vec![Some(ids[1])], vec![Some(true)]));
+    holder.rollback().await.unwrap();
+    db.cleanup().await;
+}
+
+/// A claim never waits where waiting cannot help or cannot see the holder's claim: in a limited
+/// queue (its claimers take turns under the limit lock, so the shard's holder is no claimer), and
+/// under repeatable read (a snapshot from before the wait). Both return at once, empty, with `more`.
+#[tokio::test]
+async fn a_claim_waits_only_in_an_unlimited_queue_under_read_committed() {
+    let db = TestDb::new().await;
+    let ids = enqueue(&db, vec![job(1)]).await;
+    let holder = hold_lanes(&db, "true").await;
+    let mut snapshot = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *snapshot)
+        .await
+        .unwrap();
+    let rows: Vec<(Option<i64>, Option<bool>)> = tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::query_as(&format!(
+            "SELECT job_id, more FROM {}.claim('default', 10, NULL, NULL, '60 s', true)",
+            db.schema
+        ))
+        .fetch_all(&mut *snapshot),
+    )
+    .await
+    .expect("the claim under repeatable read waited")
+    .unwrap();
+    assert_eq!(rows, [(None, Some(true))]);
+    snapshot.rollback().await.unwrap();
+
+    limit_running(&db, 100).await;
+    let during = tokio::time::timeout(Duration::from_secs(10), claim_waiting(&db, "60 s", 10))
+        .await
+        .expect("the claim of a limited queue waited");
+    assert_eq!(during, (vec![None], vec![Some(true)]));
+    holder.rollback().await.unwrap();
+    assert_eq!(claim_waiting(&db, "60 s", 10).await.0, [Some(ids[0])]);
+    db.cleanup().await;
+}
+
+/// `claim()` as the runtime calls it: waiting at most `shard_wait` for a lone held shard, and one
+/// row of NULLs but `more` when it takes nothing. (job ids, `more` of the rows).
+fn claim_waiting(
+    db: &TestDb,
+    shard_wait: &str,
+    max: i32,
+) -> impl std::future::Future<Output = (Vec<Option<i64>>, Vec<Option<bool>>)> + Send + 'static {
+    let pool = db.pool.clone();
+    let sql = format!(
+        "SELECT job_id, more FROM {}.claim('default', $1, NULL, NULL, $2::interval, true)",
+        db.schema
+    );
+    let shard_wait = shard_wait.to_string();
+    async move {
+        let rows: Vec<(Option<i64>, Option<bool>)> = sqlx::query_as(&sql)
+            .bind(max)
+            .bind(shard_wait)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        rows.into_iter().unzip()
+    }
+}
+
+/// Wait until a session of this test's database waits for an advisory lock (the claim `task` runs,
+/// waiting for the shard); fails if the task ends first.
+async fn wait_for_lock_waiter<T>(db: &TestDb, task: &tokio::task::JoinHandle<T>) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(!task.is_finished(), "the claim returned without waiting");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A transaction left open that holds the locks of the queue `default`'s shards that `filter` (a
+/// condition on `queue_lanes`) picks, as a claimer or a cancel inside a long transaction would.
+async fn hold_lanes(db: &TestDb, filter: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT {s}.lock_lane(lane_id) FROM {s}.queue_lanes WHERE queue = 'default' AND {filter}",
+        s = db.schema
+    ))
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    holder
+}
+
+/// Limit the queue `default` to `max` running jobs fleet-wide.
+async fn limit_running(db: &TestDb, max: u32) {
+    db.storage()
+        .set_queue_limits(
+            "default",
+            ringwork::QueueLimits {
+                max_running: Some(max),
+                rate: None,
+                per_key: None,
+            },
+        )
+        .await
+        .unwrap();
+}
+
 /// The claims of `queue`, up to `max`, straight from SQL: (job ids, `more` of the rows).
 async fn claim_with_more(db: &TestDb, queue: &str, max: i32) -> (Vec<i64>, Vec<Option<bool>>) {
     let rows: Vec<(i64, Option<bool>)> = sqlx::query_as(&format!(
@@ -227,14 +401,7 @@ async fn a_short_claim_says_whether_it_left_work_behind() {
     assert!(more.iter().all(|m| *m == Some(false)), "{more:?}");
 
     enqueue(&db, vec![job(4).priority(1), job(5).priority(2)]).await;
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "SELECT {s}.lock_lane(lane_id) FROM {s}.queue_lanes WHERE queue = 'default' AND priority = 1",
-        s = db.schema
-    ))
-    .execute(&mut *holder)
-    .await
-    .unwrap();
+    let holder = hold_lanes(&db, "priority = 1").await;
     let (ids, more) = claim_with_more(&db, "default", 10).await;
     assert_eq!(ids.len(), 1, "the priority-2 job, beside the held lane");
     assert_eq!(more, [Some(true)]);
@@ -244,17 +411,7 @@ async fn a_short_claim_says_whether_it_left_work_behind() {
     assert_eq!(more, [Some(false)]);
 
     // a limited queue always says so: its limits may have cut the claim
-    db.storage()
-        .set_queue_limits(
-            "default",
-            ringwork::QueueLimits {
-                max_running: Some(100),
-                rate: None,
-                per_key: None,
-            },
-        )
-        .await
-        .unwrap();
+    limit_running(&db, 100).await;
     enqueue(&db, vec![job(6)]).await;
     let (ids, more) = claim_with_more(&db, "default", 10).await;
     assert_eq!(ids.len(), 1);

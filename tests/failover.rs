@@ -285,6 +285,10 @@ async fn fail_over_under_load(pool_mode: &'static str, synchronous: bool) {
     })
     .await;
     let (missing, all_unknown) = unfinished(&clients[0].0, &new_primary, &acknowledged).await;
+    let mut states = Vec::new();
+    for id in missing.iter().take(5) {
+        states.push(clients[0].0.storage().job_state(*id).await);
+    }
     // the leader's first rotation on the new primary: leadership is re-taken on a session that
     // survived nothing of the old server, so it comes when a process next tries the lock
     let led = eventually(Duration::from_secs(30), || {
@@ -327,7 +331,7 @@ async fn fail_over_under_load(pool_mode: &'static str, synchronous: bool) {
     );
     assert!(
         all_unknown,
-        "acknowledged jobs the new primary has never completed: {:?}",
+        "acknowledged jobs the new primary has never completed: {:?}; their states: {states:?}",
         &missing[..missing.len().min(20)]
     );
     if synchronous {

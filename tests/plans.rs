@@ -28,32 +28,35 @@ const GENERIC_PLAN_FUNCTIONS: &[&str] = &[
     "rescue_deadline_slot",
 ];
 
-/// The settings a function of the schema runs with (its `SET` clauses, as `name=value`).
-async fn settings_of(db: &TestDb, function: &str) -> Vec<String> {
-    let config: Option<Vec<String>> = sqlx::query_scalar(
+/// The settings each function of the schema with this name (each overload) runs with (its `SET`
+/// clauses, as `name=value`).
+async fn settings_of(db: &TestDb, function: &str) -> Vec<Vec<String>> {
+    let configs: Vec<Option<Vec<String>>> = sqlx::query_scalar(
         "SELECT proconfig FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = $2",
     )
     .bind(db.schema.as_str())
     .bind(function)
-    .fetch_one(&db.pool)
+    .fetch_all(&db.pool)
     .await
     .unwrap();
-    config.unwrap_or_default()
+    assert!(!configs.is_empty(), "no function {function}");
+    configs.into_iter().map(Option::unwrap_or_default).collect()
 }
 
 #[tokio::test]
 async fn hot_functions_pin_generic_plans() {
     let db = TestDb::new().await;
     for name in GENERIC_PLAN_FUNCTIONS {
-        let config = settings_of(&db, name).await;
-        assert!(
-            config.contains(&"plan_cache_mode=force_generic_plan".to_string()),
-            "{name}: {config:?}"
-        );
-        // claim never JIT-compiles: a generic estimate of a key limit's walk can pass
-        // jit_above_cost, and JIT would then compile the plan on every claim (over a second each)
-        if *name == "claim" {
-            assert!(config.contains(&"jit=off".to_string()), "{config:?}");
+        for config in settings_of(&db, name).await {
+            assert!(
+                config.contains(&"plan_cache_mode=force_generic_plan".to_string()),
+                "{name}: {config:?}"
+            );
+            // claim never JIT-compiles: a generic estimate of a key limit's walk can pass
+            // jit_above_cost, and JIT would then compile the plan on every claim (over a second each)
+            if *name == "claim" {
+                assert!(config.contains(&"jit=off".to_string()), "{config:?}");
+            }
         }
     }
     db.cleanup().await;
@@ -66,8 +69,9 @@ async fn hot_functions_pin_generic_plans() {
 async fn functions_adding_steps_never_size_a_hash_table_by_estimate() {
     let db = TestDb::new().await;
     for name in ["enqueue_workflows", "workflow_write_steps"] {
-        let config = settings_of(&db, name).await;
-        assert!(config.contains(&"enable_hashagg=off".to_string()), "{name}");
+        for config in settings_of(&db, name).await {
+            assert!(config.contains(&"enable_hashagg=off".to_string()), "{name}");
+        }
     }
     db.cleanup().await;
 }
@@ -141,7 +145,8 @@ async fn the_claim_walk_keeps_its_ordered_index_plan_after_analyze() {
     .unwrap();
 
     let source: String = sqlx::query_scalar(
-        "SELECT prosrc FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = 'claim'",
+        "SELECT prosrc FROM pg_proc WHERE pronamespace = $1::regnamespace AND proname = 'claim' \
+         AND pronargs = 6",
     )
     .bind(db.schema.as_str())
     .fetch_one(&mut *conn)

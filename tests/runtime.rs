@@ -256,21 +256,7 @@ async fn a_claim_linger_over_a_second_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_dispatcher_is_woken_by_notifications_and_by_a_lost_listener() {
     let db = TestDb::new().await;
-    let client = db
-        .client()
-        .maintenance(no_maintenance())
-        .queue(
-            "default",
-            QueueConfig {
-                max_workers: 2,
-                poll_interval: Duration::from_secs(60),
-                ..QueueConfig::default()
-            },
-        )
-        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
-        .build()
-        .await
-        .unwrap();
+    let client = idle_client(&db).await;
     let metrics = client.metrics();
     let running = client.start().await.unwrap();
     let done = |n: u64| {
@@ -481,4 +467,152 @@ async fn peak_connections_until(
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     (peak, false)
+}
+
+/// A client of 2 workers on `default`, counting its jobs, with no maintenance and a poll of a
+/// minute: a pickup within seconds is a NOTIFY's (or a lost listener's) wake-up.
+async fn idle_client(db: &TestDb) -> Client {
+    db.client()
+        .maintenance(no_maintenance())
+        .queue(
+            "default",
+            QueueConfig {
+                max_workers: 2,
+                poll_interval: Duration::from_secs(60),
+                ..QueueConfig::default()
+            },
+        )
+        .register(|_ctx: JobContext, _args: Count| async { Ok::<(), JobError>(()) })
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Backends holding `queue`'s first-responder lock (notifier.rs).
+async fn responder_holders(db: &TestDb, queue: &str) -> Vec<i32> {
+    sqlx::query_scalar(&format!(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = {s}.lock_ns('responder')::oid AND objid = hashtext($1)::oid \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        s = db.schema
+    ))
+    .bind(queue)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// A process that is not the queue's first responder still runs a notified job, one wake-up delay
+/// later: here the responder's lock is held by a session that never claims (a frozen responder),
+/// and the poll is a minute, so a pickup within seconds is the follower's delayed wake. Once that
+/// session lets go, the process takes the lock at its next try, and gives it back at shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_runs_notified_jobs_while_a_frozen_responder_holds_the_queue() {
+    use sqlx::Connection;
+    let db = TestDb::new().await;
+    let mut frozen = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_lock({}.lock_ns('responder'), hashtext('default'))",
+        db.schema
+    ))
+    .execute(&mut frozen)
+    .await
+    .unwrap();
+    let frozen_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut frozen)
+        .await
+        .unwrap();
+    let client = idle_client(&db).await;
+    let metrics = client.metrics();
+    let running = client.start().await.unwrap();
+    let channel = format!("ringwork_{}", db.schema);
+    let listener = support::listener_pid(&db, &channel)
+        .await
+        .expect("the client never listened");
+    assert_eq!(responder_holders(&db, "default").await, [frozen_pid]);
+    for n in 1..=3 {
+        client
+            .insert(NewJob::new(&Count { n }).unwrap())
+            .await
+            .unwrap();
+        let metrics = Arc::clone(&metrics);
+        assert!(
+            eventually(Duration::from_secs(10), move || {
+                let metrics = Arc::clone(&metrics);
+                async move { metrics.completed() >= n }
+            })
+            .await,
+            "a follower's job {n} waited for the poll"
+        );
+    }
+    frozen.close().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            responder_holders(&db, "default").await == [listener]
+        })
+        .await,
+        "the process did not take over the free responder lock: {:?}, its listener {listener}",
+        responder_holders(&db, "default").await
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        responder_holders(&db, "default").await.is_empty(),
+        "a session kept the responder lock after shutdown"
+    );
+    db.cleanup().await;
+}
+
+/// Two processes on one queue: the first to listen holds the queue's first-responder lock, the
+/// second is a follower; when the first shuts down it gives the lock back, and the second takes it
+/// at its next try and runs the queue's jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responder_that_shuts_down_hands_the_queue_to_the_other_process() {
+    let db = TestDb::new().await;
+    let start = || async {
+        let client = idle_client(&db).await;
+        let running = client.start().await.unwrap();
+        (client, running)
+    };
+    let (_, first) = start().await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            responder_holders(&db, "default").await.len() == 1
+        })
+        .await,
+        "the first process did not take the responder lock"
+    );
+    let holder = responder_holders(&db, "default").await;
+    let (second, running) = start().await;
+    let channel = format!("ringwork_{}", db.schema);
+    assert!(support::listener_pid(&db, &channel).await.is_some());
+    assert_eq!(
+        responder_holders(&db, "default").await,
+        holder,
+        "one responder"
+    );
+    first.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let now = responder_holders(&db, "default").await;
+            now.len() == 1 && now != holder
+        })
+        .await,
+        "the second process did not take the lock the first gave back: {:?}",
+        responder_holders(&db, "default").await
+    );
+    let metrics = second.metrics();
+    second
+        .insert(NewJob::new(&Count { n: 1 }).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), move || {
+            let metrics = Arc::clone(&metrics);
+            async move { metrics.completed() >= 1 }
+        })
+        .await,
+        "the new responder did not run the job"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
 }

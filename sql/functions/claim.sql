@@ -141,8 +141,9 @@ $$;
 -- it (monotone, as the claim's lazy catch-up), then one index probe past it. The sequence lags the
 -- ledger by the last claim, so without the catch-up a shard just drained read as work; with it the
 -- first check after a claim brings the sequence up to date, and the others answer from it (8x4 at
--- 400 jobs/s: 0.55 -> 0.35 ms a check). A check that finds the shard held still says yes: in a
--- fleet whose processes all claim at each NOTIFY, those that lost the claim retry once.
+-- 400 jobs/s: 0.55 -> 0.35 ms a check). A check that finds the shard held still says yes. The
+-- runtime asks only after an empty claim that says it left work behind (claim's p_empty_row):
+-- shards it skipped as held (several candidates, or a lone one held past p_shard_wait) or a limit.
 -- PL/pgSQL, not SQL: the SQL function was not inlined, so its body was planned at every call
 -- (1.3 ms to plan, 0.4 ms to run; at 8x4 saturation the dispatchers' 110 calls a second cost the
 -- server 0.15 of a core in planning alone). PL/pgSQL keeps the plan for the session, and the
@@ -331,13 +332,15 @@ END
 $$;
 
 -- Claim up to p_max jobs of the queue: the room its limits leave (claim_room), then a walk of its
--- shards in claim_lane_order, each locked without waiting, from its cursor, leaving a ledger row per
--- shard (ready_claim_attempt_batches: the cursor is never updated in place); the evidence is written
--- once (the claim batch row, and record_claim_rates), and the claimed jobs are returned together at the end, each with
--- `more` (whether the claim may have left claimable jobs behind). p_deadline is the batch's lease;
--- a job with a timeout of its own gets a row-local claim (lease_claims) instead.
-CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,
-                            p_aging interval DEFAULT NULL)
+-- shards in claim_lane_order, each locked without waiting (but for a lone candidate, which the claim
+-- may wait for, at most p_shard_wait), from its cursor, leaving a ledger row per shard
+-- (ready_claim_attempt_batches: the cursor is never updated in place); the evidence is written once
+-- (the claim batch row, and record_claim_rates), and the claimed jobs are returned together at the
+-- end, each with `more` (whether the claim may have left claimable jobs behind; with p_empty_row, a
+-- claim that took nothing returns it in one row of NULLs). p_deadline is the batch's lease; a job
+-- with a timeout of its own gets a row-local claim (lease_claims) instead.
+CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval, p_aging interval,
+                            p_shard_wait interval, p_empty_row boolean)
 RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
                attempt int, max_attempts int, priority smallint, created_at timestamptz,
                deadline_at timestamptz, traceparent text, more boolean)
@@ -498,15 +501,36 @@ BEGIN
         LOOP
             FETCH v_shards INTO v_lane;
             EXIT WHEN NOT FOUND OR v_n >= p_max;
-            -- Never wait for a shard: another claimer holds it for a few milliseconds, and the
-            -- other shards (or, with every shard busy, the dispatcher's short backoff) serve this
-            -- one. Holding shards while skipping others is deadlock-free because nothing waits.
+            -- Never wait for a shard while there are others: another claimer holds it for a few
+            -- milliseconds, and the other shards (or, with every shard busy, the dispatcher's short
+            -- backoff) serve this one. Holding shards while skipping others is deadlock-free
+            -- because a claim waits only while it holds no lock (below), and then boundedly.
             -- An advisory lock, not the lane row's lock: a row lock wrote a WAL record and dirtied
             -- the row's page at every claim (about 11 bytes of WAL a job at 400 jobs/s), and took a
             -- statement of its own.
             IF NOT pg_try_advisory_xact_lock(__S__.lock_ns('lane'), v_lane.lane_id) THEN
-                v_more := true;
-                CONTINUE;
+                -- The lone shard with work, in the first pass of an unlimited queue with no lane
+                -- parked (the claim holds no lock yet): nothing
+                -- else can serve this claim, and its holder is a claimer that commits within
+                -- milliseconds. Waiting for it (at most p_shard_wait) and then walking it gives the
+                -- answer in one statement, what the holder left or nothing; skipping it made every
+                -- process that a NOTIFY woke and that lost the shard ask queue_has_backlog (yes:
+                -- held), sleep, claim again and ask again: four statements where one does. A
+                -- holder other than a claim (a cancel or a prune in a long transaction) costs the
+                -- claim p_shard_wait, then it skips the shard as before.
+                IF v_pass > 1 OR cardinality(v_shard_ids) > 1 OR p_shard_wait IS NULL
+                   -- a limited queue's claimers take turns under its limit lock, which this claim
+                   -- holds (the shard's holder is no claimer: waiting would stall them all), and
+                   -- unparking took lane locks; under a snapshot older than the wait, the walk
+                   -- would not see the holder's claim
+                   OR v_max_running IS NOT NULL OR v_rate_limit IS NOT NULL OR v_key_path IS NOT NULL
+                   OR v_any_parked OR current_setting('transaction_isolation') <> 'read committed' THEN
+                    v_more := true;
+                    CONTINUE;
+                ELSIF NOT __S__.lock_lane_within(v_lane.lane_id, p_shard_wait) THEN
+                    v_more := true;
+                    CONTINUE;
+                END IF;
             END IF;
             -- Where the walk must look: the slots of the lane's visible segments from the cursor
             -- sequence's segment on. The sequence is at or behind the cursor (it lags the ledger by
@@ -755,6 +779,24 @@ BEGIN
         SELECT u.j, u.l, v_claim_slot, v_batch * 4096 + u.o - 1, u.k, u.a, u.att, u.ma, u.p, u.c, u.d, u.t, v_more
         FROM unnest(v_job_ids, v_leases, v_kinds, v_args, v_attempts, v_max_attempts, v_priorities, v_created,
                     v_deadlines, v_traceparents) WITH ORDINALITY AS u(j, l, k, a, att, ma, p, c, d, t, o);
+    ELSIF p_empty_row THEN
+        -- took nothing: one row of NULLs but `more`, so that the caller knows without asking
+        -- queue_has_backlog whether to wait for a NOTIFY (false: the claim saw every visible job)
+        more := v_more;
+        RETURN NEXT;
     END IF;
 END
+$$;
+
+-- The claim of the SQL API and of processes of earlier builds: no shard wait, no empty row. A
+-- function of its own rather than defaults on the one above: a process of an earlier build that
+-- reinstalls its functions replaces this one, and the two never make a call ambiguous. Its settings
+-- are the claim's, so that every claim runs with them whichever form is called.
+CREATE OR REPLACE FUNCTION __S__.claim(p_queue text, p_max int, p_deadline interval DEFAULT NULL,
+                                       p_aging interval DEFAULT NULL)
+RETURNS TABLE (job_id bigint, run_lease bigint, claim_slot int, receipt_id bigint, kind text, args jsonb,
+               attempt int, max_attempts int, priority smallint, created_at timestamptz,
+               deadline_at timestamptz, traceparent text, more boolean)
+LANGUAGE sql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+    SELECT * FROM __S__.claim(p_queue, p_max, p_deadline, p_aging, NULL, false)
 $$;

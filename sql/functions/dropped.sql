@@ -24,6 +24,18 @@ BEGIN
     END IF;
 END
 $$;
+-- the six-argument claim (shard wait, empty row) first came with defaults for every argument after
+-- the second, which made the four-argument claim's calls ambiguous; defaults cannot be removed in
+-- place
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('__S__.claim(text, int, interval, interval, interval, boolean)')
+                 AND p.pronargdefaults > 0) THEN
+        DROP FUNCTION __S__.claim(text, int, interval, interval, interval, boolean);
+    END IF;
+END
+$$;
 -- key limits (migration 0012): set_queue_limits gained the key path and its limit
 DROP FUNCTION IF EXISTS __S__.set_queue_limits(text, int, int, interval);
 -- key rate limits (migration 0013): set_queue_limits gained the key's rate

@@ -20,6 +20,21 @@ LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock(__S__.lock_ns('attempt'), (p_job
 CREATE OR REPLACE FUNCTION __S__.lock_lane(p_lane_id int) RETURNS void
 LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock(__S__.lock_ns('lane'), p_lane_id) $$;
 
+-- Wait for a lane shard's lock (lock_lane) at most p_wait (whole milliseconds, at least one): true
+-- when granted (held until the transaction ends), false when its holder kept it longer. For a claim
+-- whose only candidate shard another claimer holds (claim.sql). The SET clause undoes the timeout
+-- at return.
+CREATE OR REPLACE FUNCTION __S__.lock_lane_within(p_lane_id int, p_wait interval) RETURNS boolean
+LANGUAGE plpgsql SET lock_timeout = 0 AS $$
+BEGIN
+    PERFORM set_config('lock_timeout', greatest(1, ceil(extract(epoch FROM p_wait) * 1000))::bigint || 'ms', true);
+    PERFORM pg_advisory_xact_lock(__S__.lock_ns('lane'), p_lane_id);
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END
+$$;
+
 -- Take ACCESS EXCLUSIVE on p_table (an already quoted name), waiting at most p_lock_timeout: true
 -- when granted (held until the transaction ends), false when another session holds a conflicting
 -- lock past the timeout. For maintenance truncating a time bucket, which tries again next tick

@@ -21,7 +21,8 @@ use tracing::{warn, Instrument};
 use super::completer::{FlushHint, FlushSignals};
 use super::executor::{run_job, WorkerWait};
 use super::{
-    Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW, IDLE_POLL_MAX,
+    Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW, CLAIM_SHARD_WAIT,
+    IDLE_POLL_MAX,
 };
 
 pub(super) struct Dispatcher {
@@ -237,6 +238,7 @@ impl Dispatcher {
                     permits.len(),
                     self.config.deadline,
                     self.config.priority_aging,
+                    Some(CLAIM_SHARD_WAIT),
                 )
                 .instrument(span.clone())
                 .await;
@@ -315,22 +317,24 @@ impl Dispatcher {
                         return;
                     }
                 }
-                Ok(_) => {
+                Ok((_, _, more)) => {
                     drop(permits);
                     self.after_claim(true);
                     failures = 0;
-                    // Empty, or every shard with work was locked by another claimer?
-                    let busy = self
-                        .inner
-                        .engine
-                        .queue_has_backlog(&self.queue)
-                        .await
-                        .unwrap_or(false);
+                    // Empty: the claim saw every visible job (no more), or may have left some behind:
+                    // every shard with work locked by another claimer, or a limit. Which of those?
+                    let busy = more
+                        && self
+                            .inner
+                            .engine
+                            .queue_has_backlog(&self.queue)
+                            .await
+                            .unwrap_or(false);
                     last_full = false;
                     last_busy = busy;
-                    // A shard locked by another claimer frees up within milliseconds (claims never
-                    // wait for a shard): retry after 4, 8, then every 16 ms while the work stays
-                    // with other claimers. A paused queue reports no backlog and waits for the
+                    // A shard locked by another claimer frees up within milliseconds (a claim waits
+                    // only for a lone shard, CLAIM_SHARD_WAIT): retry after 4, 8, then every 16 ms
+                    // while the work stays with other claimers. A paused queue reports no backlog and waits for the
                     // NOTIFY that resume sends, or the poll interval.
                     busy_rounds = if busy {
                         busy_rounds.saturating_add(1)

@@ -134,7 +134,10 @@ pub(crate) async fn drain(
         }
         // one at a time: a claimed job's deadline runs from its claim, so jobs claimed together
         // and run one after another would spend theirs waiting
-        let claimed = inner.engine.claim_rows(queue, 1, deadline, None).await?;
+        let claimed = inner
+            .engine
+            .claim_rows(queue, 1, deadline, None, None)
+            .await?;
         if claimed.jobs.is_empty() && claimed.failed.is_empty() {
             return Ok(drained);
         }

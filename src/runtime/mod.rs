@@ -154,6 +154,13 @@ pub const CLAIM_AHEAD_MAX_HANDLER: Duration = Duration::from_millis(50);
 /// of processes of 4 workers (at 8x4 saturation, a tenth to a quarter fewer jobs a second).
 pub const CLAIM_AHEAD_WINDOW: Duration = Duration::from_millis(200);
 
+/// How long a claim waits for its queue's only shard with work while another claimer holds it
+/// (claim.sql), rather than coming back empty: the holder commits within milliseconds, and the
+/// waiting claim then takes what it left, or finds nothing and says so. Every process a NOTIFY wakes
+/// claims; without the wait, each that lost the shard asked whether work was left, slept, and
+/// claimed and asked again.
+pub const CLAIM_SHARD_WAIT: Duration = Duration::from_millis(20);
+
 /// How completions are batched (completer.rs): flushes are paced, not delayed.
 #[derive(Clone, Debug)]
 pub struct CompletionConfig {

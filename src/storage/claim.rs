@@ -26,7 +26,7 @@ impl Statements {
             claim: format!(
                 "SELECT job_id, run_lease, claim_slot, receipt_id, kind, args::text AS args, attempt, max_attempts, \
                  priority, created_at, deadline_at, traceparent, more FROM {s}.claim($1, $2, make_interval(secs => $3), \
-                 make_interval(secs => $4))"
+                 make_interval(secs => $4), make_interval(secs => $5), true)"
             ),
             queue_has_backlog: format!("SELECT {s}.queue_has_backlog($1)"),
             count_in_flight: format!("SELECT {s}.count_in_flight($1)::int8"),
@@ -106,24 +106,41 @@ impl Storage {
         deadline: Option<Duration>,
         aging: Option<Duration>,
     ) -> Result<Vec<ClaimedJob>> {
-        Ok(self.claim_rows(queue, max, deadline, aging).await?.jobs)
+        Ok(self
+            .claim_rows(queue, max, deadline, aging, None)
+            .await?
+            .jobs)
     }
 
     /// Claim, and say which claimed jobs failed at once because their arguments cannot be decoded.
+    /// With `shard_wait`, a claim whose only shard with work another claimer holds waits for it
+    /// that long (claim.sql), rather than coming back empty with `more`.
     pub(crate) async fn claim_rows(
         &self,
         queue: &str,
         max: usize,
         deadline: Option<Duration>,
         aging: Option<Duration>,
+        shard_wait: Option<Duration>,
     ) -> Result<Claimed> {
-        let rows = sqlx::query(&self.sql.claim.claim)
+        let mut rows = sqlx::query(&self.sql.claim.claim)
             .bind(queue)
             .bind(max.clamp(1, 4096) as i32)
             .bind(deadline.map(|d| d.as_secs_f64()))
             .bind(aging.filter(|a| !a.is_zero()).map(|a| a.as_secs_f64()))
+            .bind(shard_wait.map(|d| d.as_secs_f64()))
             .fetch_all(self.db())
             .await?;
+        // a claim that took nothing returns one row of NULLs but `more`
+        let empty_more = match rows.first() {
+            Some(row) if row.try_get::<Option<i64>, _>("job_id")?.is_none() => {
+                Some(row.try_get::<Option<bool>, _>("more")?.unwrap_or(true))
+            }
+            _ => None,
+        };
+        if empty_more.is_some() {
+            rows.clear();
+        }
         // Each row is decoded on its own: the claim has committed, so a row this binary cannot
         // decode (a number beyond f64, nesting deeper than serde_json accepts, stored before the
         // enqueue checks or by another writer) must fail alone instead of failing the batch and
@@ -157,10 +174,12 @@ impl Storage {
         if !undecodable.is_empty() {
             self.fail_undecodable(queue, &undecodable).await;
         }
-        // every row carries the same value; no row: nothing was taken, and the caller asks
-        let more = match rows.first() {
-            Some(row) => row.try_get::<Option<bool>, _>("more")?.unwrap_or(true),
-            None => true,
+        // every row carries the same value; no row at all (a paused queue, a limit that left no
+        // room): nothing was taken, and the caller asks
+        let more = match (rows.first(), empty_more) {
+            (Some(row), _) => row.try_get::<Option<bool>, _>("more")?.unwrap_or(true),
+            (None, Some(more)) => more,
+            (None, None) => true,
         };
         Ok(Claimed {
             jobs,

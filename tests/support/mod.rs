@@ -146,13 +146,15 @@ pub fn no_maintenance() -> MaintenanceConfig {
 pub use ringwork::testing::eventually;
 
 /// The backend of a client's LISTEN session on `channel` (its schema's `ringwork_<schema>`, or
-/// that with `_cancel`), once the client has issued it; None if it has not within 10 s.
+/// that with `_cancel`) in the test's database (other tests' schemas share the name), once the
+/// client has issued it; None if it has not within 10 s.
 pub async fn listener_pid(db: &TestDb, channel: &str) -> Option<i32> {
     let found = std::sync::Mutex::new(None);
     eventually(Duration::from_secs(10), || async {
         let pid: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity
-             WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0 LIMIT 1",
+             WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0 \
+               AND datname = current_database() LIMIT 1",
         )
         .bind(channel)
         .fetch_optional(&db.pool)

@@ -566,7 +566,7 @@ impl Client {
         let (done_tx, done_rx) = mpsc::unbounded_channel::<Finished>();
         let mut wakers = HashMap::new();
         for (queue, _) in &self.inner.queues {
-            wakers.insert(queue.clone(), Arc::new(Notify::new()));
+            wakers.insert(queue.clone(), Arc::new(notifier::QueueWake::default()));
         }
         let wakers = Arc::new(wakers);
         let mut tasks = Vec::new();

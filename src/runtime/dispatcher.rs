@@ -20,6 +20,7 @@ use tracing::{warn, Instrument};
 
 use super::completer::{FlushHint, FlushSignals};
 use super::executor::{run_job, WorkerWait};
+use super::notifier::QueueWake;
 use super::{
     Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW, CLAIM_SHARD_WAIT,
     IDLE_POLL_MAX,
@@ -34,7 +35,7 @@ pub(super) struct Dispatcher {
     /// `claims_total` (`max_workers + claim_ahead`) permits: one per claimed job not yet finished.
     pub(super) claims: Arc<Semaphore>,
     pub(super) claims_total: usize,
-    pub(super) wake: Arc<Notify>,
+    pub(super) wake: Arc<QueueWake>,
     /// The process's LISTEN is in place (notifier.rs): an idle wait may be long.
     pub(super) listening: Arc<AtomicBool>,
     pub(super) done: mpsc::UnboundedSender<Finished>,
@@ -258,6 +259,7 @@ impl Dispatcher {
             });
             match claimed {
                 Ok((jobs, failed, more)) if !jobs.is_empty() || failed > 0 => {
+                    self.wake.claimed(true);
                     last_full = jobs.len() + failed == asked;
                     // short, and it saw every visible job: nothing is left to claim until a NOTIFY
                     // (another claim now would come back empty, at a claim's fixed cost)
@@ -339,6 +341,7 @@ impl Dispatcher {
                     busy_rounds = if busy {
                         busy_rounds.saturating_add(1)
                     } else {
+                        self.wake.claimed(false);
                         0
                     };
                     let wait = if busy {
@@ -391,7 +394,7 @@ impl Dispatcher {
     /// Wait for a NOTIFY of new work in the queue, or `wait`; false when the client stops.
     async fn wait_for_work(&self, wait: Duration, stop: &mut watch::Receiver<bool>) -> bool {
         tokio::select! {
-            _ = self.wake.notified() => true,
+            _ = self.wake.notify.notified() => true,
             _ = tokio::time::sleep(wait) => true,
             _ = stop.changed() => false,
         }

@@ -10,9 +10,15 @@
 //! the notifications of that interval: a responder that is busy, frozen or gone costs a job that
 //! much pickup latency, never its pickup. A responder that dies ends its session and so frees the
 //! lock; the others try it every `RESPONDER_RETRY`. No row is written for any of this.
+//!
+//! A follower whose delayed claims keep finding nothing (the responder keeps up) waits longer for
+//! the next: the delay doubles at each empty claim in a row, up to `FOLLOWER_WAKE_DELAY_MAX`, and
+//! falls back to `FOLLOWER_WAKE_DELAY` at the first claim that takes a job. So a follower costs a
+//! few claims a second however fast jobs arrive, and one whose responder stopped claiming picks
+//! up the next job within the longest delay, the ones after within the shortest.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +49,43 @@ const LISTENER_PING: Duration = Duration::from_secs(30);
 /// one wake-up (at 400 jobs/s a producer notifies every 10 to 15 ms), short enough to be the pickup
 /// latency a fleet pays while its responder cannot claim.
 pub const FOLLOWER_WAKE_DELAY: Duration = Duration::from_millis(50);
+
+/// The longest a follower waits after a NOTIFY (the module's comment): `FOLLOWER_WAKE_DELAY`
+/// doubled at each of its last empty claims, at most three times.
+pub const FOLLOWER_WAKE_DELAY_MAX: Duration = Duration::from_millis(400);
+
+/// How a queue's dispatcher is woken for new work: shared by the listener and the dispatcher.
+#[derive(Default)]
+pub(super) struct QueueWake {
+    /// Wakes the dispatcher.
+    pub(super) notify: Notify,
+    /// A follower's delayed wake-up is already due.
+    pending: AtomicBool,
+    /// The dispatcher's claims in a row that found no work at all.
+    empty_claims: AtomicU32,
+}
+
+impl QueueWake {
+    /// After each claim of the dispatcher: whether it took a job, or found no work at all.
+    /// A claim that found work held by other claimers is neither, and changes nothing.
+    pub(super) fn claimed(&self, took: bool) {
+        if took {
+            self.empty_claims.store(0, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .empty_claims
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_add(1))
+                });
+        }
+    }
+
+    /// How long after a NOTIFY a follower wakes its dispatcher now.
+    fn follower_delay(&self) -> Duration {
+        let doublings = self.empty_claims.load(Ordering::Relaxed).min(8);
+        (FOLLOWER_WAKE_DELAY * (1 << doublings)).min(FOLLOWER_WAKE_DELAY_MAX)
+    }
+}
 
 /// How often a process tries the first-responder locks of its queues that another process holds.
 const RESPONDER_RETRY: Duration = Duration::from_secs(5);
@@ -86,18 +129,17 @@ async fn release_responders(
     .await;
 }
 
-/// Wake a queue's dispatcher `FOLLOWER_WAKE_DELAY` from now, unless a wake-up is already due then.
-fn wake_later(wake: &Arc<Notify>, pending: &Arc<AtomicBool>) {
-    if pending.swap(true, Ordering::AcqRel) {
+/// Wake a queue's dispatcher a follower's delay from now, unless a wake-up is already due then.
+fn wake_later(wake: &Arc<QueueWake>) {
+    if wake.pending.swap(true, Ordering::AcqRel) {
         return;
     }
     let wake = Arc::clone(wake);
-    let pending = Arc::clone(pending);
     tokio::spawn(async move {
-        tokio::time::sleep(FOLLOWER_WAKE_DELAY).await;
+        tokio::time::sleep(wake.follower_delay()).await;
         // before the wake: a NOTIFY that arrives after it schedules the next one
-        pending.store(false, Ordering::Release);
-        wake.notify_one();
+        wake.pending.store(false, Ordering::Release);
+        wake.notify.notify_one();
     });
 }
 
@@ -112,14 +154,14 @@ pub(crate) const NAME_IF_UNNAMED: &str = "SELECT set_config('application_name', 
 /// wait longer between claims (`IDLE_POLL_MAX`).
 pub(super) async fn listen(
     inner: Arc<Inner>,
-    wakers: Arc<HashMap<String, Arc<Notify>>>,
+    wakers: Arc<HashMap<String, Arc<QueueWake>>>,
     listening: Arc<AtomicBool>,
     maintenance: Arc<Signals>,
     mut stop: watch::Receiver<bool>,
 ) {
     let wake_all = || {
         for w in wakers.values() {
-            w.notify_one();
+            w.notify.notify_one();
         }
     };
     let storage = &inner.engine;
@@ -130,11 +172,6 @@ pub(super) async fn listen(
     };
     let schema = storage.schema();
     let queues: Vec<String> = wakers.keys().cloned().collect();
-    // per queue: a follower's wake-up is already due (wake_later)
-    let pending: HashMap<String, Arc<AtomicBool>> = queues
-        .iter()
-        .map(|q| (q.clone(), Arc::new(AtomicBool::new(false))))
-        .collect();
     let channel = schema.notify_channel();
     let cancel_channel = format!("{channel}_cancel");
     let maintenance_channel = format!("{channel}_maintenance");
@@ -216,11 +253,11 @@ pub(super) async fn listen(
                     }
                     Ok(Some(n)) => {
                         let queue = n.payload();
-                        if let (Some(w), Some(p)) = (wakers.get(queue), pending.get(queue)) {
+                        if let Some(w) = wakers.get(queue) {
                             if responding.contains(queue) {
-                                w.notify_one();
+                                w.notify.notify_one();
                             } else {
-                                wake_later(w, p);
+                                wake_later(w);
                             }
                         }
                     }
@@ -287,8 +324,8 @@ mod tests {
     use super::*;
 
     /// Whether `wake` holds a wake-up now (taking it).
-    async fn woken(wake: &Notify) -> bool {
-        tokio::time::timeout(Duration::ZERO, wake.notified())
+    async fn woken(wake: &QueueWake) -> bool {
+        tokio::time::timeout(Duration::ZERO, wake.notify.notified())
             .await
             .is_ok()
     }
@@ -297,14 +334,13 @@ mod tests {
     /// the first; one after that wake-up schedules the next.
     #[tokio::test(start_paused = true)]
     async fn a_followers_notifications_within_the_delay_share_one_wake_up() {
-        let wake = Arc::new(Notify::new());
-        let pending = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(QueueWake::default());
         for _ in 0..10 {
-            wake_later(&wake, &pending);
+            wake_later(&wake);
         }
         tokio::time::sleep(FOLLOWER_WAKE_DELAY - Duration::from_millis(1)).await;
         assert!(!woken(&wake).await, "woken before the delay");
-        wake_later(&wake, &pending);
+        wake_later(&wake);
         tokio::time::sleep(Duration::from_millis(2)).await;
         assert!(woken(&wake).await, "not woken after the delay");
         tokio::time::sleep(FOLLOWER_WAKE_DELAY * 2).await;
@@ -312,8 +348,35 @@ mod tests {
             !woken(&wake).await,
             "woken twice for one delay's notifications"
         );
-        wake_later(&wake, &pending);
+        wake_later(&wake);
         tokio::time::sleep(FOLLOWER_WAKE_DELAY + Duration::from_millis(1)).await;
         assert!(woken(&wake).await, "a later notification was not woken for");
+    }
+
+    /// Whether a wake-up scheduled now comes after `delay`, and not before.
+    async fn wakes_after(wake: &Arc<QueueWake>, delay: Duration) -> bool {
+        wake_later(wake);
+        tokio::time::sleep(delay - Duration::from_millis(1)).await;
+        let early = woken(wake).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        !early && woken(wake).await
+    }
+
+    /// Each empty claim doubles a follower's delay, up to `FOLLOWER_WAKE_DELAY_MAX`; a claim that
+    /// found work held by others changes nothing; one that took a job brings back the shortest.
+    #[tokio::test(start_paused = true)]
+    async fn a_followers_delay_grows_with_its_empty_claims_and_resets_when_it_takes_a_job() {
+        let wake = Arc::new(QueueWake::default());
+        assert!(wakes_after(&wake, FOLLOWER_WAKE_DELAY).await);
+        wake.claimed(false);
+        assert!(wakes_after(&wake, FOLLOWER_WAKE_DELAY * 2).await);
+        wake.claimed(false);
+        assert!(wakes_after(&wake, FOLLOWER_WAKE_DELAY * 4).await);
+        for _ in 0..20 {
+            wake.claimed(false);
+        }
+        assert!(wakes_after(&wake, FOLLOWER_WAKE_DELAY_MAX).await);
+        wake.claimed(true);
+        assert!(wakes_after(&wake, FOLLOWER_WAKE_DELAY).await);
     }
 }

@@ -552,3 +552,76 @@ async fn a_claim_does_not_step_over_a_segment_that_committed_late_in_a_sealed_sl
     );
     db.cleanup().await;
 }
+
+/// One shard holding cancelled jobs (tombstones) between live ones and jobs with a timeout of their
+/// own among jobs without: claims of four take the live jobs in enqueue order, pass over the
+/// cancelled ones, give each job with its own timeout a row-local claim at its position in the
+/// batch, and one completion of every claimed attempt applies to each, in both shapes.
+#[tokio::test]
+async fn claims_pass_cancelled_jobs_and_place_row_local_claims_at_their_positions() {
+    use ringwork::{CancelOutcome, Outcome};
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let jobs: Vec<_> = (0..30)
+        .map(|n| match n % 5 {
+            2 => job(n).timeout(Duration::from_secs(600)),
+            _ => job(n),
+        })
+        .collect();
+    let ids = storage.insert_many(&mut conn, &jobs).await.unwrap();
+    let mut live = Vec::new();
+    let mut own_timeout = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        if n % 7 == 3 {
+            assert_eq!(
+                storage.cancel_job(*id, "cancelled").await.unwrap(),
+                CancelOutcome::Cancelled
+            );
+        } else {
+            live.push(*id);
+            if n % 5 == 2 {
+                own_timeout.push(*id);
+            }
+        }
+    }
+    assert!(
+        db.scalar_i64("SELECT count(*) FROM {s}.ready_tombstones")
+            .await
+            > 0,
+        "the cancelled jobs left tombstones in the shard"
+    );
+    let mut seen = Vec::new();
+    let mut attempts = Vec::new();
+    loop {
+        let batch = storage.claim("default", 4, None).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        assert!(batch.len() <= 4, "a claim of four took {}", batch.len());
+        seen.extend(batch.iter().map(|j| j.job_id));
+        attempts.extend(batch.iter().map(|j| j.attempt_ref()));
+    }
+    assert_eq!(seen, live, "the live jobs, in enqueue order, each once");
+    let row_local: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT job_id FROM {}.lease_claims ORDER BY job_id",
+        db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        row_local, own_timeout,
+        "row-local claims: the jobs with their own timeout"
+    );
+    let outcomes = storage.complete_batch(&attempts).await.unwrap();
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Applied),
+        "every claimed attempt completes: {outcomes:?}"
+    );
+    assert_eq!(
+        storage.complete_batch(&attempts).await.unwrap(),
+        vec![Outcome::Stale; attempts.len()]
+    );
+    db.cleanup().await;
+}

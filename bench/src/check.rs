@@ -5,7 +5,9 @@
 //! same server. The figure kept and compared is their ratio, so a slower or busier machine moves
 //! both and does not fail the check; a change that makes ringwork's own path heavier does. Each
 //! round also runs `fixed-rate` and `idle`, whose commits and WAL (per job at a fixed rate, per
-//! second with nothing to do) are held to the baseline as they are: counts, not times.
+//! second with nothing to do) are held to the baseline as they are: counts, not times. And each
+//! round runs `NOOP_PROFILE` with no-op jobs at saturation, held to the baseline as a ratio of the
+//! same ceiling: the engine's own overhead per job, which 1-ms handlers hide.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,6 +42,12 @@ pub struct Baseline {
     /// sitting fails when its best round costs more than these by more than `tolerance`.
     #[serde(default)]
     pub costs: Option<Costs>,
+    /// `NOOP_PROFILE` saturation with no-op jobs over the ceiling's rate, and that rate (jobs/s);
+    /// absent from a baseline written before the no-op shape was measured.
+    #[serde(default)]
+    pub noop_ratio: Option<f64>,
+    #[serde(default)]
+    pub noop_jobs_per_s: Option<f64>,
 }
 
 /// The cost figures `check` holds a sitting to (best round: the lowest of each).
@@ -55,6 +63,9 @@ pub struct Costs {
 
 /// The fixed rate the cost figures are measured at, jobs/s.
 const FIXED_RATE: u64 = 400;
+
+/// The profile of the no-op saturation run: enough workers that handlers never bound it.
+const NOOP_PROFILE: &str = "1x64";
 
 impl Costs {
     /// The lower of each figure.
@@ -117,6 +128,8 @@ pub struct CheckOptions {
 /// One round: the ceiling, ringwork, the ceiling again.
 struct Round {
     rate: f64,
+    /// `NOOP_PROFILE` with no-op jobs at saturation, jobs/s.
+    noop_rate: f64,
     /// None when the server is not on this host.
     server_cpu_ms_per_1k_jobs: Option<f64>,
     ceiling_before: f64,
@@ -147,29 +160,44 @@ async fn measure_round(
     checkpoint(url).await?;
     let ceiling_before = ceiling(url, ceiling_secs)?;
     checkpoint(url).await?;
-    let config = BenchConfig {
-        database_url: Some(url.to_string()),
-        systems: vec![System::Ringwork],
-        profiles: crate::scenario::parse_profiles(profile)?,
-        scenarios: vec![Scenario::Saturation, Scenario::FixedRate, Scenario::Idle],
-        phase: Duration::from_secs(phase_secs),
-        soak: Duration::from_secs(600),
-        job_ms: 1,
-        rate: FIXED_RATE,
-        depth: 5_000,
-        sample_every: Duration::from_secs(2),
-        readers: 2,
-        held_txs: 64,
-        hold: Duration::from_secs(10),
-        paused_jobs: 100_000,
-        pg_restart_cmd: None,
-        autovacuum: true,
-        analyze_every: None,
-        out_dir: PathBuf::from("target/bench"),
-        label: "check".into(),
+    let config = |profile: &str, scenarios: Vec<Scenario>, job_ms: u64| -> Result<BenchConfig> {
+        Ok(BenchConfig {
+            database_url: Some(url.to_string()),
+            systems: vec![System::Ringwork],
+            profiles: crate::scenario::parse_profiles(profile)?,
+            scenarios,
+            phase: Duration::from_secs(phase_secs),
+            soak: Duration::from_secs(600),
+            job_ms,
+            rate: FIXED_RATE,
+            depth: 5_000,
+            sample_every: Duration::from_secs(2),
+            readers: 2,
+            held_txs: 64,
+            hold: Duration::from_secs(10),
+            paused_jobs: 100_000,
+            pg_restart_cmd: None,
+            autovacuum: true,
+            analyze_every: None,
+            out_dir: PathBuf::from("target/bench"),
+            label: if job_ms == 0 { "check-noop" } else { "check" }.into(),
+        })
     };
-    let results = run(config).await?;
-    if let Some(lossy) = results.iter().find(|r| r.lost != 0) {
+    let results = run(config(
+        profile,
+        vec![Scenario::Saturation, Scenario::FixedRate, Scenario::Idle],
+        1,
+    )?)
+    .await?;
+    checkpoint(url).await?;
+    let noop = run(config(NOOP_PROFILE, vec![Scenario::Saturation], 0)?).await?;
+    let noop_rate = noop
+        .iter()
+        .flat_map(|r| &r.phases)
+        .find(|p| p.name == "saturation")
+        .map(|p| p.completed_per_s.median)
+        .ok_or_else(|| Error::Config("the no-op run has no saturation phase".into()))?;
+    if let Some(lossy) = results.iter().chain(&noop).find(|r| r.lost != 0) {
         return Err(Error::Config(format!(
             "the round's {} run lost {} jobs",
             lossy.scenario, lossy.lost
@@ -200,6 +228,7 @@ async fn measure_round(
     let ceiling_after = ceiling(url, ceiling_secs)?;
     Ok(Round {
         rate,
+        noop_rate,
         server_cpu_ms_per_1k_jobs,
         ceiling_before,
         ceiling_after,
@@ -298,6 +327,7 @@ pub async fn check(options: CheckOptions) -> Result<()> {
     // Noise on a shared machine only ever slows a measurement, so the sitting keeps the best
     // of each figure across its rounds; a regression lowers every ringwork round.
     let mut rate: f64 = 0.0;
+    let mut noop_rate: f64 = 0.0;
     let mut ceiling_rate: f64 = 0.0;
     let mut server = String::new();
     let mut costs: Option<Costs> = None;
@@ -320,14 +350,21 @@ pub async fn check(options: CheckOptions) -> Result<()> {
             r.costs.idle_commits_per_s,
             r.costs.idle_wal_bytes_per_s
         );
+        println!(
+            "  {NOOP_PROFILE} no-op saturation: {:.0} jobs/s",
+            r.noop_rate
+        );
         costs = Some(costs.map_or(r.costs, |c| c.best(r.costs)));
         rate = rate.max(r.rate);
+        noop_rate = noop_rate.max(r.noop_rate);
         ceiling_rate = ceiling_rate.max(r.ceiling_before).max(r.ceiling_after);
         server = r.server;
     }
     let ratio = rate / ceiling_rate;
+    let noop_ratio = noop_rate / ceiling_rate;
     println!(
-        "best of {rounds}: ringwork {rate:.0} jobs/s; ceiling {ceiling_rate:.0} jobs/s; ratio {ratio:.3}"
+        "best of {rounds}: ringwork {rate:.0} jobs/s; ceiling {ceiling_rate:.0} jobs/s; ratio {ratio:.3}; \
+         {NOOP_PROFILE} no-op {noop_rate:.0} jobs/s, ratio {noop_ratio:.3}"
     );
     if options.write {
         let baseline = Baseline {
@@ -345,6 +382,8 @@ pub async fn check(options: CheckOptions) -> Result<()> {
             ringwork_jobs_per_s: rate,
             ceiling_jobs_per_s: ceiling_rate,
             costs,
+            noop_ratio: Some(noop_ratio),
+            noop_jobs_per_s: Some(noop_rate),
         };
         let text =
             serde_json::to_string_pretty(&baseline).map_err(|e| Error::Config(e.to_string()))?;
@@ -368,6 +407,10 @@ pub async fn check(options: CheckOptions) -> Result<()> {
             "ratio {ratio:.3} is below the baseline's floor {floor:.3}"
         ));
     }
+    match baseline.noop_ratio {
+        Some(was) => regressions.extend(noop_below(noop_ratio, was, baseline.tolerance)),
+        None => println!("the baseline has no no-op figure: write one to hold it"),
+    }
     match (costs, baseline.costs) {
         (Some(now), Some(was)) => regressions.extend(now.over(&was, baseline.tolerance)),
         _ => println!("the baseline has no cost figures: write one to hold them"),
@@ -382,9 +425,24 @@ pub async fn check(options: CheckOptions) -> Result<()> {
     Ok(())
 }
 
+/// The no-op ratio's regression, if it fell below the baseline's by more than `tolerance`.
+fn noop_below(now: f64, was: f64, tolerance: f64) -> Option<String> {
+    let floor = was * (1.0 - tolerance);
+    (now < floor).then(|| {
+        format!("{NOOP_PROFILE} no-op ratio {now:.3} is below the baseline's floor {floor:.3}")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_no_op_ratio_below_the_baseline_by_more_than_the_tolerance_is_named() {
+        assert_eq!(noop_below(0.30, 0.32, 0.15), None);
+        let below = noop_below(0.25, 0.32, 0.15).expect("a regression");
+        assert!(below.contains("no-op ratio 0.250"), "{below}");
+    }
 
     #[test]
     fn a_cost_above_the_baseline_by_more_than_the_tolerance_is_named() {

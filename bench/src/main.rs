@@ -53,8 +53,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// A short sitting (the machine's ceiling around ringwork at saturation, on one server)
-    /// compared with bench/baseline.json as a ratio, so a slower machine does not fail it: exits 1
-    /// when the ratio falls below the baseline's by more than its tolerance.
+    /// compared with bench/baseline.json as a ratio, so a slower machine does not fail it, and
+    /// 1x64 with no-op jobs at saturation as a ratio of the same ceiling: exits 1 when either
+    /// ratio falls below the baseline's by more than its tolerance (or a cost count rises above).
     ///
     /// Example: ringwork-bench check --database-url postgres://postgres@127.0.0.1/test
     Check {

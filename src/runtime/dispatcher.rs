@@ -338,10 +338,13 @@ impl Dispatcher {
                     // only for a lone shard, CLAIM_SHARD_WAIT): retry after 4, 8, then every 16 ms
                     // while the work stays with other claimers. A paused queue reports no backlog and waits for the
                     // NOTIFY that resume sends, or the poll interval.
+                    if !busy {
+                        // found no work at all: a follower waits longer for the next NOTIFY
+                        self.wake.claimed(false);
+                    }
                     busy_rounds = if busy {
                         busy_rounds.saturating_add(1)
                     } else {
-                        self.wake.claimed(false);
                         0
                     };
                     let wait = if busy {

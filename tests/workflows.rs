@@ -1663,6 +1663,95 @@ async fn a_dead_lettered_sequence_job_holds_its_key_until_retried_or_purged() {
     db.cleanup().await;
 }
 
+/// One call appends to keys in any order: each key's jobs run in the order given, whatever lies
+/// between them, and a key whose tail is dead-lettered goes on, waits or cancels by the policy of
+/// its first job in the call (the steps and edges of a call are written together, so its later jobs
+/// must still follow a first job cancelled there).
+#[tokio::test]
+async fn one_call_appends_interleaved_keys_in_order_and_behind_a_dead_letter_by_policy() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let s = db.schema.to_string();
+    dead_letter_default_queue(&storage).await;
+    support::enqueue(
+        &db,
+        vec![
+            job(1).sequence("dl-run", DependencyFailure::Run),
+            job(2).sequence("dl-cancel", DependencyFailure::Run),
+            job(3).sequence("dl-hold", DependencyFailure::Run),
+        ],
+    )
+    .await;
+    let heads = claim_ns(&storage).await;
+    assert_eq!(heads.len(), 3);
+    for (_, claimed) in &heads {
+        fail(&storage, claimed).await;
+    }
+    let calls = [
+        ("x", 10, "run"),
+        ("dl-run", 11, "run"),
+        ("y", 12, "run"),
+        ("dl-cancel", 13, "cancel"),
+        ("x", 14, "run"),
+        ("dl-hold", 15, "hold"),
+        ("dl-run", 16, "run"),
+        ("y", 17, "run"),
+        ("dl-cancel", 18, "run"),
+        ("x", 19, "run"),
+    ];
+    let appended: Vec<(i32, i64)> = sqlx::query_as(&format!(
+        "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
+    ))
+    .bind(calls.iter().map(|c| c.0).collect::<Vec<_>>())
+    .bind(
+        calls
+            .iter()
+            .map(|c| serde_json::json!({ "kind": "k", "args": { "n": c.1 } }))
+            .collect::<Vec<_>>(),
+    )
+    .bind(calls.iter().map(|c| c.2).collect::<Vec<_>>())
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        appended.iter().map(|(ord, _)| *ord).collect::<Vec<_>>(),
+        (1..=10).collect::<Vec<_>>()
+    );
+    assert!(
+        appended.windows(2).all(|w| w[0].1 < w[1].1),
+        "job ids follow the positions: {appended:?}"
+    );
+    // x and y start; dl-run's first goes on past its dead letter; dl-cancel's first is
+    // cancelled, and the job behind it (continuing) runs in its place; dl-hold's first waits
+    let mut first: Vec<(i64, ringwork::ClaimedJob)> = claim_ns(&storage).await;
+    first.sort_by_key(|(n, _)| *n);
+    assert_eq!(
+        first.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+        vec![10, 11, 12, 18]
+    );
+    for (n, expected) in [
+        (13, "cancelled"),
+        (14, "pending"),
+        (15, "pending"),
+        (16, "pending"),
+        (17, "pending"),
+        (19, "pending"),
+    ] {
+        assert_eq!(
+            state(&db, job_of_n(&db, n).await).await,
+            expected,
+            "job {n}"
+        );
+    }
+    for (_, claimed) in &first {
+        assert_eq!(complete_one(&storage, claimed).await, Outcome::Applied);
+    }
+    let mut second: Vec<i64> = claim_ns(&storage).await.iter().map(|(n, _)| *n).collect();
+    second.sort_unstable();
+    assert_eq!(second, vec![14, 16, 17], "each key's next, 19 behind 14");
+    db.cleanup().await;
+}
+
 /// A step's release keeps its plans for the session, so they may have been made while
 /// `workflow_steps` held a handful of rows. Each step must still be found by an index probe once the
 /// table is large: a cached plan that scans it whole would cost every later release a pass over

@@ -110,3 +110,7 @@ DROP FUNCTION IF EXISTS __S__.claim_room(text, int, interval, int, int, interval
 -- record_claim_batch gave way to the claim's own batch insert and record_claim_rates
 DROP FUNCTION IF EXISTS __S__.record_claim_batch(text, int, bigint, timestamptz, timestamptz, boolean, int, jsonb,
                                                  bigint[], bigint[], int[], int[], int[], int[], int8multirange);
+-- sequences: appends are set-based in enqueue_in_sequence_many, a key's tail found by sequence_tail
+DROP FUNCTION IF EXISTS __S__.sequence_append(text, jsonb, text);
+-- workflow_steps_plain gained p_named (sequence jobs are checked without a step name)
+DROP FUNCTION IF EXISTS __S__.workflow_steps_plain(jsonb);

@@ -371,10 +371,11 @@ $$;
 
 -- Whether every step is of the shapes enqueue surely takes (a quick check, stricter than the
 -- step-by-step one: a step it does not vouch for is looked at one by one, for its exact error).
+-- Unnamed (p_named false): sequence jobs, which have no step name and no dependencies of their own.
 -- PL/pgSQL, not SQL: the SQL function was never inlined (its body has a FROM), so each workflow
 -- insert planned it again, about 0.27 ms of a ten-step workflow's 1.7; the args limit is read
 -- once, not per step.
-CREATE OR REPLACE FUNCTION __S__.workflow_steps_plain(p_steps jsonb) RETURNS boolean
+CREATE OR REPLACE FUNCTION __S__.workflow_steps_plain(p_steps jsonb, p_named boolean DEFAULT true) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_max_args bigint := __S__.setting('max_args_bytes');
@@ -384,7 +385,8 @@ BEGIN
                AND NOT EXISTS (SELECT 1 FROM jsonb_object_keys(e) k
                                WHERE k NOT IN ('step', 'kind', 'args', 'queue', 'priority', 'max_attempts',
                                                'timeout_ms', 'traceparent', 'depends_on', 'on_dependency_failure'))
-               AND jsonb_typeof(e->'step') = 'string' AND __S__.valid_name(e->>'step')
+               AND CASE WHEN p_named THEN jsonb_typeof(e->'step') = 'string' AND __S__.valid_name(e->>'step')
+                        ELSE NOT e ?| ARRAY['step', 'depends_on', 'on_dependency_failure'] END
                AND jsonb_typeof(e->'kind') = 'string' AND __S__.valid_name(e->>'kind')
                AND (NOT e ? 'queue' OR (jsonb_typeof(e->'queue') = 'string' AND __S__.valid_name(e->>'queue')))
                AND (NOT e ? 'args' OR jsonb_typeof(e->'args') <> 'null')
@@ -1062,15 +1064,12 @@ BEGIN
 END
 $$;
 
--- One job appended to its key (its shape checked by the caller): the step, and the edge from the
--- key's tail. A step due at once (no tail, or a tail dead-lettered that counts as arrived) is
--- returned to be released by the caller, not released here: a call of many appends releases all
--- its due steps in one segment per queue (a segment each cost a shard lock, a sequence, a segment
--- row and a NOTIFY). A later append of the same call sees such a step as its tail, not yet
--- released: it waits for it, as for any tail that has not ended.
-CREATE OR REPLACE FUNCTION __S__.sequence_append(p_key text, p_job jsonb, p_on_failure text,
-                                                 OUT job_id bigint, OUT release_workflow bigint,
-                                                 OUT release_step text)
+-- A key's current workflow and its tail, for appending to it: takes the key's lock, then the
+-- workflow's, and starts a new workflow (with no tail) when the key has none or its last job is
+-- final. tail_state is the tail's state as far as an append needs it: 'pending' (never released),
+-- 'unsettled' (released, not final), 'dead_lettered', or a state job_state gives a retried job.
+CREATE OR REPLACE FUNCTION __S__.sequence_tail(p_key text, OUT workflow_id bigint, OUT tail_step text,
+                                               OUT tail_state text)
 -- sequential scans off: every lookup here is of one key or one workflow, by index, and a plan
 -- cached while the workflow tables were small (or whose estimate for one workflow counts a
 -- 10,000-step fan-out's rows) scanned workflow_steps whole at every append
@@ -1079,22 +1078,15 @@ DECLARE
     v_workflow bigint;
     v_tail_step text;
     v_tail_job bigint;
-    v_step text;
-    v_job bigint;
     v_tail_state text;
     v_tail_lease bigint;
     v_tail_waits boolean;
     v_result_lease bigint;
     v_result_outcome text;
-    v_effect text;
 BEGIN
-    IF NOT __S__.valid_name(p_key) THEN
+    IF NOT coalesce(__S__.valid_name(p_key), false) THEN
         RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
             quote_nullable(p_key) USING ERRCODE = '22023';
-    END IF;
-    IF p_on_failure IS NULL OR p_on_failure NOT IN ('run', 'hold', 'cancel') THEN
-        RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
-            quote_nullable(p_on_failure) USING ERRCODE = '22023';
     END IF;
     -- the key's one lock, so two producers append to it one after the other
     PERFORM pg_advisory_xact_lock(__S__.lock_ns('sequence'), hashtext(p_key));
@@ -1152,67 +1144,51 @@ BEGIN
         INSERT INTO __S__.workflow_sequences (sequence_key, workflow_id) VALUES (p_key, v_workflow);
         PERFORM __S__.lock_workflow(v_workflow);
         v_tail_step := NULL;
+        v_tail_state := NULL;
     END IF;
-    -- one step that depends on the tail: written directly, not through workflow_add_steps, whose
-    -- checks over a whole graph cost more than the append itself
-    v_step := 'link-' || nextval('__S__.sequence_link_ids');
-    v_job := nextval('__S__.job_ids');
-    INSERT INTO __S__.workflow_steps (workflow_id, step, job_id, queue, kind, args, priority, max_attempts,
-                                      timeout_ms, traceparent, on_dependency_failure, dependencies, created_at)
-    VALUES (v_workflow, v_step, v_job, coalesce(p_job->>'queue', 'default'), p_job->>'kind',
-            coalesce(p_job->'args', '{}'::jsonb), coalesce((p_job->>'priority')::int, 2)::smallint,
-            coalesce((p_job->>'max_attempts')::int, 25), (p_job->>'timeout_ms')::int,
-            __S__.traceparent_bytes(p_job->>'traceparent'), p_on_failure,
-            CASE WHEN v_tail_step IS NULL THEN 0 ELSE 1 END, __S__.engine_now());
-    job_id := v_job;
-    IF v_tail_step IS NULL THEN
-        release_workflow := v_workflow;
-        release_step := v_step;
-        RETURN;
-    END IF;
-    INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step) VALUES (v_workflow, v_tail_step, v_step);
-    -- a dead-lettered tail (kept above) counts now, by the job's policy
-    IF v_tail_state = 'dead_lettered' THEN
-        v_effect := __S__.workflow_edge_effect('dead_lettered', p_on_failure);
-        IF v_effect = 'arrived' THEN
-            PERFORM __S__.workflow_arrive(v_workflow, v_step, v_tail_step, 1);
-            release_workflow := v_workflow;
-            release_step := v_step;
-        ELSIF v_effect = 'cancel' THEN
-            PERFORM __S__.workflow_settle_steps(v_workflow, ARRAY[v_step], ARRAY[0::bigint], ARRAY['cancelled']);
-        END IF;
-    END IF;
+    workflow_id := v_workflow;
+    tail_step := v_tail_step;
+    tail_state := v_tail_state;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence(p_key text, p_job jsonb, p_on_failure text DEFAULT 'run')
-RETURNS bigint
-LANGUAGE plpgsql SET jit = off AS $$
-DECLARE
-    v_append record;
-BEGIN
-    PERFORM __S__.validate_sequence_job(p_job);
-    SELECT * INTO v_append FROM __S__.sequence_append(p_key, p_job, p_on_failure);
-    IF v_append.release_step IS NOT NULL THEN
-        PERFORM __S__.workflow_release(v_append.release_workflow, ARRAY[v_append.release_step]);
-    END IF;
-    RETURN v_append.job_id;
-END
-$$;
-
--- Many jobs appended to their keys in one statement, in the order given (a producer's transaction
--- of sequence jobs: the Rust client sorts them by key so that two producers take the keys' locks in
--- one order). Each is enqueue_in_sequence; a statement rather than one a job saves a round trip per
--- job, which is most of an append while the transaction holds its keys' locks. The jobs' shapes
--- are checked at once when all are plain (workflow_steps_plain), else one by one for the exact
--- error; the steps due at once are released together at the end. Returns each job's position in
+-- Many jobs appended to their keys in one statement, each key's jobs in the order given (a
+-- producer's transaction of sequence jobs: the Rust client sorts them by key so that two
+-- producers take the keys' locks in one order; keys are locked in the order of their first job).
+-- Each job is a step (link-<n>) that depends on the job before it: the key's tail for its first
+-- job in the call, the previous job of its key in the call for the others. The work per key (its
+-- lock, its tail) is a loop over the call's keys; the steps and edges of all jobs are two
+-- set-based writes, so a call of many jobs per key costs little more than its rows a job. A
+-- key's first job due at once (no tail, or a tail dead-lettered that counts as arrived) is
+-- released with the others in one segment per queue (a segment each cost a shard lock, a
+-- sequence, a segment row and a NOTIFY). The jobs' shapes are checked at once when all are plain
+-- (workflow_steps_plain), else one by one for the exact error. Returns each job's position in
 -- the arrays (1-based) with its id.
 CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence_many(p_keys text[], p_jobs jsonb[], p_on_failures text[])
 RETURNS TABLE (ord int, job_id bigint)
 LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
+    v_n int := coalesce(cardinality(p_keys), 0);
     v_plain boolean;
-    v_append record;
+    v_bad text;
+    v_key record;
+    v_tail record;
+    v_effect text;
+    v_step text;
+    v_ids bigint[];
+    v_links bigint[];
+    v_now timestamptz;
+    -- per key of the call, in the order of its first job
+    v_keys text[] := '{}';
+    v_firsts int[] := '{}';
+    v_workflows bigint[] := '{}';
+    v_tails text[] := '{}';
+    -- the keys' first jobs that are due: position, workflow, what to do ('release', 'arrive' behind
+    -- a dead-lettered tail then release, 'cancel') and the tail
+    v_due_firsts int[] := '{}';
+    v_due_workflows bigint[] := '{}';
+    v_due_effects text[] := '{}';
+    v_due_tails text[] := '{}';
     v_release_workflows bigint[] := '{}';
     v_release_steps text[] := '{}';
 BEGIN
@@ -1221,26 +1197,88 @@ BEGIN
         RAISE EXCEPTION 'ringwork: enqueue_in_sequence_many takes as many keys, jobs and policies, got %, % and %',
             cardinality(p_keys), cardinality(p_jobs), cardinality(p_on_failures) USING ERRCODE = '22023';
     END IF;
-    -- a sequence job is a workflow step without a name or dependencies of its own
-    v_plain := NOT EXISTS (SELECT 1 FROM unnest(p_jobs) j
-                           WHERE j IS NULL OR jsonb_typeof(j) <> 'object'
-                              OR j ?| ARRAY['step', 'depends_on', 'on_dependency_failure'])
-               AND __S__.workflow_steps_plain((SELECT jsonb_agg(j || '{"step": "s"}') FROM unnest(p_jobs) j));
-    FOR i IN 1 .. coalesce(cardinality(p_keys), 0) LOOP
-        IF v_plain IS NOT TRUE THEN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    v_plain := __S__.workflow_steps_plain(to_jsonb(p_jobs), false);
+    IF v_plain IS NOT TRUE THEN
+        FOR i IN 1 .. v_n LOOP
             PERFORM __S__.validate_sequence_job(p_jobs[i]);
+        END LOOP;
+    END IF;
+    SELECT f INTO v_bad FROM unnest(p_on_failures) f WHERE f IS NULL OR f NOT IN ('run', 'hold', 'cancel') LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
+            quote_nullable(v_bad) USING ERRCODE = '22023';
+    END IF;
+    FOR v_key IN SELECT u.k, min(u.i)::int AS first FROM unnest(p_keys) WITH ORDINALITY u(k, i)
+                 GROUP BY u.k ORDER BY min(u.i) LOOP
+        SELECT * INTO v_tail FROM __S__.sequence_tail(v_key.k);
+        v_keys := v_keys || v_key.k;
+        v_firsts := v_firsts || v_key.first;
+        v_workflows := v_workflows || v_tail.workflow_id;
+        v_tails := v_tails || v_tail.tail_step;
+        v_effect := NULL;
+        IF v_tail.tail_step IS NULL THEN
+            v_effect := 'release';
+        ELSIF v_tail.tail_state = 'dead_lettered' THEN
+            -- a dead-lettered tail counts now, by the policy of the key's first job
+            v_effect := CASE __S__.workflow_edge_effect('dead_lettered', p_on_failures[v_key.first])
+                            WHEN 'arrived' THEN 'arrive' WHEN 'cancel' THEN 'cancel' END;
         END IF;
-        SELECT * INTO v_append FROM __S__.sequence_append(p_keys[i], p_jobs[i], p_on_failures[i]);
-        IF v_append.release_step IS NOT NULL THEN
-            v_release_workflows := v_release_workflows || v_append.release_workflow;
-            v_release_steps := v_release_steps || v_append.release_step;
+        IF v_effect IS NOT NULL THEN
+            v_due_firsts := v_due_firsts || v_key.first;
+            v_due_workflows := v_due_workflows || v_tail.workflow_id;
+            v_due_effects := v_due_effects || v_effect;
+            v_due_tails := v_due_tails || v_tail.tail_step;
         END IF;
-        ord := i;
-        job_id := v_append.job_id;
-        RETURN NEXT;
+    END LOOP;
+    -- ids in ascending order by position: a key's tail is its step with the highest job id
+    v_ids := ARRAY(SELECT nextval('__S__.job_ids') FROM generate_series(1, v_n) ORDER BY 1);
+    v_links := ARRAY(SELECT nextval('__S__.sequence_link_ids') FROM generate_series(1, v_n) ORDER BY 1);
+    v_now := __S__.engine_now();
+    WITH jobs AS (
+        SELECT t.workflow_id, 'link-' || v_links[u.i] AS step, v_ids[u.i] AS job_id, u.job, u.on_failure,
+               coalesce(lag('link-' || v_links[u.i]) OVER (PARTITION BY u.k ORDER BY u.i), t.tail) AS depends_on
+        FROM unnest(p_keys, p_jobs, p_on_failures) WITH ORDINALITY u(k, job, on_failure, i)
+        JOIN unnest(v_keys, v_workflows, v_tails) t(k, workflow_id, tail) ON t.k = u.k
+    ), steps AS (
+        INSERT INTO __S__.workflow_steps (workflow_id, step, job_id, queue, kind, args, priority, max_attempts,
+                                          timeout_ms, traceparent, on_dependency_failure, dependencies, created_at)
+        SELECT j.workflow_id, j.step, j.job_id, coalesce(j.job->>'queue', 'default'), j.job->>'kind',
+               coalesce(j.job->'args', '{}'::jsonb), coalesce((j.job->>'priority')::int, 2)::smallint,
+               coalesce((j.job->>'max_attempts')::int, 25), (j.job->>'timeout_ms')::int,
+               __S__.traceparent_bytes(j.job->>'traceparent'), j.on_failure,
+               CASE WHEN j.depends_on IS NULL THEN 0 ELSE 1 END, v_now
+        FROM jobs j
+    )
+    INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step)
+    SELECT j.workflow_id, j.depends_on, j.step FROM jobs j WHERE j.depends_on IS NOT NULL;
+    -- the keys' first jobs that are due: released together; behind a dead-lettered tail, arrived
+    -- (then released) or cancelled by their policy
+    FOR i IN 1 .. cardinality(v_due_firsts) LOOP
+        v_step := 'link-' || v_links[v_due_firsts[i]];
+        IF v_due_effects[i] = 'cancel' THEN
+            PERFORM __S__.workflow_settle_steps(v_due_workflows[i], ARRAY[v_step], ARRAY[0::bigint],
+                                                ARRAY['cancelled']);
+        ELSE
+            IF v_due_effects[i] = 'arrive' THEN
+                PERFORM __S__.workflow_arrive(v_due_workflows[i], v_step, v_due_tails[i], 1);
+            END IF;
+            v_release_workflows := v_release_workflows || v_due_workflows[i];
+            v_release_steps := v_release_steps || v_step;
+        END IF;
     END LOOP;
     PERFORM __S__.workflow_release_many(v_release_workflows, v_release_steps);
+    RETURN QUERY SELECT i::int, v_ids[i] FROM generate_series(1, v_n) i;
 END
+$$;
+
+-- One job appended to its key.
+CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence(p_key text, p_job jsonb, p_on_failure text DEFAULT 'run')
+RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT m.job_id FROM __S__.enqueue_in_sequence_many(ARRAY[p_key], ARRAY[p_job], ARRAY[p_on_failure]) m
 $$;
 
 -- The key's jobs that are not final, oldest first (the head is running or available, the rest

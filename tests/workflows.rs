@@ -236,6 +236,62 @@ async fn the_last_two_dependencies_completing_at_once_release_the_dependent_once
     db.cleanup().await;
 }
 
+/// A dependent of one dependency is released by that dependency's end alone, with no arrival to
+/// count (its first arrival is its last); one of several counts its arrivals as before. Both in
+/// one completion batch, each released once.
+#[tokio::test]
+async fn a_dependent_of_one_dependency_is_released_without_counting_and_once() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("a", &[]))
+            .step(step("x", &[]))
+            .step(step("after_a", &["a"]))
+            .step(step("after_both", &["a", "x"])),
+    )
+    .await;
+    let first = claim_names(&storage, &w).await;
+    assert_eq!(first.len(), 2);
+    let attempts: Vec<_> = first.iter().map(|(_, c)| c.attempt_ref()).collect();
+    let outcomes = storage.complete_batch(&attempts).await.unwrap();
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Applied),
+        "{outcomes:?}"
+    );
+    let mut next: Vec<String> = claim_names(&storage, &w)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    next.sort();
+    assert_eq!(next, vec!["after_a", "after_both"]);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_arrivals WHERE step = 'after_a'")
+            .await,
+        0,
+        "nothing to count for one dependency"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_arrivals WHERE step = 'after_both'")
+            .await,
+        2
+    );
+    for name in ["after_a", "after_both"] {
+        let job = w.job_id(name).unwrap();
+        assert_eq!(
+            db.scalar_i64(&format!(
+                "SELECT count(*) FROM {{s}}.ready_entries WHERE job_id = {job}"
+            ))
+            .await,
+            1,
+            "{name} released once"
+        );
+    }
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_failed_dependency_cancels_runs_or_holds_its_dependents_by_policy() {
     let db = TestDb::new().await;

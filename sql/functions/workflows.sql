@@ -222,7 +222,9 @@ BEGIN
                      -- a completion and a failure of one dependency in one call: the completion counts
                      CASE WHEN x.outcome = 'completed' THEN 0 ELSE 1 END
         ), arrived AS (
-            -- numbered after the dependent's earlier arrivals (an edge arrives once)
+            -- numbered after the dependent's earlier arrivals (an edge arrives once). A dependent
+            -- of one dependency needs no count: its first arrival is its last, and it is released
+            -- (or cancelled with its workflow) below, once, for a released step is never an effect
             INSERT INTO __S__.workflow_arrivals (workflow_id, step, seen, depends_on)
             SELECT f.workflow_id, f.step,
                    coalesce(m.seen, 0) + row_number() OVER (PARTITION BY f.workflow_id, f.step ORDER BY f.depends_on),
@@ -231,7 +233,7 @@ BEGIN
             LEFT JOIN LATERAL (SELECT a.seen FROM __S__.workflow_arrivals a
                                WHERE a.workflow_id = f.workflow_id AND a.step = f.step
                                ORDER BY a.seen DESC LIMIT 1) m ON true
-            WHERE f.effect = 'arrived'
+            WHERE f.effect = 'arrived' AND f.dependencies > 1
               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_arrivals a
                               WHERE a.workflow_id = f.workflow_id AND a.step = f.step AND a.depends_on = f.depends_on)
             RETURNING workflow_id, step, seen
@@ -243,6 +245,10 @@ BEGIN
             FROM arrived a
             JOIN __S__.workflow_steps d ON d.workflow_id = a.workflow_id AND d.step = a.step
             WHERE a.seen = d.dependencies
+            UNION
+            SELECT f.workflow_id, f.step,
+                   EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = f.workflow_id)
+            FROM effects f WHERE f.effect = 'arrived' AND f.dependencies = 1
             UNION
             SELECT f.workflow_id, f.step, true FROM effects f WHERE f.effect = 'cancel'
         )

@@ -518,6 +518,43 @@ async fn a_workflow_inserted_in_a_rolled_back_transaction_leaves_nothing() {
     db.cleanup().await;
 }
 
+/// Steps may be listed before the steps they depend on: the cycle check's shortcut (every
+/// dependency listed first) does not apply, the full check finds no cycle, and the steps run in
+/// dependency order.
+#[tokio::test]
+async fn a_workflow_from_sql_may_list_a_step_before_its_dependencies() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let steps = r#"[{"step": "last", "kind": "k", "depends_on": ["middle"]},
+                    {"step": "middle", "kind": "k", "depends_on": ["first"]},
+                    {"step": "first", "kind": "k"}]"#;
+    let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT step, job_id FROM {}.enqueue_workflow($1::jsonb)",
+        db.schema
+    ))
+    .bind(steps)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let inserted = ringwork::InsertedWorkflow {
+        workflow_id: 0,
+        steps: rows,
+    };
+    for expected in ["first", "middle", "last"] {
+        let claimed = claim_names(&storage, &inserted).await;
+        assert_eq!(
+            claimed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            vec![expected]
+        );
+        assert_eq!(
+            complete_one(&storage, &claimed[0].1).await,
+            Outcome::Applied
+        );
+    }
+    assert!(claim_names(&storage, &inserted).await.is_empty());
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn bad_workflows_are_refused_with_a_clear_error_and_write_nothing() {
     let db = TestDb::new().await;

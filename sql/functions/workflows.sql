@@ -443,6 +443,7 @@ DECLARE
     v_policy text;
     v_peeled jsonb := '{}';
     v_level jsonb;
+    v_in_order boolean;
     v_first_job bigint;
     v_plain boolean;
     v_edge record;
@@ -517,27 +518,33 @@ BEGIN
         RAISE EXCEPTION 'ringwork: workflow % has step % twice', p_workflow_id, quote_literal(v_name)
             USING ERRCODE = '22023';
     END IF;
-    -- dependencies: known steps, not the step itself
-    FOR v_name, v_dep IN
-        WITH new AS (SELECT e->>'step' AS step, e FROM jsonb_array_elements(p_steps) e),
-             edges AS (SELECT n.step, d AS dep FROM new n,
-                              jsonb_array_elements_text(coalesce(n.e->'depends_on', '[]'::jsonb)) d)
-        SELECT x.step, x.dep FROM edges x
-        WHERE x.dep = x.step
-           OR (NOT EXISTS (SELECT 1 FROM new n WHERE n.step = x.dep)
-               AND NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
-                               WHERE s.workflow_id = p_workflow_id AND s.step = x.dep))
-        ORDER BY x.step, x.dep LIMIT 1 LOOP
-        IF v_dep = v_name THEN
-            RAISE EXCEPTION 'ringwork: workflow step % depends on itself', quote_literal(v_name)
-                USING ERRCODE = '22023';
-        END IF;
+    -- dependencies: known steps, not the step itself; and whether every dependency on a new step
+    -- comes before its step in the call, which rules out a cycle at once (the common case: steps
+    -- listed in the order they run)
+    WITH new AS (SELECT x.e->>'step' AS step, x.n, x.e FROM jsonb_array_elements(p_steps) WITH ORDINALITY x(e, n)),
+         edges AS (SELECT n.step, n.n, d AS dep, y.n AS dep_n
+                   FROM new n CROSS JOIN jsonb_array_elements_text(coalesce(n.e->'depends_on', '[]'::jsonb)) d
+                   LEFT JOIN new y ON y.step = d)
+    SELECT b.step, b.dep, NOT EXISTS (SELECT 1 FROM edges x WHERE x.dep_n > x.n)
+    INTO v_name, v_dep, v_in_order
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (SELECT x.step, x.dep FROM edges x
+                       WHERE x.dep = x.step
+                          OR (x.dep_n IS NULL
+                              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_steps s
+                                              WHERE s.workflow_id = p_workflow_id AND s.step = x.dep))
+                       ORDER BY x.step, x.dep LIMIT 1) b ON true;
+    IF v_dep = v_name THEN
+        RAISE EXCEPTION 'ringwork: workflow step % depends on itself', quote_literal(v_name)
+            USING ERRCODE = '22023';
+    ELSIF v_name IS NOT NULL THEN
         RAISE EXCEPTION 'ringwork: workflow step % depends on %, which is not a step of workflow %',
             quote_literal(v_name), quote_literal(v_dep), p_workflow_id USING ERRCODE = '22023';
-    END LOOP;
+    END IF;
     -- no cycle among the new steps (existing steps cannot depend on new ones): peel off, a level at
     -- a time, the steps whose new dependencies are all peeled, until none is left or none can be
     LOOP
+        EXIT WHEN v_in_order;
         WITH new AS (SELECT e->>'step' AS step, e FROM jsonb_array_elements(p_steps) e),
              edges AS (SELECT n.step, d AS dep FROM new n,
                               jsonb_array_elements_text(coalesce(n.e->'depends_on', '[]'::jsonb)) d
@@ -549,7 +556,7 @@ BEGIN
         v_peeled := v_peeled || v_level;
     END LOOP;
     SELECT array_agg(e->>'step' ORDER BY e->>'step') INTO v_extra FROM jsonb_array_elements(p_steps) e
-    WHERE NOT v_peeled ? (e->>'step');
+    WHERE NOT v_in_order AND NOT v_peeled ? (e->>'step');
     IF v_extra IS NOT NULL THEN
         RAISE EXCEPTION 'ringwork: workflow steps % depend on each other in a cycle', v_extra
             USING ERRCODE = '22023';

@@ -237,8 +237,9 @@ async fn the_last_two_dependencies_completing_at_once_release_the_dependent_once
 }
 
 /// A dependent of one dependency is released by that dependency's end alone, with no arrival to
-/// count (its first arrival is its last); one of several counts its arrivals as before. Both in
-/// one completion batch, each released once.
+/// count (its first arrival is its last); one of several counts its arrivals, one row for the
+/// edges that arrive in one call (under policy `cancel`, an edge arrives once). Both in one
+/// completion batch, each released once.
 #[tokio::test]
 async fn a_dependent_of_one_dependency_is_released_without_counting_and_once() {
     let db = TestDb::new().await;
@@ -274,9 +275,12 @@ async fn a_dependent_of_one_dependency_is_released_without_counting_and_once() {
         "nothing to count for one dependency"
     );
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM {s}.workflow_arrivals WHERE step = 'after_both'")
-            .await,
-        2
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.workflow_arrivals WHERE step = 'after_both' AND seen = 2"
+        )
+        .await,
+        1,
+        "both edges counted by one arrival"
     );
     for name in ["after_a", "after_both"] {
         let job = w.job_id(name).unwrap();
@@ -289,6 +293,70 @@ async fn a_dependent_of_one_dependency_is_released_without_counting_and_once() {
             "{name} released once"
         );
     }
+    db.cleanup().await;
+}
+
+/// Arrivals at dependents of several dependencies, by policy: under `run` a dependency's failure
+/// arrives and its later completion after a retry does not arrive again (the dependent still waits
+/// for its other dependency); under `hold` the completion after the retry is the arrival; under
+/// `cancel` the edges arriving in one completion batch are counted by one row. Each dependent is
+/// released once, when its last dependency ends.
+#[tokio::test]
+async fn dependents_of_several_dependencies_count_each_edge_once_under_every_policy() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    dead_letter_default_queue(&storage).await;
+    let w = insert(
+        &db,
+        Workflow::new()
+            .step(step("d1", &[]))
+            .step(step("d2", &[]))
+            .step(step("d3", &[]))
+            .step(step("d4", &[]))
+            .step(step("runs", &["d1", "d2"]).on_dependency_failure(DependencyFailure::Run))
+            .step(step("held", &["d1", "d2"]).on_dependency_failure(DependencyFailure::Hold))
+            .step(step("fan_in", &["d2", "d3", "d4"])),
+    )
+    .await;
+    let id = |s: &str| w.job_id(s).unwrap();
+    let first: std::collections::HashMap<String, ringwork::ClaimedJob> =
+        claim_names(&storage, &w).await.into_iter().collect();
+    assert_eq!(first.len(), 4);
+    fail(&storage, &first["d1"]).await;
+    let batch = [first["d3"].attempt_ref(), first["d4"].attempt_ref()];
+    let outcomes = storage.complete_batch(&batch).await.unwrap();
+    assert_eq!(outcomes, vec![Outcome::Applied, Outcome::Applied]);
+    // d1 retried and completed: held counts it now, runs counted its failure already
+    assert!(storage.dlq_retry(id("d1")).await.unwrap());
+    storage.promote_due(10).await.unwrap();
+    let again = claim_names(&storage, &w).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].0, "d1");
+    assert_eq!(complete_one(&storage, &again[0].1).await, Outcome::Applied);
+    assert!(
+        claim_names(&storage, &w).await.is_empty(),
+        "every dependent still waits for d2"
+    );
+    for name in ["runs", "held", "fan_in"] {
+        assert_eq!(state(&db, id(name)).await, "pending", "{name}");
+    }
+    assert_eq!(complete_one(&storage, &first["d2"]).await, Outcome::Applied);
+    let mut released: Vec<String> = claim_names(&storage, &w)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    released.sort();
+    assert_eq!(released, vec!["fan_in", "held", "runs"]);
+    assert!(claim_names(&storage, &w).await.is_empty());
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM {s}.workflow_arrivals WHERE step = 'fan_in' AND seen IN (2, 3)"
+        )
+        .await,
+        2,
+        "d3 and d4 in one row, then d2"
+    );
     db.cleanup().await;
 }
 

@@ -67,7 +67,7 @@ BEGIN
         -- release: it has no job row yet
         SELECT coalesce(x.outcome, 'pending'), s.queue, s.kind, 0, 0,
                CASE WHEN x.outcome IS NULL THEN
-                   'waiting for ' || (s.dependencies - (SELECT count(*) FROM __S__.workflow_arrivals a
+                   'waiting for ' || (s.dependencies - (SELECT coalesce(max(a.seen), 0) FROM __S__.workflow_arrivals a
                                                          WHERE a.workflow_id = s.workflow_id AND a.step = s.step))
                    || ' of ' || s.dependencies || ' dependencies' END, 5
         FROM __S__.workflow_steps s

@@ -201,7 +201,7 @@ BEGIN
         -- what each new result does to each dependent still waiting
         WITH effects AS (
             SELECT DISTINCT ON (e.workflow_id, e.step, e.depends_on) e.workflow_id, e.step, e.depends_on,
-                   d.dependencies,
+                   d.dependencies, d.on_dependency_failure AS policy,
                    -- a sequence job cancelled while it waited is skipped, not a turn: the job behind
                    -- it (continuing on failure) waits for what it waited for instead
                    CASE WHEN x.outcome = 'cancelled' AND x.run_lease = 0 AND d.on_dependency_failure = 'run'
@@ -221,21 +221,34 @@ BEGIN
             ORDER BY e.workflow_id, e.step, e.depends_on,
                      -- a completion and a failure of one dependency in one call: the completion counts
                      CASE WHEN x.outcome = 'completed' THEN 0 ELSE 1 END
-        ), arrived AS (
-            -- numbered after the dependent's earlier arrivals (an edge arrives once). A dependent
-            -- of one dependency needs no count: its first arrival is its last, and it is released
-            -- (or cancelled with its workflow) below, once, for a released step is never an effect
-            INSERT INTO __S__.workflow_arrivals (workflow_id, step, seen, depends_on)
-            SELECT f.workflow_id, f.step,
-                   coalesce(m.seen, 0) + row_number() OVER (PARTITION BY f.workflow_id, f.step ORDER BY f.depends_on),
-                   f.depends_on
+        ), counted AS (
+            -- the edges that arrive now at dependents of several dependencies, numbered after the
+            -- dependent's earlier arrivals. Under policy 'run' every end of a dependency arrives,
+            -- so each edge has a row of its own and arrives once; under 'cancel' and 'hold' an
+            -- edge can arrive only once (any other end of the dependency cancels or holds the
+            -- dependent, and a completion is final), so a dependent's edges arriving in one call
+            -- are one row, numbered by their count: a fan-in's completion batch of 500 children
+            -- writes one arrival, not 500. A dependent of one dependency needs no count: its first
+            -- arrival is its last, and it is released (or cancelled with its workflow) below,
+            -- once, for a released step is never an effect
+            SELECT f.workflow_id, f.step, f.depends_on, f.policy = 'run' AS each_edge,
+                   row_number() OVER w AS k, count(*) OVER w AS n
             FROM effects f
-            LEFT JOIN LATERAL (SELECT a.seen FROM __S__.workflow_arrivals a
-                               WHERE a.workflow_id = f.workflow_id AND a.step = f.step
-                               ORDER BY a.seen DESC LIMIT 1) m ON true
             WHERE f.effect = 'arrived' AND f.dependencies > 1
-              AND NOT EXISTS (SELECT 1 FROM __S__.workflow_arrivals a
-                              WHERE a.workflow_id = f.workflow_id AND a.step = f.step AND a.depends_on = f.depends_on)
+              AND (f.policy <> 'run'
+                   OR NOT EXISTS (SELECT 1 FROM __S__.workflow_arrivals a
+                                  WHERE a.workflow_id = f.workflow_id AND a.step = f.step
+                                    AND a.depends_on = f.depends_on))
+            WINDOW w AS (PARTITION BY f.workflow_id, f.step ORDER BY f.depends_on
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+        ), arrived AS (
+            INSERT INTO __S__.workflow_arrivals (workflow_id, step, seen, depends_on)
+            SELECT c.workflow_id, c.step, coalesce(m.seen, 0) + c.k, c.depends_on
+            FROM counted c
+            LEFT JOIN LATERAL (SELECT a.seen FROM __S__.workflow_arrivals a
+                               WHERE a.workflow_id = c.workflow_id AND a.step = c.step
+                               ORDER BY a.seen DESC LIMIT 1) m ON true
+            WHERE c.each_edge OR c.k = c.n
             RETURNING workflow_id, step, seen
         ), next AS (
             -- the dependents whose last dependency arrived run, unless their workflow was
@@ -607,7 +620,7 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
       -- the cancel cascade above may have released it already
       AND NOT EXISTS (SELECT 1 FROM __S__.workflow_released r WHERE r.workflow_id = s.workflow_id AND r.step = s.step)
-      AND s.dependencies = (SELECT count(*) FROM __S__.workflow_arrivals a
+      AND s.dependencies = (SELECT coalesce(max(a.seen), 0) FROM __S__.workflow_arrivals a
                             WHERE a.workflow_id = s.workflow_id AND a.step = s.step);
     PERFORM __S__.workflow_release(p_workflow_id, v_release);
     RETURN QUERY SELECT s.step, s.job_id FROM __S__.workflow_steps s

@@ -5,7 +5,9 @@
 //! - fan: a 1 → `--width` → 1 fan-out / fan-in workflow against `--width` + 2 independent jobs,
 //!   from insert to the last handler's end; and the fan-in's release latency (the last child's
 //!   handler end → the fan-in's handler start);
-//! - many: `--workflows` workflows of 10 steps (a → 8 parallel → z) against as many plain jobs;
+//! - many: `--workflows` workflows of 10 steps (a → 8 parallel → z) against as many plain jobs,
+//!   500 workflows a transaction against 5,000 jobs a transaction, and one workflow a transaction
+//!   against ten jobs a transaction;
 //! - keys: `--keys` sequences of 10 jobs each (inserted a round of keys at a time) against as many
 //!   plain jobs;
 //! - at a rate: `--rate` jobs/s for `--rate-secs`, each insert its own transaction, as a service
@@ -175,8 +177,11 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
             flow.1,
             flow.1 / plain.1
         ));
-        // many: workflows of a → 8 → z
-        let plain = run_plain(&client, &seen, config.workflows * 10).await?;
+        // many: workflows of a → 8 → z; inserted 500 a transaction against plain jobs 5,000 a
+        // transaction, and one a transaction against plain jobs ten a transaction (as many
+        // transactions, each paying its commit)
+        let plain_bulk = run_plain(&client, &seen, config.workflows * 10).await?;
+        let plain_each = run_plain_in(&client, &seen, config.workflows, 10).await?;
         let mut flows = Vec::with_capacity(config.workflows);
         for _ in 0..config.workflows {
             let mut w = Workflow::new().step(Step::new("a", job(false)?));
@@ -196,10 +201,10 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
                 per_call,
             )
             .await?;
-            let how = if per_call == 1 {
-                "one insert each".to_string()
+            let (how, plain) = if per_call == 1 {
+                ("one insert each".to_string(), plain_each)
             } else {
-                format!("{per_call} an insert")
+                (format!("{per_call} an insert"), plain_bulk)
             };
             out.push_str(&format!(
                 "| {round} | {} × (1 → 8 → 1), {how} | {:.2}, {:.2} | {:.2}, {:.2} | {:.2} | – |\n",
@@ -348,6 +353,27 @@ async fn run_plain(client: &Client, seen: &Seen, n: usize) -> Result<(f64, f64)>
         .map(|_| NewJob::new(&Work::default()))
         .collect::<Result<_>>()?;
     run_jobs(client, seen, jobs).await
+}
+
+/// Insert `transactions` transactions of `per_transaction` plain jobs, one after another, and
+/// wait for their handlers: (seconds to insert, seconds to the last).
+async fn run_plain_in(
+    client: &Client,
+    seen: &Seen,
+    transactions: usize,
+    per_transaction: usize,
+) -> Result<(f64, f64)> {
+    let jobs: Vec<NewJob> = (0..per_transaction)
+        .map(|_| NewJob::new(&Work::default()))
+        .collect::<Result<_>>()?;
+    seen.ran.store(0, Ordering::SeqCst);
+    let started = Instant::now();
+    for _ in 0..transactions {
+        client.insert_many(&jobs).await?;
+    }
+    let inserted = started.elapsed().as_secs_f64();
+    wait_for(seen, transactions * per_transaction).await?;
+    Ok((inserted, started.elapsed().as_secs_f64()))
 }
 
 /// Insert these jobs, 5,000 a transaction, and wait for their handlers.

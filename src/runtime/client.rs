@@ -391,13 +391,18 @@ impl Client {
         &self,
         workflow: crate::Workflow,
     ) -> Result<crate::InsertedWorkflow> {
-        let mut tx = self.inner.storage.pool().begin().await?;
-        let inserted = self
-            .inner
-            .storage
-            .insert_workflow(&mut tx, &workflow)
-            .await?;
-        tx.commit().await?;
+        let storage = &self.inner.storage;
+        // one statement, atomic on its own: no BEGIN and COMMIT round trips around it, except
+        // behind a transaction pooler, where a statement needs a transaction around it
+        let inserted = if storage.transaction_pooler() {
+            let mut tx = storage.pool().begin().await?;
+            let inserted = storage.insert_workflow(&mut tx, &workflow).await?;
+            tx.commit().await?;
+            inserted
+        } else {
+            let mut conn = storage.pool().acquire().await?;
+            storage.insert_workflow(&mut conn, &workflow).await?
+        };
         self.inner.telemetry.enqueued(workflow.queues());
         Ok(inserted)
     }
@@ -421,13 +426,17 @@ impl Client {
         &self,
         workflows: &[crate::Workflow],
     ) -> Result<Vec<crate::InsertedWorkflow>> {
-        let mut tx = self.inner.storage.pool().begin().await?;
-        let inserted = self
-            .inner
-            .storage
-            .insert_workflows(&mut tx, workflows)
-            .await?;
-        tx.commit().await?;
+        let storage = &self.inner.storage;
+        // one statement, as insert_workflow
+        let inserted = if storage.transaction_pooler() {
+            let mut tx = storage.pool().begin().await?;
+            let inserted = storage.insert_workflows(&mut tx, workflows).await?;
+            tx.commit().await?;
+            inserted
+        } else {
+            let mut conn = storage.pool().acquire().await?;
+            storage.insert_workflows(&mut conn, workflows).await?
+        };
         self.inner
             .telemetry
             .enqueued(workflows.iter().flat_map(crate::Workflow::queues));

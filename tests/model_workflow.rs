@@ -7,7 +7,11 @@
 //! committed rows), release the step when the number reaches its dependency count, commit. A
 //! dependency can be rescued before it ends (not final: the step waits for the re-run). In batch
 //! mode the step's edges are written by a seal, in its own transaction under the same lock, which
-//! counts the members already final.
+//! counts the members already final. One transaction may also end both dependencies (a
+//! completion batch holding both): it counts the edges that arrive in it with one arrival row,
+//! numbered by their count. In retry mode the step's policy is `run`: a dependency that failed
+//! (final for the step, which runs anyway) may be retried from the dead-letter queue and end again,
+//! and its edge must not arrive twice.
 //!
 //! | action | real code |
 //! |---|---|
@@ -15,6 +19,8 @@
 //! | `Settle(i)` | `workflow_settle_many`: result, arrival numbered `max(seen) + 1`, release at the count |
 //! | `Commit(i)` | the completion's commit (the lock goes with it) |
 //! | `Rescue(i)` | stale rescue of the dependency's attempt: it runs again, not final |
+//! | `LockBoth`, `SettleBoth`, `CommitBoth` | one `complete_batch` ending both: one arrival row counting both edges |
+//! | `Retry(i)` | `dlq_retry` of a dependency that failed: it runs again and ends a second time |
 //! | `SealLock`, `Seal`, `SealCommit` | `seal_batch` → `workflow_add_steps`: edges, arrivals of final members |
 //!
 //! A rescue changes nothing of the release (it writes no result): the model checks that a release
@@ -23,7 +29,8 @@
 //! Safety, in every reachable state: the step is released at most once, never before both
 //! dependencies are final (committed), and once everything has committed it has been released.
 //! Each broken variant must produce a counterexample: releasing early, checking after the commit
-//! (a callback fired twice), numbering without the lock, and sealing without the lock.
+//! (a callback fired twice), numbering without the lock, sealing without the lock, and (retry mode)
+//! counting every end of a dependency instead of its edge once.
 
 use stateright::{Checker, Model, Property};
 
@@ -64,15 +71,22 @@ struct State {
     final_: [bool; 2],
     /// Committed arrivals (each edge arrives once).
     arrived: [bool; 2],
+    /// The highest committed arrival number: the count of edges arrived, as the settle reads it.
+    seen: u8,
+    /// Retry mode: the dependency was retried after its first end.
+    retried: [bool; 2],
     /// Committed edges of the step (a fan-in has them from the start; a batch's come with its seal).
     edges: bool,
     seal: SealPhase,
-    /// Who holds the workflow's lock: 0 and 1 the dependencies, 2 the seal.
+    /// Who holds the workflow's lock: 0 and 1 the dependencies, 2 the seal, 3 one transaction
+    /// ending both.
     lock: Option<u8>,
     /// Committed releases of the step (counted up to 2).
     released: u8,
     /// A dependency was rescued and ran again.
     rescued: bool,
+    /// The step was released by one transaction ending both dependencies.
+    released_by_both: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -81,10 +95,13 @@ struct Faults {
     check_after_commit: bool,
     number_without_lock: bool,
     seal_without_lock: bool,
+    count_every_end: bool,
 }
 
 struct ReleaseModel {
     batch: bool,
+    /// The step's policy is `run`, and a dependency may be retried after it ended.
+    retry: bool,
     faults: Faults,
 }
 
@@ -95,6 +112,10 @@ enum Action {
     Commit(u8),
     Check(u8),
     Rescue(u8),
+    LockBoth,
+    SettleBoth,
+    CommitBoth,
+    Retry(u8),
     SealLock,
     Seal,
     SealCommit,
@@ -105,8 +126,10 @@ impl ReleaseModel {
         !self.faults.number_without_lock && !self.faults.check_after_commit
     }
 
-    fn committed_arrivals(s: &State) -> u8 {
-        s.arrived.iter().filter(|a| **a).count() as u8
+    /// Whether dependency `i`'s end arrives at the step now: its edge exists and (under `run`,
+    /// where every end of a dependency arrives) has not arrived before.
+    fn arrives(&self, s: &State, i: usize) -> bool {
+        s.edges && (!s.arrived[i] || self.faults.count_every_end)
     }
 }
 
@@ -119,6 +142,8 @@ impl Model for ReleaseModel {
             deps: [Phase::Running { rescued: false }; 2],
             final_: [false; 2],
             arrived: [false; 2],
+            seen: 0,
+            retried: [false; 2],
             edges: !self.batch,
             seal: if self.batch {
                 SealPhase::Open
@@ -128,6 +153,7 @@ impl Model for ReleaseModel {
             lock: None,
             released: 0,
             rescued: false,
+            released_by_both: false,
         }]
     }
 
@@ -144,10 +170,27 @@ impl Model for ReleaseModel {
                         actions.push(Action::Lock(i));
                     }
                 }
+                Phase::Locked if s.lock == Some(3) => {}
                 Phase::Locked => actions.push(Action::Settle(i)),
+                Phase::Settled { .. } if s.lock == Some(3) => {}
                 Phase::Settled { .. } => actions.push(Action::Commit(i)),
                 Phase::Done if self.faults.check_after_commit => actions.push(Action::Check(i)),
+                Phase::Done if self.retry && !s.retried[i as usize] => {
+                    actions.push(Action::Retry(i))
+                }
                 Phase::Done | Phase::Checked => {}
+            }
+        }
+        // one completion batch ending both (its lock taken for both at once)
+        if self.uses_lock() && s.lock.is_none() {
+            if matches!(s.deps, [Phase::Running { .. }, Phase::Running { .. }]) {
+                actions.push(Action::LockBoth);
+            }
+        } else if s.lock == Some(3) {
+            match s.deps[0] {
+                Phase::Locked => actions.push(Action::SettleBoth),
+                Phase::Settled { .. } => actions.push(Action::CommitBoth),
+                _ => {}
             }
         }
         match s.seal {
@@ -172,11 +215,12 @@ impl Model for ReleaseModel {
             }
             Action::Settle(i) => {
                 // the statement's snapshot: committed rows only
-                let (arrived, seen) = if s.edges && !self.faults.check_after_commit {
-                    (true, Self::committed_arrivals(s) + 1)
-                } else {
-                    (false, 0)
-                };
+                let (arrived, seen) =
+                    if self.arrives(s, i as usize) && !self.faults.check_after_commit {
+                        (true, s.seen + 1)
+                    } else {
+                        (false, 0)
+                    };
                 let release = arrived && (seen == 2 || (self.faults.release_early && seen >= 1));
                 n.deps[i as usize] = Phase::Settled {
                     arrived,
@@ -186,12 +230,15 @@ impl Model for ReleaseModel {
             }
             Action::Commit(i) => {
                 if let Phase::Settled {
-                    arrived, release, ..
+                    arrived,
+                    seen,
+                    release,
                 } = s.deps[i as usize]
                 {
                     n.final_[i as usize] = true;
                     if arrived {
                         n.arrived[i as usize] = true;
+                        n.seen = n.seen.max(seen);
                     }
                     if release {
                         n.released = (n.released + 1).min(2);
@@ -201,6 +248,50 @@ impl Model for ReleaseModel {
                 if s.lock == Some(i) {
                     n.lock = None;
                 }
+            }
+            Action::LockBoth => {
+                n.lock = Some(3);
+                n.deps = [Phase::Locked; 2];
+            }
+            Action::SettleBoth => {
+                // one statement: the edges arriving now are one row, numbered by their count;
+                // the release rides on the first dependency's phase
+                let arriving = [self.arrives(s, 0), self.arrives(s, 1)];
+                let seen = s.seen + arriving.iter().filter(|a| **a).count() as u8;
+                let release = seen > s.seen && seen == 2;
+                for (i, arrived) in arriving.into_iter().enumerate() {
+                    n.deps[i] = Phase::Settled {
+                        arrived,
+                        seen,
+                        release: release && i == 0,
+                    };
+                }
+            }
+            Action::CommitBoth => {
+                for i in 0..2 {
+                    if let Phase::Settled {
+                        arrived,
+                        seen,
+                        release,
+                    } = s.deps[i]
+                    {
+                        n.final_[i] = true;
+                        if arrived {
+                            n.arrived[i] = true;
+                            n.seen = n.seen.max(seen);
+                        }
+                        if release {
+                            n.released = (n.released + 1).min(2);
+                            n.released_by_both = true;
+                        }
+                    }
+                    n.deps[i] = Phase::Done;
+                }
+                n.lock = None;
+            }
+            Action::Retry(i) => {
+                n.deps[i as usize] = Phase::Running { rescued: true };
+                n.retried[i as usize] = true;
             }
             Action::Check(i) => {
                 // broken: after its commit, a dependency looks whether all are final and releases
@@ -231,6 +322,7 @@ impl Model for ReleaseModel {
                     for (arrived, seen) in n.arrived.iter_mut().zip(seen_final) {
                         *arrived |= seen;
                     }
+                    n.seen = n.seen.max(n.arrived.iter().filter(|a| **a).count() as u8);
                     if release {
                         n.released = (n.released + 1).min(2);
                     }
@@ -264,24 +356,50 @@ impl Model for ReleaseModel {
             Property::sometimes("RescuedThenReleased", |_, s: &State| {
                 s.released == 1 && s.rescued
             }),
+            Property::sometimes("ReleasedByOneBatch", |_, s: &State| {
+                s.released == 1 && s.released_by_both
+            }),
+            Property::sometimes("RetriedAfterItsEnd", |_, s: &State| {
+                s.retried.iter().all(|r| *r) && s.deps.iter().all(|d| *d == Phase::Done)
+            }),
         ]
     }
 }
 
-fn run(batch: bool, faults: Faults) -> Vec<&'static str> {
-    let checker = ReleaseModel { batch, faults }.checker().spawn_bfs().join();
+fn run(batch: bool, retry: bool, faults: Faults) -> Vec<&'static str> {
+    let checker = ReleaseModel {
+        batch,
+        retry,
+        faults,
+    }
+    .checker()
+    .spawn_bfs()
+    .join();
     let mut violated: Vec<&'static str> = checker
         .discoveries()
         .into_keys()
-        .filter(|name| !["Released", "RescuedThenReleased"].contains(name))
+        .filter(|name| {
+            ![
+                "Released",
+                "RescuedThenReleased",
+                "ReleasedByOneBatch",
+                "RetriedAfterItsEnd",
+            ]
+            .contains(name)
+        })
         .collect();
     violated.sort();
     if !(faults.release_early
         || faults.check_after_commit
         || faults.number_without_lock
-        || faults.seal_without_lock)
+        || faults.seal_without_lock
+        || faults.count_every_end)
     {
-        for example in ["Released", "RescuedThenReleased"] {
+        let mut examples = vec!["Released", "RescuedThenReleased", "ReleasedByOneBatch"];
+        if retry {
+            examples.push("RetriedAfterItsEnd");
+        }
+        for example in examples {
             assert!(
                 checker.discoveries().contains_key(example),
                 "the model reaches {example}, so it explores what it claims"
@@ -293,13 +411,19 @@ fn run(batch: bool, faults: Faults) -> Vec<&'static str> {
 
 #[test]
 fn a_fan_in_and_a_batch_callback_are_released_exactly_once_after_both() {
-    assert_eq!(run(false, Faults::default()), Vec::<&str>::new());
-    assert_eq!(run(true, Faults::default()), Vec::<&str>::new());
+    for (batch, retry) in [(false, false), (true, false), (false, true), (true, true)] {
+        assert_eq!(
+            run(batch, retry, Faults::default()),
+            Vec::<&str>::new(),
+            "batch {batch}, retry {retry}"
+        );
+    }
 }
 
 #[test]
 fn each_broken_variant_of_the_release_is_caught() {
     let early = run(
+        false,
         false,
         Faults {
             release_early: true,
@@ -309,6 +433,7 @@ fn each_broken_variant_of_the_release_is_caught() {
     assert!(early.contains(&"NotBeforeBothFinal"), "{early:?}");
     let twice = run(
         true,
+        false,
         Faults {
             check_after_commit: true,
             ..Faults::default()
@@ -316,6 +441,7 @@ fn each_broken_variant_of_the_release_is_caught() {
     );
     assert!(twice.contains(&"ReleasedAtMostOnce"), "{twice:?}");
     let unlocked = run(
+        false,
         false,
         Faults {
             number_without_lock: true,
@@ -325,10 +451,20 @@ fn each_broken_variant_of_the_release_is_caught() {
     assert!(unlocked.contains(&"NoLostRelease"), "{unlocked:?}");
     let seal = run(
         true,
+        false,
         Faults {
             seal_without_lock: true,
             ..Faults::default()
         },
     );
     assert!(seal.contains(&"NoLostRelease"), "{seal:?}");
+    let every_end = run(
+        false,
+        true,
+        Faults {
+            count_every_end: true,
+            ..Faults::default()
+        },
+    );
+    assert!(every_end.contains(&"NotBeforeBothFinal"), "{every_end:?}");
 }

@@ -1663,6 +1663,62 @@ async fn two_producers_appending_to_one_key_at_once_keep_their_commit_order() {
     db.cleanup().await;
 }
 
+/// An append to several keys and a completion batch of their jobs never wait for each other in a
+/// cycle. Key z's workflow is older than key a's, so key order and workflow order differ: an
+/// append that took a's workflow lock and then waited for z's key would hold what a completion of
+/// both heads (z's workflow, then a's) waits for, and then wait for z's workflow itself. The
+/// append takes all its keys' locks first, then their workflows' in id order.
+#[tokio::test]
+async fn an_append_to_several_keys_and_a_completion_of_their_jobs_never_wait_in_a_cycle() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let s = db.schema.to_string();
+    support::enqueue(&db, vec![in_sequence("z", 1)]).await;
+    support::enqueue(&db, vec![in_sequence("a", 2)]).await;
+    let heads = claim_ns(&storage).await;
+    assert_eq!(heads.len(), 2);
+    // another producer holds key z: the append takes key a and waits for z
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT pg_advisory_xact_lock({s}.lock_ns('sequence'), hashtext('z'))"
+    ))
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let pool = db.pool.clone();
+    let append_sql = format!(
+        "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many(ARRAY['a', 'z'], \
+         ARRAY['{{\"kind\": \"k\", \"args\": {{\"n\": 3}}}}'::jsonb, \
+               '{{\"kind\": \"k\", \"args\": {{\"n\": 4}}}}'::jsonb], ARRAY['run', 'run'])"
+    );
+    let append = tokio::spawn(async move {
+        sqlx::query_as::<_, (i32, i64)>(&append_sql)
+            .fetch_all(&pool)
+            .await
+    });
+    assert!(one_waits_for_a_lock(&db).await);
+    // the completion of both heads is not in the append's way
+    let completer = storage.clone();
+    let attempts: Vec<_> = heads.iter().map(|(_, c)| c.attempt_ref()).collect();
+    let complete = tokio::spawn(async move { completer.complete_batch(&attempts).await });
+    assert!(
+        eventually(Duration::from_secs(10), || async { complete.is_finished() }).await,
+        "the completion waits for a lock the append holds"
+    );
+    let outcomes = complete.await.unwrap().unwrap();
+    assert_eq!(outcomes, vec![Outcome::Applied, Outcome::Applied]);
+    holder.commit().await.unwrap();
+    let appended = append
+        .await
+        .unwrap()
+        .expect("the append is not a deadlock's victim");
+    assert_eq!(appended.len(), 2);
+    let mut next: Vec<i64> = claim_ns(&storage).await.iter().map(|(n, _)| *n).collect();
+    next.sort_unstable();
+    assert_eq!(next, vec![3, 4]);
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_rescued_sequence_head_holds_the_next_until_its_re_run_ends() {
     let db = TestDb::new().await;

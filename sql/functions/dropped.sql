@@ -114,3 +114,5 @@ DROP FUNCTION IF EXISTS __S__.record_claim_batch(text, int, bigint, timestamptz,
 DROP FUNCTION IF EXISTS __S__.sequence_append(text, jsonb, text);
 -- workflow_steps_plain gained p_named (sequence jobs are checked without a step name)
 DROP FUNCTION IF EXISTS __S__.workflow_steps_plain(jsonb);
+-- sequence_tail takes the key's newest workflow, locked by its caller with the call's others
+DROP FUNCTION IF EXISTS __S__.sequence_tail(text);

@@ -7,10 +7,10 @@
 -- settlement appends evidence (workflow_results, workflow_arrivals) under the workflow's advisory
 -- lock; the arrival whose number equals a dependent's dependency count releases it, once.
 --
--- Lock order: a sequence key's lock, then a workflow's, then attempt locks. complete_batch,
--- close_batch, cancel_job, resolve_callback and dlq_retry take the workflow locks of their jobs first
--- (lock_workflows_of), and rescue tries them first, so cancel_workflow, which holds the workflow lock
--- while it cancels the running steps, never waits in a cycle with a completion.
+-- Lock order: sequence keys' locks, then workflows' (several in id order), then attempt locks.
+-- complete_batch, close_batch, cancel_job, resolve_callback and dlq_retry take the workflow locks of
+-- their jobs first (lock_workflows_of), and rescue tries them first, so cancel_workflow, which holds
+-- the workflow lock while it cancels the running steps, never waits in a cycle with a completion.
 --
 -- JIT is off in this plane's functions: their statements over a call's JSON steps are estimated
 -- far above jit_above_cost, and compiling them took ten times longer than running them. So are
@@ -1090,18 +1090,19 @@ BEGIN
 END
 $$;
 
--- A key's current workflow and its tail, for appending to it: takes the key's lock, then the
--- workflow's, and starts a new workflow (with no tail) when the key has none or its last job is
--- final. tail_state is the tail's state as far as an append needs it: 'pending' (never released),
--- 'unsettled' (released, not final), 'dead_lettered', or a state job_state gives a retried job.
-CREATE OR REPLACE FUNCTION __S__.sequence_tail(p_key text, OUT workflow_id bigint, OUT tail_step text,
-                                               OUT tail_state text)
+-- A key's workflow to append to and its tail: p_workflow, the key's newest workflow (NULL for a
+-- new key), unless its last job is final, when a new workflow (with no tail) is started. The caller
+-- holds the key's lock and p_workflow's. tail_state is the tail's state as far as an append needs
+-- it: 'pending' (never released), 'unsettled' (released, not final), 'dead_lettered', or a state
+-- job_state gives a retried job.
+CREATE OR REPLACE FUNCTION __S__.sequence_tail(p_key text, p_workflow bigint, OUT workflow_id bigint,
+                                               OUT tail_step text, OUT tail_state text)
 -- sequential scans off: every lookup here is of one key or one workflow, by index, and a plan
 -- cached while the workflow tables were small (or whose estimate for one workflow counts a
 -- 10,000-step fan-out's rows) scanned workflow_steps whole at every append
 LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
 DECLARE
-    v_workflow bigint;
+    v_workflow bigint := p_workflow;
     v_tail_step text;
     v_tail_job bigint;
     v_tail_state text;
@@ -1110,15 +1111,7 @@ DECLARE
     v_result_lease bigint;
     v_result_outcome text;
 BEGIN
-    IF NOT coalesce(__S__.valid_name(p_key), false) THEN
-        RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
-            quote_nullable(p_key) USING ERRCODE = '22023';
-    END IF;
-    -- the key's one lock, so two producers append to it one after the other
-    PERFORM pg_advisory_xact_lock(__S__.lock_ns('sequence'), hashtext(p_key));
-    SELECT max(q.workflow_id) INTO v_workflow FROM __S__.workflow_sequences q WHERE q.sequence_key = p_key;
     IF v_workflow IS NOT NULL THEN
-        PERFORM __S__.lock_workflow(v_workflow);
         -- the key's last job, skipping jobs cancelled while they waited (they never had a turn)
         SELECT s.step, s.job_id INTO v_tail_step, v_tail_job FROM __S__.workflow_steps s
         WHERE s.workflow_id = v_workflow
@@ -1204,9 +1197,11 @@ DECLARE
     v_ids bigint[];
     v_links bigint[];
     v_now timestamptz;
-    -- per key of the call, in the order of its first job
+    -- per key of the call, in the order of its first job: its newest workflow, then the one its
+    -- jobs go to
     v_keys text[] := '{}';
     v_firsts int[] := '{}';
+    v_newest bigint[];
     v_workflows bigint[] := '{}';
     v_tails text[] := '{}';
     -- the keys' first jobs that are due: position, workflow, what to do ('release', 'arrive' behind
@@ -1237,11 +1232,26 @@ BEGIN
         RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
             quote_nullable(v_bad) USING ERRCODE = '22023';
     END IF;
+    -- the keys' locks (two producers append to a key one after the other), in the order of their
+    -- first job; then their newest workflows' locks in id order, the order a completion batch
+    -- takes them (lock_workflows_of), so an append and a completion never wait for each other in
+    -- a cycle (key by key, a key's workflow then the next key's lock, they could)
     FOR v_key IN SELECT u.k, min(u.i)::int AS first FROM unnest(p_keys) WITH ORDINALITY u(k, i)
                  GROUP BY u.k ORDER BY min(u.i) LOOP
-        SELECT * INTO v_tail FROM __S__.sequence_tail(v_key.k);
+        IF NOT coalesce(__S__.valid_name(v_key.k), false) THEN
+            RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
+                quote_nullable(v_key.k) USING ERRCODE = '22023';
+        END IF;
+        PERFORM pg_advisory_xact_lock(__S__.lock_ns('sequence'), hashtext(v_key.k));
         v_keys := v_keys || v_key.k;
         v_firsts := v_firsts || v_key.first;
+    END LOOP;
+    v_newest := ARRAY(SELECT (SELECT max(q.workflow_id) FROM __S__.workflow_sequences q WHERE q.sequence_key = k.k)
+                      FROM unnest(v_keys) WITH ORDINALITY k(k, n) ORDER BY k.n);
+    PERFORM __S__.lock_workflow(w.id)
+    FROM (SELECT DISTINCT x.id FROM unnest(v_newest) x(id) WHERE x.id IS NOT NULL ORDER BY 1) w;
+    FOR i IN 1 .. cardinality(v_keys) LOOP
+        SELECT * INTO v_tail FROM __S__.sequence_tail(v_keys[i], v_newest[i]);
         v_workflows := v_workflows || v_tail.workflow_id;
         v_tails := v_tails || v_tail.tail_step;
         v_effect := NULL;
@@ -1249,11 +1259,11 @@ BEGIN
             v_effect := 'release';
         ELSIF v_tail.tail_state = 'dead_lettered' THEN
             -- a dead-lettered tail counts now, by the policy of the key's first job
-            v_effect := CASE __S__.workflow_edge_effect('dead_lettered', p_on_failures[v_key.first])
+            v_effect := CASE __S__.workflow_edge_effect('dead_lettered', p_on_failures[v_firsts[i]])
                             WHEN 'arrived' THEN 'arrive' WHEN 'cancel' THEN 'cancel' END;
         END IF;
         IF v_effect IS NOT NULL THEN
-            v_due_firsts := v_due_firsts || v_key.first;
+            v_due_firsts := v_due_firsts || v_firsts[i];
             v_due_workflows := v_due_workflows || v_tail.workflow_id;
             v_due_effects := v_due_effects || v_effect;
             v_due_tails := v_due_tails || v_tail.tail_step;

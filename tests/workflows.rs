@@ -1663,6 +1663,78 @@ async fn two_producers_appending_to_one_key_at_once_keep_their_commit_order() {
     db.cleanup().await;
 }
 
+/// One call of `enqueue_in_sequence_many`: (key, the job's `n`, policy) in order; each job's
+/// position and id.
+async fn append_many(db: &TestDb, calls: &[(&str, i64, &str)]) -> Vec<(i32, i64)> {
+    sqlx::query_as(&format!(
+        "SELECT ord, job_id FROM {}.enqueue_in_sequence_many($1, $2, $3)",
+        db.schema
+    ))
+    .bind(calls.iter().map(|c| c.0).collect::<Vec<_>>())
+    .bind(
+        calls
+            .iter()
+            .map(|c| serde_json::json!({ "kind": "k", "args": { "n": c.1 } }))
+            .collect::<Vec<_>>(),
+    )
+    .bind(calls.iter().map(|c| c.2).collect::<Vec<_>>())
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// One call to keys in every state: a key whose tail completed starts a new workflow and its first
+/// job runs at once; a key whose tail still runs waits for it; a new key starts at once; each
+/// key's second job waits for its first.
+#[tokio::test]
+async fn one_call_appends_to_finished_running_and_new_keys_each_by_its_tail() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    support::enqueue(&db, vec![in_sequence("done", 1), in_sequence("busy", 2)]).await;
+    let heads = claim_ns(&storage).await;
+    assert_eq!(heads.len(), 2);
+    let done = heads.iter().find(|(n, _)| *n == 1).unwrap();
+    assert_eq!(complete_one(&storage, &done.1).await, Outcome::Applied);
+    let appended = append_many(
+        &db,
+        &[
+            ("busy", 10, "run"),
+            ("busy", 11, "run"),
+            ("done", 12, "run"),
+            ("done", 13, "run"),
+            ("new", 14, "run"),
+            ("new", 15, "run"),
+        ],
+    )
+    .await;
+    assert_eq!(appended.len(), 6);
+    let mut now: Vec<i64> = claim_ns(&storage).await.iter().map(|(n, _)| *n).collect();
+    now.sort_unstable();
+    assert_eq!(now, vec![12, 14], "busy's 10 waits for 2");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.workflow_sequences WHERE sequence_key = 'done'")
+            .await,
+        2,
+        "a finished key's next burst is a workflow of its own"
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(DISTINCT q.workflow_id) FROM {s}.workflow_sequences q \
+             JOIN {s}.workflow_steps w ON w.workflow_id = q.workflow_id \
+             WHERE q.sequence_key IN ('busy', 'new')"
+        )
+        .await,
+        2,
+        "busy appends to its workflow, new has one"
+    );
+    let busy = heads.iter().find(|(n, _)| *n == 2).unwrap();
+    assert_eq!(complete_one(&storage, &busy.1).await, Outcome::Applied);
+    let mut next: Vec<i64> = claim_ns(&storage).await.iter().map(|(n, _)| *n).collect();
+    next.sort_unstable();
+    assert_eq!(next, vec![10]);
+    db.cleanup().await;
+}
+
 /// An append to several keys and a completion batch of their jobs never wait for each other in a
 /// cycle. Key z's workflow is older than key a's, so key order and workflow order differ: an
 /// append that took a's workflow lock and then waited for z's key would hold what a completion of
@@ -1888,7 +1960,6 @@ async fn a_dead_lettered_sequence_job_holds_its_key_until_retried_or_purged() {
 async fn one_call_appends_interleaved_keys_in_order_and_behind_a_dead_letter_by_policy() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    let s = db.schema.to_string();
     dead_letter_default_queue(&storage).await;
     support::enqueue(
         &db,
@@ -1916,20 +1987,7 @@ async fn one_call_appends_interleaved_keys_in_order_and_behind_a_dead_letter_by_
         ("dl-cancel", 18, "run"),
         ("x", 19, "run"),
     ];
-    let appended: Vec<(i32, i64)> = sqlx::query_as(&format!(
-        "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
-    ))
-    .bind(calls.iter().map(|c| c.0).collect::<Vec<_>>())
-    .bind(
-        calls
-            .iter()
-            .map(|c| serde_json::json!({ "kind": "k", "args": { "n": c.1 } }))
-            .collect::<Vec<_>>(),
-    )
-    .bind(calls.iter().map(|c| c.2).collect::<Vec<_>>())
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let appended = append_many(&db, &calls).await;
     assert_eq!(
         appended.iter().map(|(ord, _)| *ord).collect::<Vec<_>>(),
         (1..=10).collect::<Vec<_>>()

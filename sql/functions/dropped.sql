@@ -110,9 +110,10 @@ DROP FUNCTION IF EXISTS __S__.claim_room(text, int, interval, int, int, interval
 -- record_claim_batch gave way to the claim's own batch insert and record_claim_rates
 DROP FUNCTION IF EXISTS __S__.record_claim_batch(text, int, bigint, timestamptz, timestamptz, boolean, int, jsonb,
                                                  bigint[], bigint[], int[], int[], int[], int[], int8multirange);
--- sequences: appends are set-based in enqueue_in_sequence_many, a key's tail found by sequence_tail
+-- sequences: appends are set-based in enqueue_in_sequence_many
 DROP FUNCTION IF EXISTS __S__.sequence_append(text, jsonb, text);
 -- workflow_steps_plain gained p_named (sequence jobs are checked without a step name)
 DROP FUNCTION IF EXISTS __S__.workflow_steps_plain(jsonb);
--- sequence_tail takes the key's newest workflow, locked by its caller with the call's others
+-- a key's tail is found for all the call's keys at once in enqueue_in_sequence_many
 DROP FUNCTION IF EXISTS __S__.sequence_tail(text);
+DROP FUNCTION IF EXISTS __S__.sequence_tail(text, bigint);

@@ -1090,94 +1090,13 @@ BEGIN
 END
 $$;
 
--- A key's workflow to append to and its tail: p_workflow, the key's newest workflow (NULL for a
--- new key), unless its last job is final, when a new workflow (with no tail) is started. The caller
--- holds the key's lock and p_workflow's. tail_state is the tail's state as far as an append needs
--- it: 'pending' (never released), 'unsettled' (released, not final), 'dead_lettered', or a state
--- job_state gives a retried job.
-CREATE OR REPLACE FUNCTION __S__.sequence_tail(p_key text, p_workflow bigint, OUT workflow_id bigint,
-                                               OUT tail_step text, OUT tail_state text)
--- sequential scans off: every lookup here is of one key or one workflow, by index, and a plan
--- cached while the workflow tables were small (or whose estimate for one workflow counts a
--- 10,000-step fan-out's rows) scanned workflow_steps whole at every append
-LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
-DECLARE
-    v_workflow bigint := p_workflow;
-    v_tail_step text;
-    v_tail_job bigint;
-    v_tail_state text;
-    v_tail_lease bigint;
-    v_tail_waits boolean;
-    v_result_lease bigint;
-    v_result_outcome text;
-BEGIN
-    IF v_workflow IS NOT NULL THEN
-        -- the key's last job, skipping jobs cancelled while they waited (they never had a turn)
-        SELECT s.step, s.job_id INTO v_tail_step, v_tail_job FROM __S__.workflow_steps s
-        WHERE s.workflow_id = v_workflow
-          AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
-                          WHERE r.workflow_id = s.workflow_id AND r.step = s.step
-                            AND r.outcome = 'cancelled' AND r.run_lease = 0)
-        ORDER BY s.job_id DESC LIMIT 1;
-        -- a statement of its own, one key probe: in the select list above it was planned as a
-        -- hashed subplan that read every released step of every workflow at each append
-        v_tail_waits := NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
-                                    WHERE r.workflow_id = v_workflow AND r.step = v_tail_step);
-        SELECT r.run_lease, r.outcome INTO v_result_lease, v_result_outcome FROM __S__.workflow_results r
-        WHERE r.workflow_id = v_workflow AND r.step = v_tail_step ORDER BY r.run_lease DESC LIMIT 1;
-        IF v_tail_waits THEN
-            -- never released (under the workflow's lock, so it cannot be meanwhile) and not
-            -- cancelled (skipped above): it waits behind its own tail, as job_state's search of
-            -- every plane would say ('pending', its step row alone); a key with a backlog
-            -- appends in constant time
-            v_tail_state := 'pending';
-        ELSIF v_result_lease IS NULL THEN
-            -- released and never settled: every path that ends a job or dead-letters it settles
-            -- its step (a result row) in that transaction, under the workflow lock held here, so
-            -- the tail is available, running or waiting for a retry, not final, whatever
-            -- job_state's search of every plane (most of an append's cost) would say of it
-            v_tail_state := 'unsettled';
-        ELSIF v_result_outcome IN ('completed', 'cancelled') THEN
-            -- its last attempt completed or was cancelled: both are final, for nothing runs such a
-            -- job again (only a dead-lettered job is retried, and its result says failed), and a
-            -- result is written by the attempt's own end, under the run-lease guard, so no later
-            -- attempt exists. The common case, and job_state's search of every plane (about
-            -- 1.5 ms) is left for a failure, dead-lettered or retried since
-            v_tail_state := v_result_outcome;
-        ELSE
-            SELECT j.state, j.run_lease INTO v_tail_state, v_tail_lease FROM __S__.job_state(v_tail_job) j;
-        END IF;
-        -- a key whose last job is final starts a new workflow, so the old one can expire. A
-        -- dead-lettered job is not final (it may be retried, and a held job waits for it), nor is
-        -- one retried since its result (waiting again, or running at a higher lease); one whose
-        -- dead-letter entry was purged is (its claim's rows alone look like a running attempt)
-        IF v_tail_step IS NULL OR v_tail_state IN ('completed', 'failed', 'cancelled')
-           OR (v_tail_state = 'running' AND v_tail_lease <= v_result_lease)
-           OR EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = v_workflow) THEN
-            v_workflow := NULL;
-        END IF;
-    END IF;
-    IF v_workflow IS NULL THEN
-        v_workflow := nextval('__S__.workflow_ids');
-        INSERT INTO __S__.workflows (workflow_id, created_at) VALUES (v_workflow, __S__.engine_now());
-        INSERT INTO __S__.workflow_sequences (sequence_key, workflow_id) VALUES (p_key, v_workflow);
-        PERFORM __S__.lock_workflow(v_workflow);
-        v_tail_step := NULL;
-        v_tail_state := NULL;
-    END IF;
-    workflow_id := v_workflow;
-    tail_step := v_tail_step;
-    tail_state := v_tail_state;
-END
-$$;
-
 -- Many jobs appended to their keys in one statement, each key's jobs in the order given (a
 -- producer's transaction of sequence jobs: the Rust client sorts them by key so that two
 -- producers take the keys' locks in one order; keys are locked in the order of their first job).
 -- Each job is a step (link-<n>) that depends on the job before it: the key's tail for its first
--- job in the call, the previous job of its key in the call for the others. The work per key (its
--- lock, its tail) is a loop over the call's keys; the steps and edges of all jobs are two
--- set-based writes, so a call of many jobs per key costs little more than its rows a job. A
+-- job in the call, the previous job of its key in the call for the others. Set-based over the
+-- call: the keys' locks, their tails and new workflows are a few statements for all keys, and
+-- the steps and edges of all jobs two writes (row by row, an append was a dozen statements). A
 -- key's first job due at once (no tail, or a tail dead-lettered that counts as arrived) is
 -- released with the others in one segment per queue (a segment each cost a shard lock, a
 -- sequence, a segment row and a NOTIFY). The jobs' shapes are checked at once when all are plain
@@ -1185,14 +1104,22 @@ $$;
 -- the arrays (1-based) with its id.
 CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence_many(p_keys text[], p_jobs jsonb[], p_on_failures text[])
 RETURNS TABLE (ord int, job_id bigint)
-LANGUAGE plpgsql SET jit = off AS $$
+LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     v_n int := coalesce(cardinality(p_keys), 0);
     v_plain boolean;
     v_bad text;
-    v_key record;
-    v_tail record;
     v_effect text;
+    v_state text;
+    v_lease bigint;
+    v_is_fresh boolean[] := '{}';
+    -- per key: its tail in its newest workflow
+    v_tail_steps text[];
+    v_tail_jobs bigint[];
+    v_tail_waits boolean[];
+    v_result_leases bigint[];
+    v_result_outcomes text[];
+    v_cancelled boolean[];
     v_step text;
     v_ids bigint[];
     v_links bigint[];
@@ -1204,12 +1131,10 @@ DECLARE
     v_newest bigint[];
     v_workflows bigint[] := '{}';
     v_tails text[] := '{}';
-    -- the keys' first jobs that are due: position, workflow, what to do ('release', 'arrive' behind
-    -- a dead-lettered tail then release, 'cancel') and the tail
-    v_due_firsts int[] := '{}';
-    v_due_workflows bigint[] := '{}';
+    -- the keys whose first job is due (by their place in v_keys), and what to do: 'release',
+    -- 'arrive' behind a dead-lettered tail then release, or 'cancel'
+    v_due_keys int[] := '{}';
     v_due_effects text[] := '{}';
-    v_due_tails text[] := '{}';
     v_release_workflows bigint[] := '{}';
     v_release_steps text[] := '{}';
 BEGIN
@@ -1232,47 +1157,108 @@ BEGIN
         RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
             quote_nullable(v_bad) USING ERRCODE = '22023';
     END IF;
+    -- the keys, each with the position of its first job
+    SELECT array_agg(x.k ORDER BY x.first), array_agg(x.first ORDER BY x.first) INTO v_keys, v_firsts
+    FROM (SELECT u.k, min(u.i)::int AS first FROM unnest(p_keys) WITH ORDINALITY u(k, i) GROUP BY u.k) x;
+    SELECT k INTO v_bad FROM unnest(v_keys) k WHERE NOT coalesce(__S__.valid_name(k), false) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
+            quote_nullable(v_bad) USING ERRCODE = '22023';
+    END IF;
     -- the keys' locks (two producers append to a key one after the other), in the order of their
     -- first job; then their newest workflows' locks in id order, the order a completion batch
     -- takes them (lock_workflows_of), so an append and a completion never wait for each other in
     -- a cycle (key by key, a key's workflow then the next key's lock, they could)
-    FOR v_key IN SELECT u.k, min(u.i)::int AS first FROM unnest(p_keys) WITH ORDINALITY u(k, i)
-                 GROUP BY u.k ORDER BY min(u.i) LOOP
-        IF NOT coalesce(__S__.valid_name(v_key.k), false) THEN
-            RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
-                quote_nullable(v_key.k) USING ERRCODE = '22023';
-        END IF;
-        PERFORM pg_advisory_xact_lock(__S__.lock_ns('sequence'), hashtext(v_key.k));
-        v_keys := v_keys || v_key.k;
-        v_firsts := v_firsts || v_key.first;
-    END LOOP;
+    PERFORM pg_advisory_xact_lock(__S__.lock_ns('sequence'), hashtext(k.k))
+    FROM unnest(v_keys) WITH ORDINALITY k(k, n) ORDER BY k.n;
     v_newest := ARRAY(SELECT (SELECT max(q.workflow_id) FROM __S__.workflow_sequences q WHERE q.sequence_key = k.k)
                       FROM unnest(v_keys) WITH ORDINALITY k(k, n) ORDER BY k.n);
     PERFORM __S__.lock_workflow(w.id)
     FROM (SELECT DISTINCT x.id FROM unnest(v_newest) x(id) WHERE x.id IS NOT NULL ORDER BY 1) w;
+    -- each key's tail in its newest workflow, for all keys in one statement: its last job
+    -- (skipping jobs cancelled while they waited: they never had a turn), whether it was
+    -- released, its latest result, and whether the workflow was cancelled; each a lookup of its
+    -- own key by index (sequential scans are off in this function: a plan whose estimate for one
+    -- workflow counts a 10,000-step fan-out's rows scanned workflow_steps whole at every append)
+    SELECT array_agg(t.step ORDER BY k.n), array_agg(t.job_id ORDER BY k.n),
+           array_agg(NOT EXISTS (SELECT 1 FROM __S__.workflow_released r
+                                 WHERE r.workflow_id = k.id AND r.step = t.step) ORDER BY k.n),
+           array_agg(x.run_lease ORDER BY k.n), array_agg(x.outcome ORDER BY k.n),
+           array_agg(EXISTS (SELECT 1 FROM __S__.workflow_cancels c WHERE c.workflow_id = k.id) ORDER BY k.n)
+    INTO v_tail_steps, v_tail_jobs, v_tail_waits, v_result_leases, v_result_outcomes, v_cancelled
+    FROM unnest(v_newest) WITH ORDINALITY k(id, n)
+    LEFT JOIN LATERAL (SELECT s.step, s.job_id FROM __S__.workflow_steps s
+                       WHERE s.workflow_id = k.id
+                         AND NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                                         WHERE r.workflow_id = s.workflow_id AND r.step = s.step
+                                           AND r.outcome = 'cancelled' AND r.run_lease = 0)
+                       ORDER BY s.job_id DESC LIMIT 1) t ON true
+    LEFT JOIN LATERAL (SELECT r.run_lease, r.outcome FROM __S__.workflow_results r
+                       WHERE r.workflow_id = k.id AND r.step = t.step
+                       ORDER BY r.run_lease DESC LIMIT 1) x ON true;
     FOR i IN 1 .. cardinality(v_keys) LOOP
-        SELECT * INTO v_tail FROM __S__.sequence_tail(v_keys[i], v_newest[i]);
-        v_workflows := v_workflows || v_tail.workflow_id;
-        v_tails := v_tails || v_tail.tail_step;
-        v_effect := NULL;
-        IF v_tail.tail_step IS NULL THEN
-            v_effect := 'release';
-        ELSIF v_tail.tail_state = 'dead_lettered' THEN
-            -- a dead-lettered tail counts now, by the policy of the key's first job
-            v_effect := CASE __S__.workflow_edge_effect('dead_lettered', p_on_failures[v_firsts[i]])
-                            WHEN 'arrived' THEN 'arrive' WHEN 'cancel' THEN 'cancel' END;
+        v_lease := NULL;
+        IF v_tail_steps[i] IS NULL THEN
+            v_state := NULL;
+        ELSIF v_tail_waits[i] THEN
+            -- never released (under the workflow's lock, so it cannot be meanwhile) and not
+            -- cancelled (skipped above): it waits behind its own tail, as job_state's search of
+            -- every plane would say ('pending', its step row alone); a key with a backlog
+            -- appends in constant time
+            v_state := 'pending';
+        ELSIF v_result_leases[i] IS NULL THEN
+            -- released and never settled: every path that ends a job or dead-letters it settles
+            -- its step (a result row) in that transaction, under the workflow lock held here, so
+            -- the tail is available, running or waiting for a retry, not final, whatever
+            -- job_state's search of every plane (most of an append's cost) would say of it
+            v_state := 'unsettled';
+        ELSIF v_result_outcomes[i] IN ('completed', 'cancelled') THEN
+            -- its last attempt completed or was cancelled: both are final, for nothing runs such a
+            -- job again (only a dead-lettered job is retried, and its result says failed), and a
+            -- result is written by the attempt's own end, under the run-lease guard, so no later
+            -- attempt exists. The common case, and job_state's search of every plane (about
+            -- 1.5 ms) is left for a failure, dead-lettered or retried since
+            v_state := v_result_outcomes[i];
+        ELSE
+            SELECT j.state, j.run_lease INTO v_state, v_lease FROM __S__.job_state(v_tail_jobs[i]) j;
         END IF;
-        IF v_effect IS NOT NULL THEN
-            v_due_firsts := v_due_firsts || v_firsts[i];
-            v_due_workflows := v_due_workflows || v_tail.workflow_id;
-            v_due_effects := v_due_effects || v_effect;
-            v_due_tails := v_due_tails || v_tail.tail_step;
+        -- a key whose last job is final starts a new workflow, so the old one can expire. A
+        -- dead-lettered job is not final (it may be retried, and a held job waits for it), nor is
+        -- one retried since its result (waiting again, or running at a higher lease); one whose
+        -- dead-letter entry was purged is (its claim's rows alone look like a running attempt)
+        IF v_tail_steps[i] IS NULL OR v_state IN ('completed', 'failed', 'cancelled')
+           OR (v_state = 'running' AND v_lease <= v_result_leases[i]) OR v_cancelled[i] THEN
+            v_is_fresh := v_is_fresh || true;
+            v_tails := v_tails || NULL::text;
+            v_due_keys := v_due_keys || i;
+            v_due_effects := v_due_effects || 'release'::text;
+        ELSE
+            v_is_fresh := v_is_fresh || false;
+            v_tails := v_tails || v_tail_steps[i];
+            IF v_state = 'dead_lettered' THEN
+                -- a dead-lettered tail counts now, by the policy of the key's first job
+                v_effect := CASE __S__.workflow_edge_effect('dead_lettered', p_on_failures[v_firsts[i]])
+                                WHEN 'arrived' THEN 'arrive' WHEN 'cancel' THEN 'cancel' END;
+                IF v_effect IS NOT NULL THEN
+                    v_due_keys := v_due_keys || i;
+                    v_due_effects := v_due_effects || v_effect;
+                END IF;
+            END IF;
         END IF;
     END LOOP;
+    -- a new workflow for each key that starts one, created together (invisible to every other
+    -- transaction until this one commits, so no lock is needed on them)
+    v_now := __S__.engine_now();
+    SELECT array_agg(CASE WHEN x.fresh THEN nextval('__S__.workflow_ids') ELSE x.id END ORDER BY x.n)
+    INTO v_workflows
+    FROM unnest(v_newest, v_is_fresh) WITH ORDINALITY AS x(id, fresh, n);
+    INSERT INTO __S__.workflows (workflow_id, created_at)
+    SELECT v_workflows[x.n], v_now FROM unnest(v_is_fresh) WITH ORDINALITY x(fresh, n) WHERE x.fresh;
+    INSERT INTO __S__.workflow_sequences (sequence_key, workflow_id)
+    SELECT v_keys[x.n], v_workflows[x.n] FROM unnest(v_is_fresh) WITH ORDINALITY x(fresh, n) WHERE x.fresh;
     -- ids in ascending order by position: a key's tail is its step with the highest job id
     v_ids := ARRAY(SELECT nextval('__S__.job_ids') FROM generate_series(1, v_n) ORDER BY 1);
     v_links := ARRAY(SELECT nextval('__S__.sequence_link_ids') FROM generate_series(1, v_n) ORDER BY 1);
-    v_now := __S__.engine_now();
     WITH jobs AS (
         SELECT t.workflow_id, 'link-' || v_links[u.i] AS step, v_ids[u.i] AS job_id, u.job, u.on_failure,
                coalesce(lag('link-' || v_links[u.i]) OVER (PARTITION BY u.k ORDER BY u.i), t.tail) AS depends_on
@@ -1292,16 +1278,16 @@ BEGIN
     SELECT j.workflow_id, j.depends_on, j.step FROM jobs j WHERE j.depends_on IS NOT NULL;
     -- the keys' first jobs that are due: released together; behind a dead-lettered tail, arrived
     -- (then released) or cancelled by their policy
-    FOR i IN 1 .. cardinality(v_due_firsts) LOOP
-        v_step := 'link-' || v_links[v_due_firsts[i]];
-        IF v_due_effects[i] = 'cancel' THEN
-            PERFORM __S__.workflow_settle_steps(v_due_workflows[i], ARRAY[v_step], ARRAY[0::bigint],
+    FOR d IN 1 .. cardinality(v_due_keys) LOOP
+        v_step := 'link-' || v_links[v_firsts[v_due_keys[d]]];
+        IF v_due_effects[d] = 'cancel' THEN
+            PERFORM __S__.workflow_settle_steps(v_workflows[v_due_keys[d]], ARRAY[v_step], ARRAY[0::bigint],
                                                 ARRAY['cancelled']);
         ELSE
-            IF v_due_effects[i] = 'arrive' THEN
-                PERFORM __S__.workflow_arrive(v_due_workflows[i], v_step, v_due_tails[i], 1);
+            IF v_due_effects[d] = 'arrive' THEN
+                PERFORM __S__.workflow_arrive(v_workflows[v_due_keys[d]], v_step, v_tails[v_due_keys[d]], 1);
             END IF;
-            v_release_workflows := v_release_workflows || v_due_workflows[i];
+            v_release_workflows := v_release_workflows || v_workflows[v_due_keys[d]];
             v_release_steps := v_release_steps || v_step;
         END IF;
     END LOOP;

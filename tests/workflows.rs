@@ -1415,6 +1415,31 @@ async fn bad_sequence_jobs_are_refused_with_a_clear_error_through_sql_and_append
             "on a failure a sequence continues",
         ),
     ];
+    // args no worker could decode, which JSON values here cannot hold: given as SQL text
+    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    for (args, expected) in [
+        (
+            r#"{"n": 1e400}"#.to_string(),
+            "beyond the range of a 64-bit float",
+        ),
+        (nested(128), "deeper than 127 levels"),
+    ] {
+        let job = format!(r#"{{"kind": "k", "args": {args}}}"#);
+        for call in [
+            format!("SELECT {s}.enqueue_in_sequence('k', '{job}'::jsonb)"),
+            format!(
+                "SELECT * FROM {s}.enqueue_in_sequence_many(ARRAY['a', 'k', 'z'], \
+                 ARRAY['{good}', '{job}', '{good}']::jsonb[], ARRAY['run', 'run', 'run'])"
+            ),
+        ] {
+            let error = sqlx::query(&call)
+                .execute(&db.pool)
+                .await
+                .expect_err(expected)
+                .to_string();
+            assert!(error.contains(expected), "{call}: {error}");
+        }
+    }
     for (key, job, policy, expected) in cases {
         let one = sqlx::query(&format!("SELECT {s}.enqueue_in_sequence($1, $2, $3)"))
             .bind(key)
@@ -1447,17 +1472,19 @@ async fn bad_sequence_jobs_are_refused_with_a_clear_error_through_sql_and_append
         serde_json::json!({ "kind": "k", "timeout_ms": null, "traceparent": null }),
         serde_json::json!({ "kind": "k", "args": { "n": [1, { "deep": true }] }, "queue": "q2",
                             "priority": 4, "max_attempts": 3, "timeout_ms": 5000 }),
+        // deeper than the quick check vouches for, within what a worker decodes
+        serde_json::from_str(&format!(r#"{{"kind": "k", "args": {}}}"#, nested(120))).unwrap(),
     ];
     let appended: Vec<(i32, i64)> = sqlx::query_as(&format!(
         "SELECT ord, job_id FROM {s}.enqueue_in_sequence_many($1, $2, $3)"
     ))
-    .bind(vec!["k", "k"])
+    .bind(vec!["k", "k", "k"])
     .bind(&unusual)
-    .bind(vec!["run", "hold"])
+    .bind(vec!["run", "hold", "run"])
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    assert_eq!(appended.len(), 2);
+    assert_eq!(appended.len(), 3);
     db.cleanup().await;
 }
 

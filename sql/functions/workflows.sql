@@ -388,22 +388,18 @@ BEGIN
 END
 $$;
 
--- Whether every step is of the shapes enqueue surely takes (a quick check, stricter than the
+-- Whether a step is of the shapes enqueue surely takes (a quick check, stricter than the
 -- step-by-step one: a step it does not vouch for is looked at one by one, for its exact error).
 -- Unnamed (p_named false): sequence jobs, which have no step name and no dependencies of their own.
--- PL/pgSQL, not SQL: the SQL function was never inlined (its body has a FROM), so each workflow
--- insert planned it again, about 0.27 ms of a ten-step workflow's 1.7; the args limit is read
--- once, not per step.
-CREATE OR REPLACE FUNCTION __S__.workflow_steps_plain(p_steps jsonb, p_named boolean DEFAULT true) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_max_args bigint := __S__.setting('max_args_bytes');
-BEGIN
-    RETURN (SELECT coalesce(bool_and(
-               jsonb_typeof(e) = 'object'
-               AND NOT EXISTS (SELECT 1 FROM jsonb_object_keys(e) k
-                               WHERE k NOT IN ('step', 'kind', 'args', 'queue', 'priority', 'max_attempts',
-                                               'timeout_ms', 'traceparent', 'depends_on', 'on_dependency_failure'))
+-- One expression, so that it is inlined into its callers' aggregates: a set-returning subquery
+-- per step (its keys, its dependencies) cost about 2 µs a step. Numbers beyond a 64-bit float, or
+-- nesting 100 deep from a call's array, can only be in args (every other field's type is checked
+-- here): the careful path.
+CREATE OR REPLACE FUNCTION __S__.workflow_step_plain(e jsonb, p_named boolean, p_max_args bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(e) = 'object' THEN
+               e - ARRAY['step', 'kind', 'args', 'queue', 'priority', 'max_attempts', 'timeout_ms', 'traceparent',
+                         'depends_on', 'on_dependency_failure'] = '{}'::jsonb
                AND CASE WHEN p_named THEN jsonb_typeof(e->'step') = 'string' AND __S__.valid_name(e->>'step')
                         ELSE NOT e ?| ARRAY['step', 'depends_on', 'on_dependency_failure'] END
                AND jsonb_typeof(e->'kind') = 'string' AND __S__.valid_name(e->>'kind')
@@ -418,14 +414,24 @@ BEGIN
                     OR (jsonb_typeof(e->'traceparent') = 'string' AND __S__.valid_traceparent(e->>'traceparent')))
                AND coalesce(e->>'on_dependency_failure', 'cancel') IN ('cancel', 'run', 'hold')
                AND (NOT e ? 'depends_on' OR (jsonb_typeof(e->'depends_on') = 'array'
-                    AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(e->'depends_on') d
-                                    WHERE jsonb_typeof(d) <> 'string')))
-               AND octet_length(coalesce(e->'args', '{}'::jsonb)::text) <= v_max_args), false)
-           -- numbers beyond a 64-bit float, or deep nesting, anywhere: the careful path
-           AND NOT jsonb_path_exists(p_steps, 'strict $.** ? (@.type() == "number"
-                                      && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))')
-           AND NOT jsonb_path_exists(p_steps, 'strict $.**{100 to last}')
-    FROM jsonb_array_elements(p_steps) e);
+                    AND NOT jsonb_path_exists(e->'depends_on', 'strict $[*] ? (@.type() != "string")')))
+               AND octet_length(coalesce(e->'args', '{}'::jsonb)::text) <= p_max_args
+               AND NOT jsonb_path_exists(coalesce(e->'args', '{}'::jsonb), 'strict $.** ? (@.type() == "number"
+                                         && (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))')
+               AND NOT jsonb_path_exists(coalesce(e->'args', '{}'::jsonb), 'strict $.**{98 to last}')
+           ELSE false END
+$$;
+
+-- Whether every step of a JSON array is plain (workflow_step_plain). PL/pgSQL, not SQL: the SQL
+-- function was never inlined (its body has a FROM), so each workflow insert planned it again,
+-- about 0.27 ms of a ten-step workflow's 1.7; the args limit is read once, not per step.
+CREATE OR REPLACE FUNCTION __S__.workflow_steps_plain(p_steps jsonb, p_named boolean DEFAULT true) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_max_args bigint := __S__.setting('max_args_bytes');
+BEGIN
+    RETURN (SELECT coalesce(bool_and(__S__.workflow_step_plain(e, p_named, v_max_args)), false)
+            FROM jsonb_array_elements(p_steps) e);
 END
 $$;
 
@@ -1100,7 +1106,7 @@ $$;
 -- key's first job due at once (no tail, or a tail dead-lettered that counts as arrived) is
 -- released with the others in one segment per queue (a segment each cost a shard lock, a
 -- sequence, a segment row and a NOTIFY). The jobs' shapes are checked at once when all are plain
--- (workflow_steps_plain), else one by one for the exact error. Returns each job's position in
+-- (workflow_step_plain), else one by one for the exact error. Returns each job's position in
 -- the arrays (1-based) with its id.
 CREATE OR REPLACE FUNCTION __S__.enqueue_in_sequence_many(p_keys text[], p_jobs jsonb[], p_on_failures text[])
 RETURNS TABLE (ord int, job_id bigint)
@@ -1108,11 +1114,13 @@ LANGUAGE plpgsql SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     v_n int := coalesce(cardinality(p_keys), 0);
     v_plain boolean;
+    v_max_args bigint;
     v_bad text;
-    v_effect text;
+    v_is_fresh boolean[];
+    v_states text[];
+    v_leases bigint[];
     v_state text;
     v_lease bigint;
-    v_is_fresh boolean[] := '{}';
     -- per key: its tail in its newest workflow
     v_tail_steps text[];
     v_tail_jobs bigint[];
@@ -1120,7 +1128,7 @@ DECLARE
     v_result_leases bigint[];
     v_result_outcomes text[];
     v_cancelled boolean[];
-    v_step text;
+    v_key record;
     v_ids bigint[];
     v_links bigint[];
     v_now timestamptz;
@@ -1131,10 +1139,11 @@ DECLARE
     v_newest bigint[];
     v_workflows bigint[] := '{}';
     v_tails text[] := '{}';
-    -- the keys whose first job is due (by their place in v_keys), and what to do: 'release',
-    -- 'arrive' behind a dead-lettered tail then release, or 'cancel'
-    v_due_keys int[] := '{}';
-    v_due_effects text[] := '{}';
+    v_first_policies text[];
+    v_first_steps text[];
+    -- per key, whether its first job is due and how: 'release', 'arrive' behind a dead-lettered
+    -- tail then release, 'cancel', or NULL (it waits)
+    v_effects text[];
     v_release_workflows bigint[] := '{}';
     v_release_steps text[] := '{}';
 BEGIN
@@ -1146,7 +1155,8 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
-    v_plain := __S__.workflow_steps_plain(to_jsonb(p_jobs), false);
+    v_max_args := __S__.setting('max_args_bytes');
+    v_plain := (SELECT coalesce(bool_and(__S__.workflow_step_plain(e, false, v_max_args)), false) FROM unnest(p_jobs) e);
     IF v_plain IS NOT TRUE THEN
         FOR i IN 1 .. v_n LOOP
             PERFORM __S__.validate_sequence_job(p_jobs[i]);
@@ -1157,9 +1167,11 @@ BEGIN
         RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
             quote_nullable(v_bad) USING ERRCODE = '22023';
     END IF;
-    -- the keys, each with the position of its first job
-    SELECT array_agg(x.k ORDER BY x.first), array_agg(x.first ORDER BY x.first) INTO v_keys, v_firsts
-    FROM (SELECT u.k, min(u.i)::int AS first FROM unnest(p_keys) WITH ORDINALITY u(k, i) GROUP BY u.k) x;
+    -- the keys, each with the position and policy of its first job
+    SELECT array_agg(x.k ORDER BY x.i), array_agg(x.i::int ORDER BY x.i), array_agg(x.f ORDER BY x.i)
+    INTO v_keys, v_firsts, v_first_policies
+    FROM (SELECT DISTINCT ON (u.k) u.k, u.i, u.f FROM unnest(p_keys, p_on_failures) WITH ORDINALITY u(k, f, i)
+          ORDER BY u.k, u.i) x;
     SELECT k INTO v_bad FROM unnest(v_keys) k WHERE NOT coalesce(__S__.valid_name(k), false) LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
@@ -1196,56 +1208,50 @@ BEGIN
     LEFT JOIN LATERAL (SELECT r.run_lease, r.outcome FROM __S__.workflow_results r
                        WHERE r.workflow_id = k.id AND r.step = t.step
                        ORDER BY r.run_lease DESC LIMIT 1) x ON true;
-    FOR i IN 1 .. cardinality(v_keys) LOOP
-        v_lease := NULL;
-        IF v_tail_steps[i] IS NULL THEN
-            v_state := NULL;
-        ELSIF v_tail_waits[i] THEN
-            -- never released (under the workflow's lock, so it cannot be meanwhile) and not
-            -- cancelled (skipped above): it waits behind its own tail, as job_state's search of
-            -- every plane would say ('pending', its step row alone); a key with a backlog
-            -- appends in constant time
-            v_state := 'pending';
-        ELSIF v_result_leases[i] IS NULL THEN
-            -- released and never settled: every path that ends a job or dead-letters it settles
-            -- its step (a result row) in that transaction, under the workflow lock held here, so
-            -- the tail is available, running or waiting for a retry, not final, whatever
-            -- job_state's search of every plane (most of an append's cost) would say of it
-            v_state := 'unsettled';
-        ELSIF v_result_outcomes[i] IN ('completed', 'cancelled') THEN
-            -- its last attempt completed or was cancelled: both are final, for nothing runs such a
-            -- job again (only a dead-lettered job is retried, and its result says failed), and a
-            -- result is written by the attempt's own end, under the run-lease guard, so no later
-            -- attempt exists. The common case, and job_state's search of every plane (about
-            -- 1.5 ms) is left for a failure, dead-lettered or retried since
-            v_state := v_result_outcomes[i];
-        ELSE
-            SELECT j.state, j.run_lease INTO v_state, v_lease FROM __S__.job_state(v_tail_jobs[i]) j;
-        END IF;
-        -- a key whose last job is final starts a new workflow, so the old one can expire. A
-        -- dead-lettered job is not final (it may be retried, and a held job waits for it), nor is
-        -- one retried since its result (waiting again, or running at a higher lease); one whose
-        -- dead-letter entry was purged is (its claim's rows alone look like a running attempt)
-        IF v_tail_steps[i] IS NULL OR v_state IN ('completed', 'failed', 'cancelled')
-           OR (v_state = 'running' AND v_lease <= v_result_leases[i]) OR v_cancelled[i] THEN
-            v_is_fresh := v_is_fresh || true;
-            v_tails := v_tails || NULL::text;
-            v_due_keys := v_due_keys || i;
-            v_due_effects := v_due_effects || 'release'::text;
-        ELSE
-            v_is_fresh := v_is_fresh || false;
-            v_tails := v_tails || v_tail_steps[i];
-            IF v_state = 'dead_lettered' THEN
-                -- a dead-lettered tail counts now, by the policy of the key's first job
-                v_effect := CASE __S__.workflow_edge_effect('dead_lettered', p_on_failures[v_firsts[i]])
-                                WHEN 'arrived' THEN 'arrive' WHEN 'cancel' THEN 'cancel' END;
-                IF v_effect IS NOT NULL THEN
-                    v_due_keys := v_due_keys || i;
-                    v_due_effects := v_due_effects || v_effect;
-                END IF;
-            END IF;
-        END IF;
+    -- each key's tail's state, known from the rows read above in the common cases: never
+    -- released (under the workflow's lock, so it cannot be meanwhile) and not cancelled (skipped
+    -- above), it waits behind its own tail, as job_state's search of every plane would say
+    -- ('pending', its step row alone), so a key with a backlog appends in constant time; released
+    -- and never settled, it is available, running or waiting for a retry, not final (every path
+    -- that ends a job or dead-letters it settles its step, a result row, in that transaction,
+    -- under the workflow lock held here); its last attempt completed or was cancelled, it is
+    -- final (only a dead-lettered job is retried, and its result says failed; a result is written
+    -- by the attempt's own end, under the run-lease guard, so no later attempt exists)
+    v_states := ARRAY(SELECT CASE WHEN k.tail IS NULL THEN NULL
+                                  WHEN k.waits THEN 'pending'
+                                  WHEN k.result_lease IS NULL THEN 'unsettled'
+                                  WHEN k.outcome IN ('completed', 'cancelled') THEN k.outcome END
+                      FROM unnest(v_tail_steps, v_tail_waits, v_result_leases, v_result_outcomes)
+                           WITH ORDINALITY k(tail, waits, result_lease, outcome, n) ORDER BY k.n);
+    v_leases := array_fill(NULL::bigint, ARRAY[cardinality(v_keys)]);
+    -- the rest (a failure, dead-lettered or retried since) ask job_state's search of every plane
+    -- (about 1.5 ms)
+    FOR v_key IN SELECT k.n FROM unnest(v_tail_steps, v_states) WITH ORDINALITY k(tail, state, n)
+                 WHERE k.tail IS NOT NULL AND k.state IS NULL LOOP
+        SELECT j.state, j.run_lease INTO v_state, v_lease FROM __S__.job_state(v_tail_jobs[v_key.n]) j;
+        v_states[v_key.n] := v_state;
+        v_leases[v_key.n] := v_lease;
     END LOOP;
+    -- a key whose last job is final starts a new workflow, so the old one can expire, and its
+    -- first job is due. A dead-lettered job is not final (it may be retried, and a held job waits
+    -- for it), nor is one retried since its result (waiting again, or running at a higher lease);
+    -- one whose dead-letter entry was purged is (its claim's rows alone look like a running
+    -- attempt). Behind a dead-lettered tail the first job is due by its own policy
+    SELECT array_agg(f.fresh ORDER BY k.n),
+           array_agg(CASE WHEN f.fresh THEN NULL ELSE k.tail END ORDER BY k.n),
+           array_agg(e.effect ORDER BY k.n)
+    INTO v_is_fresh, v_tails, v_effects
+    FROM unnest(v_tail_steps, v_states, v_leases, v_result_leases, v_cancelled, v_first_policies)
+         WITH ORDINALITY k(tail, state, lease, result_lease, cancelled, first_policy, n)
+    CROSS JOIN LATERAL (
+        SELECT coalesce(k.tail IS NULL OR k.state IN ('completed', 'failed', 'cancelled')
+                        OR (k.state = 'running' AND k.lease <= k.result_lease) OR k.cancelled, false) AS fresh) f
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN f.fresh THEN 'release'
+                    WHEN k.state = 'dead_lettered' THEN
+                        CASE __S__.workflow_edge_effect('dead_lettered', k.first_policy)
+                            WHEN 'arrived' THEN 'arrive' WHEN 'cancel' THEN 'cancel' END
+               END AS effect) e;
     -- a new workflow for each key that starts one, created together (invisible to every other
     -- transaction until this one commits, so no lock is needed on them)
     v_now := __S__.engine_now();
@@ -1253,16 +1259,18 @@ BEGIN
     INTO v_workflows
     FROM unnest(v_newest, v_is_fresh) WITH ORDINALITY AS x(id, fresh, n);
     INSERT INTO __S__.workflows (workflow_id, created_at)
-    SELECT v_workflows[x.n], v_now FROM unnest(v_is_fresh) WITH ORDINALITY x(fresh, n) WHERE x.fresh;
+    SELECT x.id, v_now FROM unnest(v_workflows, v_is_fresh) x(id, fresh) WHERE x.fresh;
     INSERT INTO __S__.workflow_sequences (sequence_key, workflow_id)
-    SELECT v_keys[x.n], v_workflows[x.n] FROM unnest(v_is_fresh) WITH ORDINALITY x(fresh, n) WHERE x.fresh;
+    SELECT x.k, x.id FROM unnest(v_keys, v_workflows, v_is_fresh) x(k, id, fresh) WHERE x.fresh;
     -- ids in ascending order by position: a key's tail is its step with the highest job id
     v_ids := ARRAY(SELECT nextval('__S__.job_ids') FROM generate_series(1, v_n) ORDER BY 1);
     v_links := ARRAY(SELECT nextval('__S__.sequence_link_ids') FROM generate_series(1, v_n) ORDER BY 1);
+    -- (arrays are read by unnest, not subscripted by position: a subscript of a PL/pgSQL array in
+    -- a statement cost about 3 µs a row)
     WITH jobs AS (
-        SELECT t.workflow_id, 'link-' || v_links[u.i] AS step, v_ids[u.i] AS job_id, u.job, u.on_failure,
-               coalesce(lag('link-' || v_links[u.i]) OVER (PARTITION BY u.k ORDER BY u.i), t.tail) AS depends_on
-        FROM unnest(p_keys, p_jobs, p_on_failures) WITH ORDINALITY u(k, job, on_failure, i)
+        SELECT t.workflow_id, 'link-' || u.link AS step, u.job_id, u.job, u.on_failure,
+               coalesce(lag('link-' || u.link) OVER (PARTITION BY u.k ORDER BY u.i), t.tail) AS depends_on
+        FROM unnest(p_keys, p_jobs, p_on_failures, v_ids, v_links) WITH ORDINALITY u(k, job, on_failure, job_id, link, i)
         JOIN unnest(v_keys, v_workflows, v_tails) t(k, workflow_id, tail) ON t.k = u.k
     ), steps AS (
         INSERT INTO __S__.workflow_steps (workflow_id, step, job_id, queue, kind, args, priority, max_attempts,
@@ -1278,21 +1286,26 @@ BEGIN
     SELECT j.workflow_id, j.depends_on, j.step FROM jobs j WHERE j.depends_on IS NOT NULL;
     -- the keys' first jobs that are due: released together; behind a dead-lettered tail, arrived
     -- (then released) or cancelled by their policy
-    FOR d IN 1 .. cardinality(v_due_keys) LOOP
-        v_step := 'link-' || v_links[v_firsts[v_due_keys[d]]];
-        IF v_due_effects[d] = 'cancel' THEN
-            PERFORM __S__.workflow_settle_steps(v_workflows[v_due_keys[d]], ARRAY[v_step], ARRAY[0::bigint],
+    v_first_steps := ARRAY(SELECT 'link-' || l.link
+                           FROM unnest(v_firsts) WITH ORDINALITY f(at, n)
+                           JOIN unnest(v_links) WITH ORDINALITY l(link, at) ON l.at = f.at
+                           ORDER BY f.n);
+    FOR v_key IN SELECT x.workflow_id, x.step, x.tail, x.effect
+                 FROM unnest(v_workflows, v_first_steps, v_tails, v_effects) x(workflow_id, step, tail, effect)
+                 WHERE x.effect IN ('cancel', 'arrive') LOOP
+        IF v_key.effect = 'cancel' THEN
+            PERFORM __S__.workflow_settle_steps(v_key.workflow_id, ARRAY[v_key.step], ARRAY[0::bigint],
                                                 ARRAY['cancelled']);
         ELSE
-            IF v_due_effects[d] = 'arrive' THEN
-                PERFORM __S__.workflow_arrive(v_workflows[v_due_keys[d]], v_step, v_tails[v_due_keys[d]], 1);
-            END IF;
-            v_release_workflows := v_release_workflows || v_workflows[v_due_keys[d]];
-            v_release_steps := v_release_steps || v_step;
+            PERFORM __S__.workflow_arrive(v_key.workflow_id, v_key.step, v_key.tail, 1);
         END IF;
     END LOOP;
+    SELECT coalesce(array_agg(x.workflow_id ORDER BY x.n), '{}'), coalesce(array_agg(x.step ORDER BY x.n), '{}')
+    INTO v_release_workflows, v_release_steps
+    FROM unnest(v_workflows, v_first_steps, v_effects) WITH ORDINALITY x(workflow_id, step, effect, n)
+    WHERE x.effect IN ('release', 'arrive');
     PERFORM __S__.workflow_release_many(v_release_workflows, v_release_steps);
-    RETURN QUERY SELECT i::int, v_ids[i] FROM generate_series(1, v_n) i;
+    RETURN QUERY SELECT u.at::int, u.job_id FROM unnest(v_ids) WITH ORDINALITY u(job_id, at);
 END
 $$;
 

@@ -63,6 +63,38 @@ pub(crate) fn processes_ms(pids: impl IntoIterator<Item = u32>) -> Option<f64> {
     Some(ticks as f64 * 1000.0 / ticks_per_second())
 }
 
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `RssAnon`).
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+/// Resident memory (kB) of the processes `pids` together.
+pub(crate) fn processes_rss_kb(pids: impl IntoIterator<Item = u32>) -> Option<u64> {
+    pids.into_iter().map(|pid| status_kb(pid, "VmRSS")).sum()
+}
+
+/// Private resident memory (kB) of the server: the postmaster and every process it started,
+/// without shared memory (each backend maps the shared buffers it touched, which is not growth).
+pub(crate) fn server_private_kb(postmaster: u32) -> Option<u64> {
+    let mut kb = status_kb(postmaster, "RssAnon")?;
+    for entry in fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if stat(pid).is_some_and(|(ppid, _)| ppid == postmaster) {
+            kb += status_kb(pid, "RssAnon").unwrap_or(0);
+        }
+    }
+    Some(kb)
+}
+
 /// (busy, total) clock ticks of the whole host since boot.
 pub(crate) fn host_ticks() -> Option<(u64, u64)> {
     let text = fs::read_to_string("/proc/stat").ok()?;
@@ -92,6 +124,8 @@ mod tests {
         assert!(processes_ms([me]).is_some_and(|ms| ms >= 0.0));
         let (busy, total) = host_ticks().expect("/proc/stat");
         assert!(busy > 0 && busy <= total);
+        assert!(processes_rss_kb([me]).is_some_and(|kb| kb > 0));
+        assert!(status_kb(me, "RssAnon").is_some_and(|kb| kb > 0));
         assert_eq!(
             postmaster_of(me),
             None,

@@ -124,7 +124,9 @@ enum Command {
         #[arg(long, default_value = "1x32,4x8")]
         profiles: String,
         /// Comma-separated: saturation, fixed-rate, idle-in-tx, active-readers, crash-under-load,
-        /// pg-restart, soak, open-producer-tx, paused-queue, long-hold (fixed rate, horizon held),
+        /// pg-restart, soak, long-run (the soak's length at the fixed rate; a phase of 20 minutes or
+        /// more reports its first and last 10 minutes and memory), open-producer-tx, paused-queue,
+        /// long-hold (fixed rate, horizon held),
         /// pg-dump (saturation, pg_dump in a loop, then a clean phase), held-reader (saturation, one
         /// idle REPEATABLE READ transaction holding ACCESS SHARE on every table, then a clean phase),
         /// idle (one job a second, then none: what the processes cost with nothing to do),
@@ -136,7 +138,7 @@ enum Command {
         /// Seconds per phase.
         #[arg(long, default_value_t = 30)]
         phase_secs: u64,
-        /// Length of the soak phase, seconds.
+        /// Length of the soak and long-run phases, seconds.
         #[arg(long, default_value_t = 600)]
         soak_secs: u64,
         /// Work per job: sleep this many ms (0 = no-op).

@@ -78,6 +78,24 @@ pub struct PhaseResult {
     /// paused-queue phase: what became of the paused queue's jobs.
     #[serde(default)]
     pub paused_queue: Option<PausedQueueResult>,
+    /// A phase of 20 minutes or more: its first and last 10 minutes, memory from 10 minutes in.
+    #[serde(default)]
+    pub drift: Option<Drift>,
+}
+
+/// Whether a long phase drifted: completions per second in its first and last 10 minutes, and
+/// the clients' resident and the server's private memory 10 minutes in, at the end and at their
+/// peak since.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Drift {
+    pub first_completed_per_s: f64,
+    pub last_completed_per_s: f64,
+    pub client_rss_kb_settled: Option<u64>,
+    pub client_rss_kb_end: Option<u64>,
+    pub client_rss_kb_peak: Option<u64>,
+    pub server_private_kb_settled: Option<u64>,
+    pub server_private_kb_end: Option<u64>,
+    pub server_private_kb_peak: Option<u64>,
 }
 
 /// The ring at one sample: bytes of the ring tables (all children; the archive apart), jobs parked,
@@ -91,6 +109,18 @@ pub struct RingPoint {
     pub archive_bytes: i64,
     pub parked_rows: i64,
     pub sealed: i64,
+    /// Jobs completed since the run started.
+    #[serde(default)]
+    pub completed: u64,
+    /// The most dead tuples of any ring table, and the schema's dead tuples.
+    #[serde(default)]
+    pub ring_dead: i64,
+    #[serde(default)]
+    pub schema_dead: i64,
+    #[serde(default)]
+    pub client_rss_kb: Option<u64>,
+    #[serde(default)]
+    pub server_private_kb: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -163,7 +193,7 @@ pub(crate) fn fmt_opt(v: Option<i64>) -> String {
 pub(crate) fn ring_over_time_markdown(r: &RunResult) -> String {
     let mut out = format!(
         "\n## {} ({} {}): the ring over time\n\n\
-         | phase | t (s) | ring tables (MB) | archive (MB) | jobs parked | sealed slots (both rings) |\n|---|---|---|---|---|---|\n",
+         | phase | t (s) | completed | ring tables (MB) | archive (MB) | jobs parked | sealed slots (both rings) | ring dead (most of a table) | schema dead | clients' memory (MB) | server's private memory (MB) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         r.scenario, r.system, r.profile
     );
     let points: Vec<(&str, &RingPoint)> = r
@@ -174,13 +204,21 @@ pub(crate) fn ring_over_time_markdown(r: &RunResult) -> String {
     let step = points.len().div_ceil(16).max(1);
     for (i, (phase, x)) in points.iter().enumerate() {
         if i % step == 0 || i + 1 == points.len() {
+            let mb = |kb: Option<u64>| {
+                kb.map_or_else(|| "–".into(), |kb| format!("{:.0}", kb as f64 / 1e3))
+            };
             out.push_str(&format!(
-                "| {phase} | {:.0} | {:.1} | {:.1} | {} | {} |\n",
+                "| {phase} | {:.0} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |\n",
                 x.at,
+                x.completed,
                 x.ring_bytes as f64 / 1e6,
                 x.archive_bytes as f64 / 1e6,
                 x.parked_rows,
-                x.sealed
+                x.sealed,
+                x.ring_dead,
+                x.schema_dead,
+                mb(x.client_rss_kb),
+                mb(x.server_private_kb),
             ));
         }
     }
@@ -292,11 +330,40 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
             }
         }
     }
-    for r in results
-        .iter()
-        .filter(|r| ["paused-queue", "pg-dump", "held-reader"].contains(&r.scenario.as_str()))
-    {
+    for r in results.iter().filter(|r| {
+        ["paused-queue", "pg-dump", "held-reader", "long-run"].contains(&r.scenario.as_str())
+    }) {
         out.push_str(&ring_over_time_markdown(r));
+    }
+    let long: Vec<_> = results
+        .iter()
+        .flat_map(|r| r.phases.iter().map(move |p| (r, p)))
+        .filter_map(|(r, p)| p.drift.as_ref().map(|d| (r, p, d)))
+        .collect();
+    if !long.is_empty() {
+        out.push_str("\n## Long phases: the first and last 10 minutes\n\n| system | profile | scenario | phase | completed/s first / last 10 min (ratio) | clients' memory MB 10 min in / end / peak since | server's private memory MB 10 min in / end / peak since | ring dead peak | schema dead peak |\n|---|---|---|---|---|---|---|---|---|\n");
+        let mb =
+            |kb: Option<u64>| kb.map_or_else(|| "–".into(), |kb| format!("{:.0}", kb as f64 / 1e3));
+        for (r, p, d) in long {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {:.0} / {:.0} ({:.3}) | {} / {} / {} | {} / {} / {} | {} | {} |\n",
+                r.system,
+                r.profile,
+                r.scenario,
+                p.name,
+                d.first_completed_per_s,
+                d.last_completed_per_s,
+                d.last_completed_per_s / d.first_completed_per_s.max(1e-9),
+                mb(d.client_rss_kb_settled),
+                mb(d.client_rss_kb_end),
+                mb(d.client_rss_kb_peak),
+                mb(d.server_private_kb_settled),
+                mb(d.server_private_kb_end),
+                mb(d.server_private_kb_peak),
+                fmt_opt(p.ring_dead_peak),
+                p.schema_dead_peak,
+            ));
+        }
     }
     // side by side: ringwork / awa for each (profile, scenario, phase)
     let pairs: Vec<_> = results

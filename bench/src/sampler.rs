@@ -12,7 +12,7 @@ use ringwork::Storage;
 
 use crate::cpu;
 use crate::processes::Processes;
-use crate::report::{PhaseResult, RingPoint, Spread, TableStat};
+use crate::report::{Drift, PhaseResult, RingPoint, Spread, TableStat};
 use crate::scenario::System;
 
 #[derive(Clone, Default)]
@@ -30,6 +30,10 @@ pub(crate) struct Sample {
     pub(crate) server_cpu: Option<(u32, f64)>,
     /// CPU ms the worker and producer processes have used so far.
     pub(crate) client_cpu_ms: Option<f64>,
+    /// Resident memory (kB) of the worker and producer processes.
+    pub(crate) client_rss_kb: Option<u64>,
+    /// Private resident memory (kB) of the server's processes, when it runs on this host.
+    pub(crate) server_private_kb: Option<u64>,
     /// The host's (busy, total) clock ticks.
     pub(crate) host_ticks: Option<(u64, u64)>,
     /// Commits this sample made itself (its statements, the counters' read among them): left
@@ -61,13 +65,16 @@ pub(crate) async fn sample(
         .and_then(cpu::postmaster_of)
         .and_then(|postmaster| Some((postmaster, cpu::server_ms(postmaster)?)));
     let own_cpu_from = backend.and_then(|pid| cpu::processes_ms([pid]));
-    let client_cpu_ms = cpu::processes_ms(
-        processes
-            .workers
-            .iter()
-            .chain(processes.producer.as_ref())
-            .filter_map(|child| child.id()),
-    );
+    let clients: Vec<u32> = processes
+        .workers
+        .iter()
+        .chain(processes.producer.as_ref())
+        .filter_map(|child| child.id())
+        .collect();
+    let client_cpu_ms = cpu::processes_ms(clients.iter().copied());
+    let client_rss_kb = cpu::processes_rss_kb(clients);
+    let server_private_kb =
+        server_cpu.and_then(|(postmaster, _)| cpu::server_private_kb(postmaster));
     let schema = processes.system.schema().to_string();
     let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
         "SELECT relname::text, n_live_tup, n_dead_tup, pg_total_relation_size(relid)
@@ -126,6 +133,8 @@ pub(crate) async fn sample(
         sealed,
         server_cpu,
         client_cpu_ms,
+        client_rss_kb,
+        server_private_kb,
         host_ticks: cpu::host_ticks(),
         // the counters, the tables, and for ringwork the ring's generations and the depth (one
         // statement each); an adapter's depth, in a process of its own, is counted with awa's
@@ -267,7 +276,38 @@ pub(crate) fn summarise(
         },
         top_statements: Vec::new(),
         paused_queue: None,
+        drift: drift(samples),
     }
+}
+
+/// A phase of 20 minutes or more: its first and last 10 minutes' rates, and memory 10 minutes in
+/// against the end (what the first minutes fill, caches and pools, is not growth).
+pub(crate) fn drift(samples: &[Sample]) -> Option<Drift> {
+    const WINDOW: f64 = 600.0;
+    let (first, last) = (samples.first()?, samples.last()?);
+    if last.at - first.at < 2.0 * WINDOW {
+        return None;
+    }
+    let settled = samples.iter().find(|s| s.at - first.at >= WINDOW)?;
+    let before_end = samples.iter().rev().find(|s| last.at - s.at >= WINDOW)?;
+    let per_s = |a: &Sample, b: &Sample| (b.completed - a.completed) as f64 / (b.at - a.at);
+    let peak = |f: fn(&Sample) -> Option<u64>| {
+        samples
+            .iter()
+            .filter(|s| s.at >= settled.at)
+            .filter_map(f)
+            .max()
+    };
+    Some(Drift {
+        first_completed_per_s: per_s(first, settled),
+        last_completed_per_s: per_s(before_end, last),
+        client_rss_kb_settled: settled.client_rss_kb,
+        client_rss_kb_end: last.client_rss_kb,
+        client_rss_kb_peak: peak(|s| s.client_rss_kb),
+        server_private_kb_settled: settled.server_private_kb,
+        server_private_kb_end: last.server_private_kb,
+        server_private_kb_peak: peak(|s| s.server_private_kb),
+    })
 }
 
 pub(crate) fn ring_point(s: &Sample) -> RingPoint {
@@ -289,6 +329,17 @@ pub(crate) fn ring_point(s: &Sample) -> RingPoint {
             .sum(),
         parked_rows: s.tables.get("parked_entries").map_or(0, |t| t.live),
         sealed: s.sealed,
+        completed: s.completed,
+        ring_dead: s
+            .tables
+            .values()
+            .filter(|t| t.class.as_deref() == Some("ring"))
+            .map(|t| t.dead)
+            .max()
+            .unwrap_or(0),
+        schema_dead: s.tables.values().map(|t| t.dead).sum(),
+        client_rss_kb: s.client_rss_kb,
+        server_private_kb: s.server_private_kb,
     }
 }
 
@@ -326,5 +377,33 @@ mod tests {
         assert_eq!(p.prunes, Some(0));
         // 1,200 ms of server CPU less the two samples' own 80, for 6,000 jobs
         assert_eq!(p.server_cpu_ms_per_1k_jobs, Some(1120.0 / 6.0));
+        assert!(p.drift.is_none(), "a phase under 20 minutes has no drift");
+    }
+
+    #[test]
+    fn a_long_phase_compares_its_first_and_last_ten_minutes_and_memory_from_ten_minutes_in() {
+        // a sample a minute for 30 minutes: 100 jobs/s for the first 10, then 90; the client's
+        // memory fills to 200 MB in the first minutes, then grows 1 MB a minute
+        let samples: Vec<Sample> = (0..=30u64)
+            .map(|minute| Sample {
+                at: minute as f64 * 60.0,
+                completed: 6_000 * minute.min(10) + 5_400 * minute.saturating_sub(10),
+                client_rss_kb: Some(if minute < 10 {
+                    20_000 * minute
+                } else {
+                    200_000 + 1_000 * (minute - 10)
+                }),
+                server_private_kb: Some(50_000),
+                ..Sample::default()
+            })
+            .collect();
+        let d = drift(&samples).expect("a 30-minute phase");
+        assert_eq!(d.first_completed_per_s, 100.0);
+        assert_eq!(d.last_completed_per_s, 90.0);
+        assert_eq!(d.client_rss_kb_settled, Some(200_000));
+        assert_eq!(d.client_rss_kb_end, Some(220_000));
+        assert_eq!(d.client_rss_kb_peak, Some(220_000));
+        assert_eq!(d.server_private_kb_end, Some(50_000));
+        assert!(drift(&samples[..20]).is_none(), "19 minutes are too short");
     }
 }

@@ -75,6 +75,7 @@ pub enum Scenario {
     CrashUnderLoad,
     PgRestart,
     Soak,
+    LongRun,
     OpenProducerTx,
     PausedQueue,
     LongHold,
@@ -95,6 +96,7 @@ impl Scenario {
             "crash-under-load" => Self::CrashUnderLoad,
             "pg-restart" => Self::PgRestart,
             "soak" => Self::Soak,
+            "long-run" => Self::LongRun,
             "open-producer-tx" => Self::OpenProducerTx,
             "paused-queue" => Self::PausedQueue,
             "long-hold" => Self::LongHold,
@@ -106,8 +108,8 @@ impl Scenario {
             other => {
                 return Err(Error::Config(format!(
                     "unknown scenario {other:?}: saturation, fixed-rate, idle-in-tx, \
-                     active-readers, crash-under-load, pg-restart, soak, open-producer-tx, \
-                     paused-queue, long-hold, pg-dump, held-reader, idle"
+                     active-readers, crash-under-load, pg-restart, soak, long-run, \
+                     open-producer-tx, paused-queue, long-hold, pg-dump, held-reader, idle"
                 )))
             }
         })
@@ -122,6 +124,7 @@ impl Scenario {
             Self::CrashUnderLoad => "crash-under-load",
             Self::PgRestart => "pg-restart",
             Self::Soak => "soak",
+            Self::LongRun => "long-run",
             Self::OpenProducerTx => "open-producer-tx",
             Self::PausedQueue => "paused-queue",
             Self::LongHold => "long-hold",
@@ -217,6 +220,13 @@ impl Scenario {
                 duration: config.soak,
                 disturbance: Disturbance::None,
             }],
+            // the soak's length at a fixed rate: whether anything drifts over hours (throughput,
+            // dead tuples, memory) at a load the fleet keeps up with
+            Self::LongRun => vec![Phase {
+                name: "long-run",
+                duration: config.soak,
+                disturbance: Disturbance::None,
+            }],
         }
     }
 
@@ -224,6 +234,7 @@ impl Scenario {
         matches!(
             self,
             Self::FixedRate
+                | Self::LongRun
                 | Self::OpenProducerTx
                 | Self::PausedQueue
                 | Self::LongHold

@@ -1415,6 +1415,34 @@ async fn bad_sequence_jobs_are_refused_with_a_clear_error_through_sql_and_append
             "on a failure a sequence continues",
         ),
     ];
+    // arrays that are not lists: two-dimensional, or numbered from 0
+    for (keys, jobs, policies) in [
+        (
+            "ARRAY['a', 'b']",
+            format!("ARRAY[['{good}'], ['{good}']]::jsonb[]"),
+            "ARRAY['run', 'run']",
+        ),
+        (
+            "'[0:1]={a,b}'::text[]",
+            format!(
+                "'[0:1]={{\"{g}\",\"{g}\"}}'::jsonb[]",
+                g = good.to_string().replace('"', "\\\"")
+            ),
+            "'[0:1]={run,run}'::text[]",
+        ),
+    ] {
+        let call =
+            format!("SELECT * FROM {s}.enqueue_in_sequence_many({keys}, {jobs}, {policies})");
+        let error = sqlx::query(&call)
+            .execute(&db.pool)
+            .await
+            .expect_err(&call)
+            .to_string();
+        assert!(
+            error.contains("one-dimensional arrays from 1"),
+            "{call}: {error}"
+        );
+    }
     // args no worker could decode, which JSON values here cannot hold: given as SQL text
     let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
     for (args, expected) in [

@@ -1152,6 +1152,13 @@ BEGIN
         RAISE EXCEPTION 'ringwork: enqueue_in_sequence_many takes as many keys, jobs and policies, got %, % and %',
             cardinality(p_keys), cardinality(p_jobs), cardinality(p_on_failures) USING ERRCODE = '22023';
     END IF;
+    -- each array is read by position (1..n) and by unnest, which agree only for lists
+    IF v_n > 0 AND (array_ndims(p_keys) <> 1 OR array_ndims(p_jobs) <> 1 OR array_ndims(p_on_failures) <> 1
+                    OR array_lower(p_keys, 1) <> 1 OR array_lower(p_jobs, 1) <> 1
+                    OR array_lower(p_on_failures, 1) <> 1) THEN
+        RAISE EXCEPTION 'ringwork: enqueue_in_sequence_many takes lists (one-dimensional arrays from 1) of keys, jobs and policies'
+            USING ERRCODE = '22023';
+    END IF;
     IF v_n = 0 THEN
         RETURN;
     END IF;

@@ -16,8 +16,9 @@
 //!   included).
 //!
 //! After the rounds, once: sequence jobs of a key each at `--rate` for `--rate-secs`, their pickup
-//! alone and then beside one key with `--hot-key` jobs waiting (its jobs run one at a time
-//! throughout; the schema is dropped with what is left of them).
+//! alone; then beside one key with `--hot-key` jobs waiting behind its first, which is held (the
+//! backlog alone: nothing of the key drains); then beside the same key running one job at a time
+//! (the schema is dropped with what is left of it).
 //!
 //! Prints a Markdown table; on a throwaway cluster with production defaults unless DATABASE_URL
 //! is given.
@@ -72,6 +73,11 @@ struct Seen {
     pickup_ms: Mutex<Vec<f64>>,
     chain_first_end: Mutex<std::collections::HashMap<u64, Instant>>,
     release_ms: Mutex<Vec<f64>>,
+    /// The hot key's running job waits while this is set: its other jobs wait behind it, and
+    /// nothing of the key drains.
+    hold_hot: std::sync::atomic::AtomicBool,
+    /// Jobs of the hot key that ran.
+    hot_ran: AtomicU64,
 }
 
 pub async fn run(config: WorkflowsConfig) -> Result<String> {
@@ -96,6 +102,10 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
             let seen = Arc::clone(&handler_seen);
             async move {
                 if work.hot {
+                    while seen.hold_hot.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    seen.hot_ran.fetch_add(1, Ordering::SeqCst);
                     return Ok(());
                 }
                 let start = Instant::now();
@@ -310,6 +320,8 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
         keyed(false),
     )
     .await?;
+    // the hot key's jobs wait behind its first, held, for the next phase: a backlog alone
+    seen.hold_hot.store(true, Ordering::SeqCst);
     let started = Instant::now();
     let hot: Vec<NewJob> = (0..config.hot_key)
         .map(|_| {
@@ -331,14 +343,31 @@ pub async fn run(config: WorkflowsConfig) -> Result<String> {
         keyed(true),
     )
     .await?;
+    // then the key runs, one job at a time, throughout the next phase
+    seen.hold_hot.store(false, Ordering::SeqCst);
+    let (ran_before, drain_started) = (seen.hot_ran.load(Ordering::SeqCst), Instant::now());
+    let draining = at_rate(
+        &seen,
+        config.rate as f64,
+        config.rate_secs as f64,
+        keyed(true),
+    )
+    .await?;
+    let drained_per_s = (seen.hot_ran.load(Ordering::SeqCst) - ran_before) as f64
+        / drain_started.elapsed().as_secs_f64();
+    let p99 = |r: &Rate| quantile(&r.pickup_ms, 0.99);
     out.push_str(&format!(
-        "| – | sequence jobs of a key each, {} jobs/s for {} s | alone: pickup p50 / p95 / p99 {} | beside one key with {} jobs waiting (inserted in {:.1} s): {} | – | – |\n",
+        "| – | sequence jobs of a key each, {} jobs/s for {} s | alone: pickup p50 / p95 / p99 {} | beside one key with {} jobs waiting behind its held first job (inserted in {:.1} s): {} (p99 {:.2}× alone); then beside it running one job at a time ({:.0} jobs/s): {} (p99 {:.2}× alone) | – | – |\n",
         config.rate,
         config.rate_secs,
         alone.summary(),
         config.hot_key,
         hot_insert,
-        beside.summary()
+        beside.summary(),
+        p99(&beside) / p99(&alone).max(1e-9),
+        drained_per_s,
+        draining.summary(),
+        p99(&draining) / p99(&alone).max(1e-9),
     ));
     running.shutdown(Duration::from_secs(10)).await;
     sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -470,11 +499,18 @@ fn take_sorted(samples: &Mutex<Vec<f64>>) -> Vec<f64> {
     taken
 }
 
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
 fn percentiles(sorted: &[f64]) -> String {
     if sorted.is_empty() {
         return "–".into();
     }
-    let at = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+    let at = |p: f64| quantile(sorted, p);
     format!("{:.1} / {:.1} / {:.1}", at(0.5), at(0.95), at(0.99))
 }
 

@@ -271,20 +271,26 @@ BEGIN
         INTO v_next_workflows, v_next_steps, v_release_workflows, v_release,
              v_defer_workflows, v_defer_steps, v_defer_from
         FROM next n;
-        -- the skipped job's unfinished predecessor becomes the next one's (an edge appended)
-        INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step)
-        SELECT f.workflow_id, p.depends_on, f.step
-        FROM unnest(v_defer_workflows, v_defer_steps, v_defer_from) AS f(workflow_id, step, from_step)
-        JOIN __S__.workflow_edges p ON p.workflow_id = f.workflow_id AND p.step = f.from_step
-        WHERE NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
-                          WHERE r.workflow_id = p.workflow_id AND r.step = p.depends_on)
-        ON CONFLICT DO NOTHING;
+        -- the skipped job's unfinished predecessor becomes the next one's (an edge appended); a
+        -- statement only when a job was skipped (each costs its executor start, which at a few
+        -- steps a call is most of a statement's cost)
+        IF v_defer_workflows IS NOT NULL THEN
+            INSERT INTO __S__.workflow_edges (workflow_id, depends_on, step)
+            SELECT f.workflow_id, p.depends_on, f.step
+            FROM unnest(v_defer_workflows, v_defer_steps, v_defer_from) AS f(workflow_id, step, from_step)
+            JOIN __S__.workflow_edges p ON p.workflow_id = f.workflow_id AND p.step = f.from_step
+            WHERE NOT EXISTS (SELECT 1 FROM __S__.workflow_results r
+                              WHERE r.workflow_id = p.workflow_id AND r.step = p.depends_on)
+            ON CONFLICT DO NOTHING;
+        END IF;
         v_workflows := v_next_workflows;
         v_steps := v_next_steps;
         v_leases := array_fill(0::bigint, ARRAY[cardinality(v_steps)]);
         v_outcomes := array_fill('cancelled'::text, ARRAY[cardinality(v_steps)]);
     END LOOP;
-    PERFORM __S__.workflow_release_many(v_release_workflows, v_release);
+    IF cardinality(v_release) > 0 THEN
+        PERFORM __S__.workflow_release_many(v_release_workflows, v_release);
+    END IF;
 END
 $$;
 

@@ -1117,7 +1117,9 @@ DECLARE
     v_n int := coalesce(cardinality(p_keys), 0);
     v_plain boolean;
     v_max_args bigint;
-    v_bad text;
+    v_bad_policy text[];
+    v_bad_key text[];
+    v_unknown bigint;
     v_is_fresh boolean[];
     v_states text[];
     v_leases bigint[];
@@ -1142,7 +1144,6 @@ DECLARE
     v_workflows bigint[] := '{}';
     v_tails text[] := '{}';
     v_first_policies text[];
-    v_first_steps text[];
     -- per key, whether its first job is due and how: 'release', 'arrive' behind a dead-lettered
     -- tail then release, 'cancel', or NULL (it waits)
     v_effects text[];
@@ -1171,20 +1172,21 @@ BEGIN
             PERFORM __S__.validate_sequence_job(p_jobs[i]);
         END LOOP;
     END IF;
-    SELECT f INTO v_bad FROM unnest(p_on_failures) f WHERE f IS NULL OR f NOT IN ('run', 'hold', 'cancel') LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
-            quote_nullable(v_bad) USING ERRCODE = '22023';
-    END IF;
-    -- the keys, each with the position and policy of its first job
-    SELECT array_agg(x.k ORDER BY x.i), array_agg(x.i::int ORDER BY x.i), array_agg(x.f ORDER BY x.i)
-    INTO v_keys, v_firsts, v_first_policies
+    -- the keys, each with the position and policy of its first job, and the first bad policy and
+    -- bad key if any (one statement: at a job a call, each statement's start is a large share)
+    SELECT array_agg(x.k ORDER BY x.i), array_agg(x.i::int ORDER BY x.i), array_agg(x.f ORDER BY x.i),
+           (SELECT ARRAY[f] FROM unnest(p_on_failures) f WHERE f IS NULL OR f NOT IN ('run', 'hold', 'cancel') LIMIT 1),
+           (array_agg(ARRAY[x.k] ORDER BY x.i) FILTER (WHERE NOT coalesce(__S__.valid_name(x.k), false)))[1:1]
+    INTO v_keys, v_firsts, v_first_policies, v_bad_policy, v_bad_key
     FROM (SELECT DISTINCT ON (u.k) u.k, u.i, u.f FROM unnest(p_keys, p_on_failures) WITH ORDINALITY u(k, f, i)
           ORDER BY u.k, u.i) x;
-    SELECT k INTO v_bad FROM unnest(v_keys) k WHERE NOT coalesce(__S__.valid_name(k), false) LIMIT 1;
-    IF FOUND THEN
+    IF v_bad_policy IS NOT NULL THEN
+        RAISE EXCEPTION 'ringwork: on a failure a sequence continues (run), holds (hold) or cancels its waiting jobs (cancel), got %',
+            quote_nullable(v_bad_policy[1]) USING ERRCODE = '22023';
+    END IF;
+    IF v_bad_key IS NOT NULL THEN
         RAISE EXCEPTION 'ringwork: invalid sequence key %: must be 1..128 bytes without control or invisible format characters',
-            quote_nullable(v_bad) USING ERRCODE = '22023';
+            quote_nullable(v_bad_key[1][1]) USING ERRCODE = '22023';
     END IF;
     -- the keys' locks (two producers append to a key one after the other), in the order of their
     -- first job; then their newest workflows' locks in id order, the order a completion batch
@@ -1226,21 +1228,26 @@ BEGIN
     -- under the workflow lock held here); its last attempt completed or was cancelled, it is
     -- final (only a dead-lettered job is retried, and its result says failed; a result is written
     -- by the attempt's own end, under the run-lease guard, so no later attempt exists)
-    v_states := ARRAY(SELECT CASE WHEN k.tail IS NULL THEN NULL
-                                  WHEN k.waits THEN 'pending'
-                                  WHEN k.result_lease IS NULL THEN 'unsettled'
-                                  WHEN k.outcome IN ('completed', 'cancelled') THEN k.outcome END
-                      FROM unnest(v_tail_steps, v_tail_waits, v_result_leases, v_result_outcomes)
-                           WITH ORDINALITY k(tail, waits, result_lease, outcome, n) ORDER BY k.n);
+    SELECT array_agg(x.state ORDER BY x.n), count(*) FILTER (WHERE x.tail IS NOT NULL AND x.state IS NULL)
+    INTO v_states, v_unknown
+    FROM (SELECT k.n, k.tail,
+                 CASE WHEN k.tail IS NULL THEN NULL
+                      WHEN k.waits THEN 'pending'
+                      WHEN k.result_lease IS NULL THEN 'unsettled'
+                      WHEN k.outcome IN ('completed', 'cancelled') THEN k.outcome END AS state
+          FROM unnest(v_tail_steps, v_tail_waits, v_result_leases, v_result_outcomes)
+               WITH ORDINALITY k(tail, waits, result_lease, outcome, n)) x;
     v_leases := array_fill(NULL::bigint, ARRAY[cardinality(v_keys)]);
     -- the rest (a failure, dead-lettered or retried since) ask job_state's search of every plane
     -- (about 1.5 ms)
-    FOR v_key IN SELECT k.n FROM unnest(v_tail_steps, v_states) WITH ORDINALITY k(tail, state, n)
-                 WHERE k.tail IS NOT NULL AND k.state IS NULL LOOP
-        SELECT j.state, j.run_lease INTO v_state, v_lease FROM __S__.job_state(v_tail_jobs[v_key.n]) j;
-        v_states[v_key.n] := v_state;
-        v_leases[v_key.n] := v_lease;
-    END LOOP;
+    IF v_unknown > 0 THEN
+        FOR v_key IN SELECT k.n FROM unnest(v_tail_steps, v_states) WITH ORDINALITY k(tail, state, n)
+                     WHERE k.tail IS NOT NULL AND k.state IS NULL LOOP
+            SELECT j.state, j.run_lease INTO v_state, v_lease FROM __S__.job_state(v_tail_jobs[v_key.n]) j;
+            v_states[v_key.n] := v_state;
+            v_leases[v_key.n] := v_lease;
+        END LOOP;
+    END IF;
     -- a key whose last job is final starts a new workflow, so the old one can expire, and its
     -- first job is due. A dead-lettered job is not final (it may be retried, and a held job waits
     -- for it), nor is one retried since its result (waiting again, or running at a higher lease);
@@ -1264,16 +1271,23 @@ BEGIN
     -- a new workflow for each key that starts one, created together (invisible to every other
     -- transaction until this one commits, so no lock is needed on them)
     v_now := __S__.engine_now();
-    SELECT array_agg(CASE WHEN x.fresh THEN nextval('__S__.workflow_ids') ELSE x.id END ORDER BY x.n)
-    INTO v_workflows
-    FROM unnest(v_newest, v_is_fresh) WITH ORDINALITY AS x(id, fresh, n);
-    INSERT INTO __S__.workflows (workflow_id, created_at)
-    SELECT x.id, v_now FROM unnest(v_workflows, v_is_fresh) x(id, fresh) WHERE x.fresh;
-    INSERT INTO __S__.workflow_sequences (sequence_key, workflow_id)
-    SELECT x.k, x.id FROM unnest(v_keys, v_workflows, v_is_fresh) x(k, id, fresh) WHERE x.fresh;
+    IF true = ANY (v_is_fresh) THEN
+        SELECT array_agg(CASE WHEN x.fresh THEN nextval('__S__.workflow_ids') ELSE x.id END ORDER BY x.n)
+        INTO v_workflows
+        FROM unnest(v_newest, v_is_fresh) WITH ORDINALITY AS x(id, fresh, n);
+        WITH created AS (
+            INSERT INTO __S__.workflows (workflow_id, created_at)
+            SELECT x.id, v_now FROM unnest(v_workflows, v_is_fresh) x(id, fresh) WHERE x.fresh
+        )
+        INSERT INTO __S__.workflow_sequences (sequence_key, workflow_id)
+        SELECT x.k, x.id FROM unnest(v_keys, v_workflows, v_is_fresh) x(k, id, fresh) WHERE x.fresh;
+    ELSE
+        v_workflows := v_newest;
+    END IF;
     -- ids in ascending order by position: a key's tail is its step with the highest job id
-    v_ids := ARRAY(SELECT nextval('__S__.job_ids') FROM generate_series(1, v_n) ORDER BY 1);
-    v_links := ARRAY(SELECT nextval('__S__.sequence_link_ids') FROM generate_series(1, v_n) ORDER BY 1);
+    SELECT array_agg(x.job_id ORDER BY x.job_id), array_agg(x.link ORDER BY x.link) INTO v_ids, v_links
+    FROM (SELECT nextval('__S__.job_ids') AS job_id, nextval('__S__.sequence_link_ids') AS link
+          FROM generate_series(1, v_n)) x;
     -- (arrays are read by unnest, not subscripted by position: a subscript of a PL/pgSQL array in
     -- a statement cost about 3 µs a row)
     WITH jobs AS (
@@ -1295,25 +1309,28 @@ BEGIN
     SELECT j.workflow_id, j.depends_on, j.step FROM jobs j WHERE j.depends_on IS NOT NULL;
     -- the keys' first jobs that are due: released together; behind a dead-lettered tail, arrived
     -- (then released) or cancelled by their policy
-    v_first_steps := ARRAY(SELECT 'link-' || l.link
-                           FROM unnest(v_firsts) WITH ORDINALITY f(at, n)
-                           JOIN unnest(v_links) WITH ORDINALITY l(link, at) ON l.at = f.at
-                           ORDER BY f.n);
-    FOR v_key IN SELECT x.workflow_id, x.step, x.tail, x.effect
-                 FROM unnest(v_workflows, v_first_steps, v_tails, v_effects) x(workflow_id, step, tail, effect)
-                 WHERE x.effect IN ('cancel', 'arrive') LOOP
-        IF v_key.effect = 'cancel' THEN
-            PERFORM __S__.workflow_settle_steps(v_key.workflow_id, ARRAY[v_key.step], ARRAY[0::bigint],
-                                                ARRAY['cancelled']);
-        ELSE
-            PERFORM __S__.workflow_arrive(v_key.workflow_id, v_key.step, v_key.tail, 1);
-        END IF;
-    END LOOP;
-    SELECT coalesce(array_agg(x.workflow_id ORDER BY x.n), '{}'), coalesce(array_agg(x.step ORDER BY x.n), '{}')
-    INTO v_release_workflows, v_release_steps
-    FROM unnest(v_workflows, v_first_steps, v_effects) WITH ORDINALITY x(workflow_id, step, effect, n)
-    WHERE x.effect IN ('release', 'arrive');
-    PERFORM __S__.workflow_release_many(v_release_workflows, v_release_steps);
+    -- (behind a dead-lettered tail: rare, and a statement only then)
+    IF 'cancel' = ANY (v_effects) OR 'arrive' = ANY (v_effects) THEN
+        FOR v_key IN SELECT x.workflow_id, 'link-' || l.link AS step, x.tail, x.effect
+                     FROM unnest(v_workflows, v_firsts, v_tails, v_effects) x(workflow_id, first, tail, effect)
+                     JOIN unnest(v_links) WITH ORDINALITY l(link, at) ON l.at = x.first
+                     WHERE x.effect IN ('cancel', 'arrive') LOOP
+            IF v_key.effect = 'cancel' THEN
+                PERFORM __S__.workflow_settle_steps(v_key.workflow_id, ARRAY[v_key.step], ARRAY[0::bigint],
+                                                    ARRAY['cancelled']);
+            ELSE
+                PERFORM __S__.workflow_arrive(v_key.workflow_id, v_key.step, v_key.tail, 1);
+            END IF;
+        END LOOP;
+    END IF;
+    IF 'release' = ANY (v_effects) OR 'arrive' = ANY (v_effects) THEN
+        SELECT array_agg(x.workflow_id ORDER BY x.n), array_agg('link-' || l.link ORDER BY x.n)
+        INTO v_release_workflows, v_release_steps
+        FROM unnest(v_workflows, v_firsts, v_effects) WITH ORDINALITY x(workflow_id, first, effect, n)
+        JOIN unnest(v_links) WITH ORDINALITY l(link, at) ON l.at = x.first
+        WHERE x.effect IN ('release', 'arrive');
+        PERFORM __S__.workflow_release_many(v_release_workflows, v_release_steps);
+    END IF;
     RETURN QUERY SELECT u.at::int, u.job_id FROM unnest(v_ids) WITH ORDINALITY u(job_id, at);
 END
 $$;

@@ -24,6 +24,20 @@ fn stat(pid: u32) -> Option<(u32, [u64; 4])> {
     Some((ppid, [number(11)?, number(12)?, number(13)?, number(14)?]))
 }
 
+/// The live children of `parent`, each with its CPU times (`stat`).
+fn children(parent: u32) -> Option<Vec<(u32, [u64; 4])>> {
+    Some(
+        fs::read_dir("/proc")
+            .ok()?
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| stat(pid).map(|(ppid, times)| (pid, ppid, times)))
+            .filter(|&(_, ppid, _)| ppid == parent)
+            .map(|(pid, _, times)| (pid, times))
+            .collect(),
+    )
+}
+
 /// The postmaster of the backend `backend_pid`, if that backend runs on this host.
 pub(crate) fn postmaster_of(backend_pid: u32) -> Option<u32> {
     let (ppid, _) = stat(backend_pid)?;
@@ -36,19 +50,8 @@ pub(crate) fn postmaster_of(backend_pid: u32) -> Option<u32> {
 pub(crate) fn server_ms(postmaster: u32) -> Option<f64> {
     let (_, [utime, stime, cutime, cstime]) = stat(postmaster)?;
     let mut ticks = utime + stime + cutime + cstime;
-    for entry in fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Some((ppid, [utime, stime, ..])) = stat(pid) {
-            if ppid == postmaster {
-                ticks += utime + stime;
-            }
-        }
+    for (_, [utime, stime, ..]) in children(postmaster)? {
+        ticks += utime + stime;
     }
     Some(ticks as f64 * 1000.0 / ticks_per_second())
 }
@@ -80,17 +83,8 @@ pub(crate) fn processes_rss_kb(pids: impl IntoIterator<Item = u32>) -> Option<u6
 /// without shared memory (each backend maps the shared buffers it touched, which is not growth).
 pub(crate) fn server_private_kb(postmaster: u32) -> Option<u64> {
     let mut kb = status_kb(postmaster, "RssAnon")?;
-    for entry in fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if stat(pid).is_some_and(|(ppid, _)| ppid == postmaster) {
-            kb += status_kb(pid, "RssAnon").unwrap_or(0);
-        }
+    for (pid, _) in children(postmaster)? {
+        kb += status_kb(pid, "RssAnon").unwrap_or(0);
     }
     Some(kb)
 }

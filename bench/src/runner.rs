@@ -385,6 +385,7 @@ pub(crate) async fn run_one(
         config.rate
     };
     let fixed_rate = scenario.fixed_rate().then_some(rate);
+    processes.workers_started(Duration::from_secs(30)).await;
     processes.spawn_producer(fixed_rate, config.depth)?;
 
     let server_note = describe_server(&admin, config).await?;

@@ -116,6 +116,10 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "archive_finalized_ats",
         include_str!("../migrations/0028_archive_finalized_ats.sql"),
     ),
+    (
+        "batch_arrays_lz4",
+        include_str!("../migrations/0029_batch_arrays_lz4.sql"),
+    ),
 ];
 
 /// The engine's functions, one file per plane, installed in this order (a LANGUAGE sql function is

@@ -262,3 +262,67 @@ async fn concurrent_migrations_apply_each_version_once() {
         .unwrap();
     db.cleanup().await;
 }
+
+/// A claim of 128 jobs writes rows whose arrays PostgreSQL compresses: with lz4 where the server
+/// has it (a tenth of the server's work of the jobs' cycle went to pglz), on every partition of the
+/// batch tables, the ones the migration made before it included (SET COMPRESSION does not recurse).
+#[tokio::test]
+async fn batch_rows_compress_their_arrays_with_lz4_where_the_server_has_it() {
+    let db = TestDb::new().await;
+    let lz4: bool = sqlx::query_scalar(
+        "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let expected = if lz4 { "l" } else { "" };
+    // every array column of the three tables and of each of their partitions
+    let settings: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT c.relname::text, a.attname::text, a.attcompression::text
+           FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+          WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p')
+            AND (c.relname IN ('lease_claim_batches', 'receipt_completion_batches',
+                               'archived_completion_batches')
+                 OR c.relname ~ '^(lease_claim_batches|receipt_completion_batches|archived_completion_batches)_[0-9]+$')
+            AND a.attnum > 0 AND NOT a.attisdropped
+            AND EXISTS (SELECT 1 FROM pg_type t WHERE t.oid = a.atttypid AND t.typcategory = 'A')",
+    )
+    .bind(db.schema.as_str())
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let partitions = settings
+        .iter()
+        .filter(|(rel, _, _)| rel.starts_with("lease_claim_batches_"))
+        .count();
+    assert!(
+        partitions >= 6 * 3,
+        "claim batch partitions' arrays: {settings:?}"
+    );
+    let other: Vec<_> = settings.iter().filter(|(_, _, c)| c != expected).collect();
+    assert!(other.is_empty(), "not {expected:?}: {other:?}");
+
+    let storage = db.storage();
+    let jobs: Vec<ringwork::NewJob> = (0..128)
+        .map(|n| ringwork::NewJob::from_parts("k", serde_json::json!({ "n": n })).unwrap())
+        .collect();
+    let mut conn = db.pool.acquire().await.unwrap();
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    drop(conn);
+    let claimed = storage.claim("default", 128, None).await.unwrap();
+    assert_eq!(claimed.len(), 128);
+    let refs: Vec<_> = claimed.iter().map(|j| j.attempt_ref()).collect();
+    storage.complete_batch(&refs).await.unwrap();
+    let stored = if lz4 { "lz4" } else { "pglz" };
+    for table in ["lease_claim_batches", "receipt_completion_batches"] {
+        let methods: Vec<Option<String>> = sqlx::query_scalar(&format!(
+            "SELECT pg_column_compression(job_ids) FROM {}.{table}",
+            db.schema
+        ))
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(methods, [Some(stored.to_string())], "{table}");
+    }
+    db.cleanup().await;
+}

@@ -176,6 +176,7 @@ async fn measure_round(
             held_txs: 64,
             hold: Duration::from_secs(10),
             paused_jobs: 100_000,
+            args_bytes: 0,
             pg_restart_cmd: None,
             autovacuum: true,
             analyze_every: None,

@@ -13,8 +13,8 @@ use ringwork::NewJob;
 use ringwork::Storage;
 
 use crate::processes::Counters;
-use crate::scenario::{BenchJob, BENCH_QUEUE};
-use crate::worker::now_us;
+use crate::scenario::{args_padding, BenchJob, ARGS_BYTES_ENV, BENCH_QUEUE};
+use crate::worker::{env_number, now_us};
 
 /// Make `tx` REPEATABLE READ (a reader's snapshot, as a report or pg_dump takes) and list every
 /// table of `schema`, partitions included, as quoted names.
@@ -243,6 +243,7 @@ pub(crate) async fn hold_loop(
             enq_us: now_us(),
             n,
             held: true,
+            pad: args_padding(env_number(ARGS_BYTES_ENV).unwrap_or(0) as usize, n),
         };
         let Ok(job) = NewJob::new(&job).map(|j| j.queue(BENCH_QUEUE)) else {
             return;

@@ -165,6 +165,10 @@ enum Command {
         /// paused-queue: jobs enqueued into the paused queue when its phase starts.
         #[arg(long, default_value_t = 100_000)]
         paused_jobs: u64,
+        /// Pad each job's arguments to about this many bytes of JSON (0: the bare arguments,
+        /// about 35 bytes). ringwork and PgQue; awa's adapter builds its own arguments.
+        #[arg(long, default_value_t = 0)]
+        args_bytes: usize,
         /// Also run awa 0.6.9 through this adapter binary (bench/awa-adapter), same profiles.
         #[arg(long)]
         awa_adapter: Option<std::path::PathBuf>,
@@ -325,6 +329,7 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             held_txs,
             hold_secs,
             paused_jobs,
+            args_bytes,
             awa_adapter,
             awa_schema,
             pgque_sql,
@@ -381,12 +386,15 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
                 held_txs,
                 hold: Duration::from_secs(hold_secs),
                 paused_jobs,
+                args_bytes,
                 pg_restart_cmd,
                 autovacuum: autovacuum == "on",
                 analyze_every: analyze_every.filter(|s| *s > 0).map(Duration::from_secs),
                 out_dir: out,
                 label,
             };
+            // the producer processes (and the runner's own held jobs) read it from the environment
+            std::env::set_var(scenario::ARGS_BYTES_ENV, args_bytes.to_string());
             let results = run(config.clone()).await?;
             println!("{}", markdown(&config, &results));
         }

@@ -27,6 +27,7 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 
+use crate::scenario::{args_padding, ARGS_BYTES_ENV};
 use crate::worker::{env_number, now_us, report_until_signal, wait_for_signal, ProduceMode};
 
 const QUEUE: &str = "bench";
@@ -381,12 +382,16 @@ async fn produce(url: &str, mode: ProduceMode) -> Result<()> {
         let pool = probe.clone();
         async move { available(&pool).await }
     };
+    let args_bytes = env_number(ARGS_BYTES_ENV).unwrap_or(0) as usize;
     let send = move |first: u64, count: u64| {
         let pool = pool.clone();
         async move {
             let enq_us = now_us();
             let payloads: Vec<serde_json::Value> = (first..first + count)
-                .map(|n| serde_json::json!({ "enq_us": enq_us, "n": n }))
+                .map(|n| match args_padding(args_bytes, n) {
+                    pad if pad.is_empty() => serde_json::json!({ "enq_us": enq_us, "n": n }),
+                    pad => serde_json::json!({ "enq_us": enq_us, "n": n, "pad": pad }),
+                })
                 .collect();
             sqlx::query("SELECT pgque.send_batch($1, $2::jsonb[])")
                 .bind(QUEUE)

@@ -234,13 +234,17 @@ pub(crate) fn ring_over_time_markdown(r: &RunResult) -> String {
 
 pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
     let mut out = format!(
-        "# ringwork-bench run: {}\n\nGenerated {} by `ringwork-bench run` (phase {} s, job {} ms, depth target {}, fixed rate {}/s).\n\n",
+        "# ringwork-bench run: {}\n\nGenerated {} by `ringwork-bench run` (phase {} s, job {} ms, depth target {}, fixed rate {}/s, arguments {}).\n\n",
         config.label,
         Utc::now().format("%Y-%m-%d %H:%M UTC"),
         config.phase.as_secs(),
         config.job_ms,
         config.depth,
-        config.rate
+        config.rate,
+        match config.args_bytes {
+            0 => "bare, about 35 bytes".to_string(),
+            n => format!("padded to about {n} bytes"),
+        }
     );
     let mut servers: Vec<&str> = results.iter().map(|r| r.server.as_str()).collect();
     servers.dedup();

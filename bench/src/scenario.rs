@@ -25,6 +25,30 @@ pub struct BenchJob {
     /// not dispatch, so it is left out of the pickup-latency samples.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub held: bool,
+    /// Letters and digits that make the arguments about `--args-bytes` of JSON (`args_padding`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pad: String,
+}
+
+/// The environment variable through which `run --args-bytes` reaches the producer processes.
+pub(crate) const ARGS_BYTES_ENV: &str = "RINGWORK_BENCH_ARGS_BYTES";
+
+/// The padding that makes job `n`'s arguments about `bytes` of JSON (empty below the bare
+/// arguments' 48 or so). Pseudo-random letters and digits, different for every job: a padding of
+/// one repeated letter would compress to nothing in the archive's rows of 256 jobs, where real
+/// arguments do not.
+pub(crate) fn args_padding(bytes: usize, n: u64) -> String {
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut state = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..bytes.saturating_sub(48))
+        .map(|_| {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            CHARS[(state % CHARS.len() as u64) as usize] as char
+        })
+        .collect()
 }
 
 impl JobArgs for BenchJob {
@@ -307,6 +331,8 @@ pub struct BenchConfig {
     pub hold: Duration,
     /// paused-queue: jobs enqueued into the paused queue (`bench_paused`) when its phase starts.
     pub paused_jobs: u64,
+    /// Each job's arguments padded to about this many bytes of JSON (0: the bare arguments).
+    pub args_bytes: usize,
     /// Shell command that restarts the server at `database_url` (pg-restart scenario); the
     /// embedded cluster restarts itself.
     pub pg_restart_cmd: Option<String>,
@@ -342,6 +368,36 @@ pub fn parse_profiles(text: &str) -> Result<Vec<(usize, usize)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn padded_arguments_are_about_the_bytes_asked_and_differ_between_jobs() {
+        for bytes in [256, 1024] {
+            let job = |n| BenchJob {
+                enq_us: 1_765_432_123_456_789,
+                n,
+                held: false,
+                pad: args_padding(bytes, n),
+            };
+            let json = serde_json::to_string(&job(123_456)).unwrap();
+            assert!(
+                json.len().abs_diff(bytes) <= 8,
+                "{} bytes: {json}",
+                json.len()
+            );
+            assert_ne!(job(1).pad, job(2).pad);
+            assert!(job(7).pad.bytes().all(|b| b.is_ascii_alphanumeric()));
+        }
+        // below the bare arguments, and by default, nothing is added
+        assert_eq!(args_padding(0, 5), "");
+        assert_eq!(args_padding(30, 5), "");
+        let bare = BenchJob {
+            enq_us: 1,
+            n: 1,
+            held: false,
+            pad: String::new(),
+        };
+        assert!(!serde_json::to_string(&bare).unwrap().contains("pad"));
+    }
 
     #[test]
     fn profiles_and_scenarios_parse_or_are_refused_clearly() {

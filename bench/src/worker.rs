@@ -15,7 +15,7 @@ use ringwork::{Client, CompletionConfig, JobContext, JobError, MaintenanceConfig
 use ringwork::{Error, Result};
 use tracing::Instrument;
 
-use crate::scenario::{BenchJob, BENCH_QUEUE};
+use crate::scenario::{args_padding, BenchJob, ARGS_BYTES_ENV, BENCH_QUEUE};
 
 pub(crate) fn now_us() -> i64 {
     Utc::now().timestamp_micros()
@@ -343,6 +343,7 @@ pub async fn producer_process(url: &str, schema: &str, mode: ProduceMode) -> Res
         let storage = depth_probe.clone();
         async move { storage.available_count(BENCH_QUEUE).await }
     };
+    let args_bytes = env_number(ARGS_BYTES_ENV).unwrap_or(0) as usize;
     let send = move |first: u64, count: u64| {
         let (pool, storage) = (pool.clone(), storage.clone());
         async move {
@@ -353,6 +354,7 @@ pub async fn producer_process(url: &str, schema: &str, mode: ProduceMode) -> Res
                         enq_us,
                         n,
                         held: false,
+                        pad: args_padding(args_bytes, n),
                     })
                     .ok()
                     .map(|j| j.queue(BENCH_QUEUE))

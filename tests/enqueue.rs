@@ -79,6 +79,43 @@ async fn an_insert_inside_a_raw_begin_transaction_does_not_commit_it() {
     db.cleanup().await;
 }
 
+/// The server's count of transactions rolled back in this test's database, with this
+/// connection's own counts flushed to it first.
+async fn rolled_back(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar(
+        "SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// A bulk insert outside a transaction (several statements: a COPY group and a scheduled job)
+/// finds out that it must open its own without a statement that fails on the server: a failed
+/// one writes an ERROR to the server's log at every such insert, and counts as a rollback.
+#[tokio::test]
+async fn a_bulk_insert_outside_a_transaction_makes_the_server_refuse_nothing() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    storage.ensure_queue("default").await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut jobs: Vec<NewJob> = (0..100).map(job).collect();
+    jobs.push(job(201).run_at(chrono::Utc::now() + chrono::Duration::hours(1)));
+    let before = rolled_back(&mut conn).await;
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    assert_eq!(rolled_back(&mut conn).await, before, "a statement failed");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.ready_entries")
+            .await,
+        100
+    );
+    db.cleanup().await;
+}
+
 /// A kind that declares where its jobs go and how they run.
 #[derive(Serialize, Deserialize)]
 struct SendEmail {

@@ -12,6 +12,10 @@ use crate::error::Result;
 use crate::job::NewJob;
 use crate::schema::SchemaName;
 
+/// Whether the connection is inside a transaction block, as a simple query (no parameters): its
+/// statement and transaction start together only when it is a transaction of its own.
+const IN_TRANSACTION_BLOCK: &str = "SELECT statement_timestamp() <> transaction_timestamp()";
+
 /// Groups at or below this size go through one `enqueue_jobs` call; larger ones through COPY.
 const COPY_THRESHOLD: usize = 64;
 
@@ -270,11 +274,20 @@ impl Storage {
         }
         // Several statements, all or nothing: a savepoint inside the caller's transaction, a
         // transaction of their own otherwise (a COPY group's segment must not commit without its
-        // rows). When sqlx knows of no transaction, a SAVEPOINT tells whether the caller opened one
-        // with a raw `BEGIN`: it succeeds only inside a transaction block. Committing our own
-        // `BEGIN` there would commit the caller's transaction early. (These statements have no
+        // rows). When sqlx knows of no transaction, the caller may have opened one with a raw
+        // `BEGIN`, and committing our own `BEGIN` there would commit the caller's transaction
+        // early. Inside a transaction block a statement starts after its transaction (the BEGIN
+        // was an exchange of its own); outside one, a simple query is its own transaction and both
+        // start at the same instant. Asking that, rather than trying a SAVEPOINT, leaves no ERROR
+        // in the server's log for every bulk insert outside a transaction. A SAVEPOINT refused
+        // all the same (25P01) still means a plain connection. (These statements have no
         // parameters and go as simple queries: one exchange, safe behind a transaction pooler.)
-        if !in_known_transaction {
+        let in_block = !in_known_transaction
+            && conn
+                .fetch_one(IN_TRANSACTION_BLOCK)
+                .await?
+                .try_get::<bool, _>(0)?;
+        if in_block {
             match conn.execute("SAVEPOINT ringwork_insert").await {
                 Ok(_) => {
                     let inserted = self.insert_groups(conn, jobs, &texts, now).await;

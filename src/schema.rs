@@ -369,6 +369,12 @@ impl SchemaName {
         format!("ringwork_{}", self.0)
     }
 
+    /// NOTIFY channel on which a queue's first responder, when it has no room for the work it
+    /// was notified of, passes the notification on to the other processes (payload: the queue).
+    pub fn overflow_channel(&self) -> String {
+        format!("{}_overflow", self.notify_channel())
+    }
+
     /// The application_name a process gives the sessions that stand for it: its LISTEN session
     /// (`ringwork:<schema> pid <pid> <host>`) and, as `role` `leader`, the maintenance leader's
     /// lock session (`ringwork:<schema> leader pid <pid> <host>`); cut to the 63 bytes PostgreSQL

@@ -562,6 +562,137 @@ async fn a_follower_runs_notified_jobs_while_a_frozen_responder_holds_the_queue(
     db.cleanup().await;
 }
 
+/// A first responder with no room for a notified job (its one worker busy) passes the notification
+/// on, on the schema's overflow channel, and the follower runs the job; with room, it passes
+/// nothing on. The passing on is watched on the channel itself: without it the follower would
+/// still run the job, one delay later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_responder_passes_a_notification_on_to_the_followers() {
+    use sqlx::postgres::PgListener;
+    let db = TestDb::new().await;
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let start = || async {
+        let (release, started) = (Arc::clone(&release), Arc::clone(&started));
+        let client = db
+            .client()
+            .maintenance(no_maintenance())
+            .queue(
+                "default",
+                QueueConfig {
+                    max_workers: 1,
+                    claim_ahead: 0,
+                    poll_interval: Duration::from_secs(60),
+                    ..QueueConfig::default()
+                },
+            )
+            // job 0 holds its worker until released
+            .register(move |_ctx: JobContext, args: Count| {
+                let (release, started) = (Arc::clone(&release), Arc::clone(&started));
+                async move {
+                    if args.n == 0 {
+                        started.store(true, Ordering::SeqCst);
+                        let _ = release.acquire().await;
+                    }
+                    Ok::<(), JobError>(())
+                }
+            })
+            .build()
+            .await
+            .unwrap();
+        let running = client.start().await.unwrap();
+        (client, running)
+    };
+    let (responder, first) = start().await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            responder_holders(&db, "default").await.len() == 1
+        })
+        .await,
+        "the first process did not take the responder lock"
+    );
+    responder
+        .insert(NewJob::new(&Count { n: 0 }).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            started.load(Ordering::SeqCst)
+        })
+        .await,
+        "the responder did not start job 0"
+    );
+    let (follower, second) = start().await;
+    let mut overflow = PgListener::connect(&db.url).await.unwrap();
+    overflow
+        .listen(&db.schema.overflow_channel())
+        .await
+        .unwrap();
+
+    // full: the notification of job 1 is passed on, and the follower runs the job
+    follower
+        .insert(NewJob::new(&Count { n: 1 }).unwrap())
+        .await
+        .unwrap();
+    let passed = tokio::time::timeout(Duration::from_secs(10), overflow.recv())
+        .await
+        .expect("the full responder passed nothing on")
+        .unwrap();
+    assert_eq!(passed.payload(), "default");
+    let metrics = follower.metrics();
+    assert!(
+        eventually(Duration::from_secs(10), move || {
+            let metrics = Arc::clone(&metrics);
+            async move { metrics.completed() >= 1 }
+        })
+        .await,
+        "the follower did not run job 1"
+    );
+
+    // with room again, job 2's notification stays with the responder: the first thing on the
+    // channel after job 2 ran is the marker sent after it
+    release.add_permits(1);
+    let metrics = responder.metrics();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let metrics = Arc::clone(&metrics);
+            async move { metrics.completed() >= 1 }
+        })
+        .await,
+        "job 0 did not finish"
+    );
+    responder
+        .insert(NewJob::new(&Count { n: 2 }).unwrap())
+        .await
+        .unwrap();
+    let (responder_metrics, follower_metrics) = (responder.metrics(), follower.metrics());
+    assert!(
+        eventually(Duration::from_secs(10), move || {
+            let done = responder_metrics.completed() + follower_metrics.completed();
+            async move { done >= 3 }
+        })
+        .await,
+        "job 2 did not run"
+    );
+    sqlx::query("SELECT pg_notify($1, 'marker')")
+        .bind(db.schema.overflow_channel())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), overflow.recv())
+        .await
+        .expect("the marker did not arrive")
+        .unwrap();
+    assert_eq!(
+        next.payload(),
+        "marker",
+        "a responder with room passed a notification on"
+    );
+    first.shutdown(Duration::from_secs(5)).await;
+    second.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}
+
 /// Two processes on one queue: the first to listen holds the queue's first-responder lock, the
 /// second is a follower; when the first shuts down it gives the lock back, and the second takes it
 /// at its next try and runs the queue's jobs.

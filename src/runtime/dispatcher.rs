@@ -161,12 +161,22 @@ impl Dispatcher {
             let hold = self.config.max_workers + ahead_now;
             // A job claimed ahead waits for about `ahead_now / max_workers + 1` handler runs.
             let runs_ahead = ahead_now.div_ceil(self.config.max_workers) as u32 + 1;
-            let first = tokio::select! {
-                room = self.room(ahead, hold) => match room {
-                    Some(room) => room,
-                    None => return,
-                },
-                _ = stop.changed() => return,
+            // Without room now, the dispatcher is full until some frees up: a notification meanwhile
+            // is passed on to the other processes, if this one is the queue's first responder.
+            let first = match self.try_room(ahead, hold) {
+                Some(room) => room,
+                None => {
+                    self.wake.set_full(true);
+                    let room = tokio::select! {
+                        room = self.room(ahead, hold) => room,
+                        _ = stop.changed() => None,
+                    };
+                    self.wake.set_full(false);
+                    match room {
+                        Some(room) => room,
+                        None => return,
+                    }
+                }
             };
             let mut permits = vec![first];
             while permits.len() < self.config.claim_batch {

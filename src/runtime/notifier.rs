@@ -16,6 +16,14 @@
 //! falls back to `FOLLOWER_WAKE_DELAY` at the first claim that takes a job. So a follower costs a
 //! few claims a second however fast jobs arrive, and one whose responder stopped claiming picks
 //! up the next job within the longest delay, the ones after within the shortest.
+//!
+//! A responder that is **full** when a notification arrives (its dispatcher waits for room: every
+//! worker busy with jobs too long to claim ahead of, or as many jobs claimed ahead as it may hold)
+//! cannot take the new work, so it passes the notification on, on the schema's overflow channel,
+//! and every follower wakes its dispatcher at once: a fleet whose responder is busy picks up
+//! without the follower's delay (4x8 with 50-ms jobs at 400 jobs/s: pickup p50 about 29 ms
+//! before). It costs one NOTIFY, and a claim by each follower with room, only while the responder
+//! is full; a responder with room passes nothing on.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -63,6 +71,9 @@ pub(super) struct QueueWake {
     pending: AtomicBool,
     /// The dispatcher's claims in a row that found no work at all.
     empty_claims: AtomicU32,
+    /// The dispatcher is waiting for room to claim into: a notification now is passed on to the
+    /// followers (the module's comment).
+    full: AtomicBool,
 }
 
 impl QueueWake {
@@ -78,6 +89,11 @@ impl QueueWake {
                     Some(n.saturating_add(1))
                 });
         }
+    }
+
+    /// The dispatcher waits for room (true) or has some (false).
+    pub(super) fn set_full(&self, full: bool) {
+        self.full.store(full, Ordering::Relaxed);
     }
 
     /// How long after a NOTIFY a follower wakes its dispatcher now.
@@ -129,6 +145,20 @@ async fn release_responders(
     .await;
 }
 
+/// Pass a notification of `queue` on to the followers (a full responder: the module's comment).
+/// A failure is left to the listener's next statement to find: the followers' delayed wake-up
+/// still runs the work.
+async fn pass_on(conn: &mut PgListener, overflow_channel: &str, queue: &str) {
+    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(overflow_channel)
+        .bind(queue)
+        .execute(conn)
+        .await
+    {
+        debug!(error = %e, "could not pass a notification on to the followers");
+    }
+}
+
 /// Wake a queue's dispatcher a follower's delay from now, unless a wake-up is already due then.
 fn wake_later(wake: &Arc<QueueWake>) {
     if wake.pending.swap(true, Ordering::AcqRel) {
@@ -175,6 +205,7 @@ pub(super) async fn listen(
     let channel = schema.notify_channel();
     let cancel_channel = format!("{channel}_cancel");
     let maintenance_channel = format!("{channel}_maintenance");
+    let overflow_channel = schema.overflow_channel();
     loop {
         let mut listener = match PgListener::connect_with(session).await {
             Ok(l) => l,
@@ -216,6 +247,7 @@ pub(super) async fn listen(
                 channel.as_str(),
                 cancel_channel.as_str(),
                 maintenance_channel.as_str(),
+                overflow_channel.as_str(),
             ])
             .await
         {
@@ -251,11 +283,23 @@ pub(super) async fn listen(
                         };
                         signal.store(true, Ordering::Relaxed);
                     }
+                    // a full responder passed a notification on: a follower wakes at once
+                    Ok(Some(n)) if n.channel() == overflow_channel => {
+                        let queue = n.payload();
+                        if let Some(w) = wakers.get(queue) {
+                            if !responding.contains(queue) {
+                                w.notify.notify_one();
+                            }
+                        }
+                    }
                     Ok(Some(n)) => {
                         let queue = n.payload();
                         if let Some(w) = wakers.get(queue) {
                             if responding.contains(queue) {
                                 w.notify.notify_one();
+                                if w.full.load(Ordering::Relaxed) {
+                                    pass_on(&mut listener, &overflow_channel, queue).await;
+                                }
                             } else {
                                 wake_later(w);
                             }

@@ -13,10 +13,17 @@
 --
 -- SET COMPRESSION does not recurse to partitions, so every child is set, and the parent for any
 -- partition made later. A server built without lz4 refuses the setting; it keeps pglz there.
+-- Only the catalog changes (no table is rewritten), but each ALTER takes its table's ACCESS
+-- EXCLUSIVE lock until the migration commits: the three tables and their partitions are locked
+-- first, in one statement and in the order claims, completions and the archive copy take them,
+-- so that a migration run beside working processes waits for them rather than deadlocking with
+-- one that holds a table it altered and waits for another.
 DO $$
 DECLARE
     r record;
 BEGIN
+    LOCK TABLE __S__.lease_claim_batches, __S__.receipt_completion_batches,
+               __S__.archived_completion_batches IN ACCESS EXCLUSIVE MODE;
     FOR r IN
         SELECT c.oid::regclass AS rel, a.attname
           FROM pg_class c

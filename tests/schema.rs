@@ -291,14 +291,18 @@ async fn batch_rows_compress_their_arrays_with_lz4_where_the_server_has_it() {
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    let partitions = settings
-        .iter()
-        .filter(|(rel, _, _)| rel.starts_with("lease_claim_batches_"))
-        .count();
-    assert!(
-        partitions >= 6 * 3,
-        "claim batch partitions' arrays: {settings:?}"
-    );
+    // every family's partitions, each with its arrays (six, two and seven of them)
+    for (family, arrays) in [
+        ("lease_claim_batches_", 6),
+        ("receipt_completion_batches_", 2),
+        ("archived_completion_batches_", 7),
+    ] {
+        let found = settings
+            .iter()
+            .filter(|(rel, _, _)| rel.starts_with(family))
+            .count();
+        assert!(found >= arrays * 3, "{family}: {settings:?}");
+    }
     let other: Vec<_> = settings.iter().filter(|(_, _, c)| c != expected).collect();
     assert!(other.is_empty(), "not {expected:?}: {other:?}");
 

@@ -146,14 +146,17 @@ async fn release_responders(
 }
 
 /// Pass a notification of `queue` on to the followers (a full responder: the module's comment).
-/// A failure is left to the listener's next statement to find: the followers' delayed wake-up
-/// still runs the work.
+/// Without waiting for its commit to be flushed (a NOTIFY takes a transaction id, so its commit
+/// would wait for the WAL flush: here a notification lost to a crash costs only a follower's
+/// delay). A failure is left to the listener's next statement to find: the followers' delayed
+/// wake-up still runs the work.
 async fn pass_on(conn: &mut PgListener, overflow_channel: &str, queue: &str) {
-    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(overflow_channel)
-        .bind(queue)
-        .execute(conn)
-        .await
+    if let Err(e) =
+        sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)")
+            .bind(overflow_channel)
+            .bind(queue)
+            .execute(conn)
+            .await
     {
         debug!(error = %e, "could not pass a notification on to the followers");
     }

@@ -92,7 +92,9 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
         // it (60: the default, for what an idle process costs as configured out of the box).
         // Baselines, through the environment inherited from the bench process:
         // RINGWORK_BENCH_NO_PARK turns parking off (the paused-queue baseline),
-        // RINGWORK_BENCH_NO_ARCHIVE the archive (the WAL cost of history).
+        // RINGWORK_BENCH_NO_ARCHIVE the archive (the WAL cost of history), and
+        // RINGWORK_BENCH_KEEP_COMPLETED_S=N keeps completed jobs N seconds instead of 24 h (a run
+        // of hours then reaches the archive's expiry, which 24 h never does).
         .maintenance(MaintenanceConfig {
             stale_after: Duration::from_secs(
                 env_number("RINGWORK_BENCH_STALE_AFTER_S").unwrap_or(10),
@@ -103,7 +105,9 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
             },
             keep_completed: match std::env::var_os("RINGWORK_BENCH_NO_ARCHIVE") {
                 Some(_) => Duration::ZERO,
-                None => MaintenanceConfig::default().keep_completed,
+                None => env_number("RINGWORK_BENCH_KEEP_COMPLETED_S")
+                    .map(Duration::from_secs)
+                    .unwrap_or(MaintenanceConfig::default().keep_completed),
             },
             keep_failed: match std::env::var_os("RINGWORK_BENCH_NO_ARCHIVE") {
                 Some(_) => Duration::ZERO,

@@ -27,7 +27,7 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::scenario::{args_padding, ARGS_BYTES_ENV};
+use crate::scenario::{args_padding, BenchJob, ARGS_BYTES_ENV};
 use crate::worker::{env_number, now_us, report_until_signal, wait_for_signal, ProduceMode};
 
 const QUEUE: &str = "bench";
@@ -387,12 +387,17 @@ async fn produce(url: &str, mode: ProduceMode) -> Result<()> {
         let pool = pool.clone();
         async move {
             let enq_us = now_us();
-            let payloads: Vec<serde_json::Value> = (first..first + count)
-                .map(|n| match args_padding(args_bytes, n) {
-                    pad if pad.is_empty() => serde_json::json!({ "enq_us": enq_us, "n": n }),
-                    pad => serde_json::json!({ "enq_us": enq_us, "n": n, "pad": pad }),
+            let payloads = (first..first + count)
+                .map(|n| {
+                    serde_json::to_value(BenchJob {
+                        enq_us,
+                        n,
+                        held: false,
+                        pad: args_padding(args_bytes, n),
+                    })
                 })
-                .collect();
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error::Config(format!("bench payload: {e}")))?;
             sqlx::query("SELECT pgque.send_batch($1, $2::jsonb[])")
                 .bind(QUEUE)
                 .bind(&payloads)

@@ -379,7 +379,24 @@ DECLARE
     v_last_segment bigint;
     v_new_cursor bigint;
     v_last_slot int;
-    v_row record;
+    -- the walked row, in scalar variables: a record variable would look each field up by name
+    -- again after every FETCH (its row type is new each time)
+    v_r_slot int;
+    v_r_pos bigint;
+    v_r_job bigint;
+    v_r_kind text;
+    v_r_args jsonb;
+    v_r_attempt int;
+    v_r_lease bigint;
+    v_r_max_attempts int;
+    v_r_priority smallint;
+    v_r_created timestamptz;
+    v_r_timeout_ms int;
+    v_r_queue text;
+    v_r_run_at timestamptz;
+    v_r_traceparent bytea;
+    v_r_traceparent_text text;
+    v_r_spent boolean;
     v_n int := 0;
     v_job_ids bigint[];
     v_leases bigint[];
@@ -646,35 +663,37 @@ BEGIN
                     LIMIT v_limit;
             END IF;
             LOOP
-                FETCH v_walk INTO v_row;
+                FETCH v_walk INTO v_r_slot, v_r_pos, v_r_job, v_r_kind, v_r_args, v_r_attempt, v_r_lease, v_r_max_attempts,
+                                  v_r_priority, v_r_created, v_r_timeout_ms, v_r_queue, v_r_run_at, v_r_traceparent,
+                                  v_r_traceparent_text, v_r_spent;
                 EXIT WHEN NOT FOUND;
                 v_walked := v_walked + 1;
                 -- a new segment (the first row too, unless it continues the cursor's segment)
-                IF (v_row.lane_pos >> 20) <> coalesce(v_prev_seg, v_cursor >> 20)
-                   AND v_row.run_at > v_lane.next_head THEN
+                IF (v_r_pos >> 20) <> coalesce(v_prev_seg, v_cursor >> 20)
+                   AND v_r_run_at > v_lane.next_head THEN
                     v_cut := true;
                     v_stopped := true;
                     EXIT;
                 END IF;
-                IF NOT v_row.spent AND v_n >= p_max THEN
+                IF NOT v_r_spent AND v_n >= p_max THEN
                     v_stopped := true;
                     EXIT;
                 END IF;
-                v_prev_seg := v_row.lane_pos >> 20;
-                v_new_cursor := v_row.lane_pos;
-                v_last_slot := v_row.ready_slot;
-                CONTINUE WHEN v_row.spent;
+                v_prev_seg := v_r_pos >> 20;
+                v_new_cursor := v_r_pos;
+                v_last_slot := v_r_slot;
+                CONTINUE WHEN v_r_spent;
                 IF v_key_path IS NOT NULL THEN
-                    v_key := v_row.args #>> v_key_path;
+                    v_key := v_r_args #>> v_key_path;
                     IF v_key IS NOT NULL AND coalesce((v_key_room ->> v_key)::int, v_key_default_room) <= 0 THEN
                         -- its key is at its limit: held out of the ring (the cursor passes over it)
                         -- until a claim finds room for the key (migration 0012, release_held)
                         INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease,
                                                          max_attempts, run_at, created_at, timeout_ms, traceparent,
                                                          held_key)
-                        VALUES (v_row.job_id, v_row.queue, v_row.kind, v_row.args, v_row.priority, v_row.attempt,
-                                v_row.run_lease + 1, v_row.max_attempts, '9999-01-01 00:00:00+00', v_row.created_at,
-                                v_row.timeout_ms, v_row.traceparent, v_key);
+                        VALUES (v_r_job, v_r_queue, v_r_kind, v_r_args, v_r_priority, v_r_attempt,
+                                v_r_lease + 1, v_r_max_attempts, '9999-01-01 00:00:00+00', v_r_created,
+                                v_r_timeout_ms, v_r_traceparent, v_key);
                         CONTINUE;
                     ELSIF v_key IS NOT NULL THEN
                         v_key_room := jsonb_set(v_key_room, ARRAY[v_key],
@@ -686,15 +705,15 @@ BEGIN
                     END IF;
                 END IF;
 
-                v_own_deadline := v_now + make_interval(secs => v_row.timeout_ms / 1000.0);
-                IF v_row.timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
+                v_own_deadline := v_now + make_interval(secs => v_r_timeout_ms / 1000.0);
+                IF v_r_timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
                     v_deadlines := v_deadlines || v_own_deadline;
                     v_row_local_receipts := v_row_local_receipts
                         + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
                     INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
                                                     lane_id, attempt, max_attempts, claimed_at, deadline_at)
-                    VALUES (v_claim_slot, v_batch * 4096 + v_n, v_row.job_id, v_row.run_lease + 1, v_row.queue,
-                            v_row.ready_slot, v_lane.lane_id, v_row.attempt + 1, v_row.max_attempts, v_now,
+                    VALUES (v_claim_slot, v_batch * 4096 + v_n, v_r_job, v_r_lease + 1, v_r_queue,
+                            v_r_slot, v_lane.lane_id, v_r_attempt + 1, v_r_max_attempts, v_now,
                             v_own_deadline);
                 ELSE
                     v_deadlines := v_deadlines || v_batch_deadline;
@@ -702,17 +721,17 @@ BEGIN
                 END IF;
                 -- the arrays stay positional (receipt ordinal = array index - 1) over both shapes;
                 -- the batch's receipt ranges, not the arrays, say which ordinals are compact members
-                v_kinds := v_kinds || v_row.kind;
-                v_args := v_args || v_row.args;
-                v_priorities := v_priorities || v_row.priority;
-                v_created := v_created || v_row.created_at;
-                v_traceparents := v_traceparents || v_row.traceparent_text;
-                v_job_ids := v_job_ids || v_row.job_id;
-                v_leases := v_leases || (v_row.run_lease + 1);
-                v_ready_slots := v_ready_slots || v_row.ready_slot;
+                v_kinds := v_kinds || v_r_kind;
+                v_args := v_args || v_r_args;
+                v_priorities := v_priorities || v_r_priority;
+                v_created := v_created || v_r_created;
+                v_traceparents := v_traceparents || v_r_traceparent_text;
+                v_job_ids := v_job_ids || v_r_job;
+                v_leases := v_leases || (v_r_lease + 1);
+                v_ready_slots := v_ready_slots || v_r_slot;
                 v_lane_ids := v_lane_ids || v_lane.lane_id;
-                v_attempts := v_attempts || (v_row.attempt + 1);
-                v_max_attempts := v_max_attempts || v_row.max_attempts;
+                v_attempts := v_attempts || (v_r_attempt + 1);
+                v_max_attempts := v_max_attempts || v_r_max_attempts;
                 v_n := v_n + 1;
             END LOOP;
             CLOSE v_walk;
@@ -774,11 +793,12 @@ BEGIN
                     int8multirange(int8range(v_batch * 4096, v_batch * 4096 + v_n)) - v_row_local_receipts,
                     v_compact, v_now, v_batch_deadline);
         END IF;
-        -- column aliases apart from the output names, which are variables here
+        -- The arrays side by side, unnested in the select list: there they run in step without a
+        -- tuplestore each, which a FROM unnest of ten arrays fills and reads for every row.
         RETURN QUERY
-        SELECT u.j, u.l, v_claim_slot, v_batch * 4096 + u.o - 1, u.k, u.a, u.att, u.ma, u.p, u.c, u.d, u.t, v_more
-        FROM unnest(v_job_ids, v_leases, v_kinds, v_args, v_attempts, v_max_attempts, v_priorities, v_created,
-                    v_deadlines, v_traceparents) WITH ORDINALITY AS u(j, l, k, a, att, ma, p, c, d, t, o);
+        SELECT unnest(v_job_ids), unnest(v_leases), v_claim_slot, v_batch * 4096 + generate_series(0, v_n - 1),
+               unnest(v_kinds), unnest(v_args), unnest(v_attempts), unnest(v_max_attempts), unnest(v_priorities),
+               unnest(v_created), unnest(v_deadlines), unnest(v_traceparents), v_more;
     ELSIF p_empty_row THEN
         -- took nothing: one row of NULLs but `more`, so that the caller knows without asking
         -- queue_has_backlog whether to wait for a NOTIFY (false: the claim saw every visible job)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The server's instructions per job cycle: one backend enqueues 5 jobs (`enqueue_jobs`), claims
+# The server's instructions per job cycle: one backend enqueues 5 jobs (JOBS) (`enqueue_jobs`), claims
 # them and completes them (`claim` + `complete_batch`), as prepared statements, N times. Counted by
 # valgrind's callgrind on a single-user backend (`postgres --single`), so the figure does not move
 # with the machine's load: the same schema gives the same count to about 0.1 %, and an A/B of two
@@ -13,6 +13,8 @@
 #          finds its key's tail completed)
 #   SQL_FILE  installed over the schema first, with __S__ replaced by `ringwork`: to measure a
 #             variant of a function file (sql/functions/*.sql) against the built schema
+#   JOBS=N    (environment) jobs a cycle in the full, claim and enqueue modes, 1..4096 (default 5):
+#             5 shows a statement's fixed cost, 128 a batch's per-job cost as at saturation
 # Prints the instructions of one cycle: (count after 120 cycles - count after 20) / 100.
 #
 # Needs valgrind, the server binaries (pg_config --bindir) and a built `ringwork` CLI
@@ -27,6 +29,14 @@ case "$MODE" in full | claim | enqueue | plain10 | chains | sequence) ;; *)
     exit 2
     ;;
 esac
+JOBS=${JOBS:-5}
+case "$JOBS" in '' | *[!0-9]*) echo "JOBS must be a number of jobs, got $JOBS" >&2; exit 2 ;; esac
+if [ "$JOBS" -lt 1 ] || [ "$JOBS" -gt 4096 ]; then
+    echo "JOBS must be 1..4096, got $JOBS" >&2
+    exit 2
+fi
+# the workflow and sequence modes keep their shape: ten jobs, two claims of five
+case "$MODE" in plain10 | chains | sequence) JOBS=5 ;; esac
 BIN=$(pg_config --bindir)
 CLI=${RINGWORK_CLI:-$(dirname "$0")/../target/debug/ringwork}
 PORT=5441
@@ -45,14 +55,14 @@ done
 psql -q -h 127.0.0.1 -p $PORT -U postgres cycle -c "SELECT ringwork.ensure_lane('q', 2::smallint)" >/dev/null
 as_pg "$BIN/pg_ctl -D $DIR/data stop" >/dev/null
 
-ENQUEUE="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[5]), array_fill('{\"a\":1}'::jsonb, ARRAY[5]), array_fill(25, ARRAY[5]), array_fill(NULL::int, ARRAY[5]), array_fill(NULL::text, ARRAY[5]))"
-CLAIM="SELECT count(*) FROM ringwork.claim('q', 5, interval '5 min')"
+ENQUEUE="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[$JOBS]), array_fill('{\"a\":1}'::jsonb, ARRAY[$JOBS]), array_fill(25, ARRAY[$JOBS]), array_fill(NULL::int, ARRAY[$JOBS]), array_fill(NULL::text, ARRAY[$JOBS]))"
+CLAIM="SELECT count(*) FROM ringwork.claim('q', $JOBS, interval '5 min')"
 STEP='{"kind": "k", "queue": "q", "args": {"a": 1}}'
 CHAIN="[{\"step\": \"a\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}}, {\"step\": \"b\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}, \"depends_on\": [\"a\"]}]"
 PLAIN10="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[10]), array_fill('{\"a\":1}'::jsonb, ARRAY[10]), array_fill(25, ARRAY[10]), array_fill(NULL::int, ARRAY[10]), array_fill(NULL::text, ARRAY[10]))"
 CHAINS="SELECT count(*) FROM ringwork.enqueue_workflows('[$CHAIN, $CHAIN, $CHAIN, $CHAIN, $CHAIN]'::jsonb)"
 SEQUENCE="SELECT count(*) FROM ringwork.enqueue_in_sequence_many(ARRAY['k1', 'k1', 'k2', 'k2', 'k3', 'k3', 'k4', 'k4', 'k5', 'k5'], array_fill('$STEP'::jsonb, ARRAY[10]), array_fill('run'::text, ARRAY[10]))"
-CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', 5, interval '5 min')) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
+CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', $JOBS, interval '5 min')) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
 
 # instructions of a fresh copy of the cluster running $1 cycles
 instructions() {
@@ -86,5 +96,5 @@ instructions() {
 }
 few=$(instructions 20)
 many=$(instructions 120)
-case "$MODE" in full | claim | enqueue) jobs=5 ;; *) jobs=10 ;; esac
+case "$MODE" in full | claim | enqueue) jobs=$JOBS ;; *) jobs=10 ;; esac
 echo "$MODE: $(((many - few) / 100)) instructions per cycle of $jobs jobs"

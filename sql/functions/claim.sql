@@ -406,16 +406,17 @@ DECLARE
     v_max_attempts int[];
     -- the receipts of row-local claims; every other receipt of the batch is a compact member's
     v_row_local_receipts int8multirange := '{}';
-    -- how many of the claimed jobs are compact members of the claim batch (the rest are row-local)
-    v_compact int := 0;
+    -- how many of the claimed jobs are row-local claims (the rest are compact members of the batch)
+    v_row_local int := 0;
     -- whether the slots a walk covers hold any tombstone: without one, the walk does not probe them
     v_tombstones boolean;
     v_pass int := 0;
     v_cut boolean;
     v_stopped boolean;
-    v_prev_seg bigint;
     v_walked int;
     v_limit int;
+    -- jobs claimed before this shard's walk (its rows' lane ids are appended after it)
+    v_n_before int;
     v_seg_slot int;
     v_paused boolean;
     v_any_parked boolean;
@@ -614,10 +615,10 @@ BEGIN
             END IF;
             v_new_cursor := v_cursor;
             v_last_slot := NULL;
-            v_prev_seg := NULL;
             v_walked := 0;
             v_stopped := false;
             v_limit := (p_max - v_n) + 64;
+            v_n_before := v_n;
 
             -- No gap check: a shard is written by one open transaction at a time (enqueue_segment),
             -- so a segment missing below a visible one was rolled back or lost for good.
@@ -669,7 +670,8 @@ BEGIN
                 EXIT WHEN NOT FOUND;
                 v_walked := v_walked + 1;
                 -- a new segment (the first row too, unless it continues the cursor's segment)
-                IF (v_r_pos >> 20) <> coalesce(v_prev_seg, v_cursor >> 20)
+                -- (the cursor's segment is the last walked row's, or the one the walk started in)
+                IF (v_r_pos >> 20) <> (v_new_cursor >> 20)
                    AND v_r_run_at > v_lane.next_head THEN
                     v_cut := true;
                     v_stopped := true;
@@ -679,7 +681,6 @@ BEGIN
                     v_stopped := true;
                     EXIT;
                 END IF;
-                v_prev_seg := v_r_pos >> 20;
                 v_new_cursor := v_r_pos;
                 v_last_slot := v_r_slot;
                 CONTINUE WHEN v_r_spent;
@@ -705,8 +706,11 @@ BEGIN
                     END IF;
                 END IF;
 
-                v_own_deadline := v_now + make_interval(secs => v_r_timeout_ms / 1000.0);
-                IF v_r_timeout_ms IS NOT NULL AND v_own_deadline IS DISTINCT FROM v_batch_deadline THEN
+                -- a statement a row counts: the own deadline is computed only for a job with a timeout
+                IF v_r_timeout_ms IS NOT NULL
+                   AND v_now + make_interval(secs => v_r_timeout_ms / 1000.0) IS DISTINCT FROM v_batch_deadline THEN
+                    v_own_deadline := v_now + make_interval(secs => v_r_timeout_ms / 1000.0);
+                    v_row_local := v_row_local + 1;
                     v_deadlines := v_deadlines || v_own_deadline;
                     v_row_local_receipts := v_row_local_receipts
                         + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
@@ -717,7 +721,6 @@ BEGIN
                             v_own_deadline);
                 ELSE
                     v_deadlines := v_deadlines || v_batch_deadline;
-                    v_compact := v_compact + 1;
                 END IF;
                 -- the arrays stay positional (receipt ordinal = array index - 1) over both shapes;
                 -- the batch's receipt ranges, not the arrays, say which ordinals are compact members
@@ -729,12 +732,14 @@ BEGIN
                 v_job_ids := v_job_ids || v_r_job;
                 v_leases := v_leases || (v_r_lease + 1);
                 v_ready_slots := v_ready_slots || v_r_slot;
-                v_lane_ids := v_lane_ids || v_lane.lane_id;
                 v_attempts := v_attempts || (v_r_attempt + 1);
                 v_max_attempts := v_max_attempts || v_r_max_attempts;
                 v_n := v_n + 1;
             END LOOP;
             CLOSE v_walk;
+            IF v_n > v_n_before THEN
+                v_lane_ids := v_lane_ids || array_fill(v_lane.lane_id, ARRAY[v_n - v_n_before]);
+            END IF;
             -- stopped by its row limit (spent rows between unclaimed ones): the shard has more
             IF NOT v_stopped AND v_walked >= v_limit THEN
                 v_more := true;
@@ -784,14 +789,14 @@ BEGIN
         -- the claim batch that holds the compact members' evidence (its receipt ranges: the batch's
         -- receipts less the row-local ones; the arrays are positional, receipt ordinal = array
         -- index - 1, and include the row-local claims' entries)
-        IF v_compact > 0 THEN
+        IF v_row_local < v_n THEN
             INSERT INTO __S__.lease_claim_batches (claim_slot, batch_id, queue, job_ids, run_leases, ready_slots,
                                                    lane_ids, attempts, max_attempts, receipt_ranges,
                                                    claimed_count, claimed_at, deadline_at)
             VALUES (v_claim_slot, v_batch, p_queue, v_job_ids, v_leases, v_ready_slots, v_lane_ids, v_attempts,
                     v_max_attempts,
                     int8multirange(int8range(v_batch * 4096, v_batch * 4096 + v_n)) - v_row_local_receipts,
-                    v_compact, v_now, v_batch_deadline);
+                    v_n - v_row_local, v_now, v_batch_deadline);
         END IF;
         -- The arrays side by side, unnested in the select list: there they run in step without a
         -- tuplestore each, which a FROM unnest of ten arrays fills and reads for every row.

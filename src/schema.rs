@@ -364,15 +364,35 @@ impl SchemaName {
         &self.0
     }
 
-    /// NOTIFY channel that enqueue signals for this schema.
+    /// NOTIFY channel that enqueue signals for this schema (payload: the queue).
     pub fn notify_channel(&self) -> String {
         format!("ringwork_{}", self.0)
+    }
+
+    /// NOTIFY channel that tells every process a running attempt was cancelled (payload:
+    /// `job_id:run_lease`; sent by `cancel_job` in sql/functions/control.sql).
+    pub fn cancel_channel(&self) -> String {
+        self.signal_channel("cancel")
+    }
+
+    /// NOTIFY channel that wakes the maintenance leader (payload: `deferred` or `clock`; sent by
+    /// sql/functions/deferred.sql and clock.sql).
+    pub fn maintenance_channel(&self) -> String {
+        self.signal_channel("maintenance")
     }
 
     /// NOTIFY channel on which a queue's first responder, when it has no room for the work it
     /// was notified of, passes the notification on to the other processes (payload: the queue).
     pub fn overflow_channel(&self) -> String {
-        format!("{}_overflow", self.notify_channel())
+        self.signal_channel("overflow")
+    }
+
+    /// A signal's channel: the enqueue channel, a dot, the signal. A schema name holds no dot, so
+    /// no schema's channel is another's (decision 020): with `_cancel` appended, schema
+    /// `foo_cancel`'s enqueue channel was `foo`'s cancel channel, and an enqueue into its queue
+    /// named `42:1` cancelled `foo`'s running job 42.
+    fn signal_channel(&self, signal: &str) -> String {
+        format!("{}.{signal}", self.notify_channel())
     }
 
     /// The application_name a process gives the sessions that stand for it: its LISTEN session

@@ -5,12 +5,14 @@ mod support;
 
 use ringwork::{
     CancelOutcome, JobArgs, JobContext, JobError, JobStatus, NewJob, Outcome, QueueConfig,
+    RingSizes, SchemaName,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{complete_one, enqueue, eventually, job, state, TestDb};
+use tokio::sync::Semaphore;
 
 #[derive(Serialize, Deserialize)]
 struct Long {}
@@ -165,7 +167,7 @@ async fn a_running_handler_is_told_it_was_cancelled() {
     assert!(started);
     // The cancel reaches the handler through NOTIFY: wait until the client's listener has issued
     // its LISTEN on the cancel channel (the heartbeat fallback would take stale_after / 4).
-    let channel = format!("ringwork_{}_cancel", db.schema);
+    let channel = db.schema.cancel_channel();
     let listening = support::listener_pid(&db, &channel).await.is_some();
     assert!(listening, "the client never listened on {channel}");
     assert_eq!(
@@ -186,5 +188,121 @@ async fn a_running_handler_is_told_it_was_cancelled() {
     assert!(told, "the handler saw ctx.cancelled()");
     assert!(stale, "its completion was reported stale");
     assert_eq!(state(&db, id).await, "cancelled");
+    db.cleanup().await;
+}
+
+/// Several schemas can share a database. A schema named like another with `_cancel` appended
+/// sends its enqueue notifications (payload: the queue's name, which can read as `job:lease`) on
+/// a channel of its own, so they never cancel the other schema's running attempt. No clock: the
+/// listener reads its session's notifications in commit order and sets cancel flags as it reads
+/// them, so once the second job's real cancel has reached its handler, the other schema's
+/// enqueue, committed before it, was read, and the first job's flag says what it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_schemas_enqueue_never_cancels_a_running_job() {
+    let db = TestDb::new().await;
+    let other = SchemaName::new(&format!("{}_cancel", db.schema)).unwrap();
+    ringwork::schema::migrate(&db.pool, &other, RingSizes::default())
+        .await
+        .unwrap();
+    // each job's (job id, run lease) when it starts, and (job id, cancelled) when it ends
+    let started = Arc::new(Mutex::new(Vec::<(i64, i64)>::new()));
+    let ended = Arc::new(Mutex::new(Vec::<(i64, bool)>::new()));
+    let release = Arc::new(Semaphore::new(0));
+    let (on_start, on_end, gate) = (
+        Arc::clone(&started),
+        Arc::clone(&ended),
+        Arc::clone(&release),
+    );
+    let client = db
+        .client()
+        .queue(
+            "default",
+            QueueConfig {
+                poll_interval: Duration::from_millis(50),
+                ..QueueConfig::default()
+            },
+        )
+        .register(move |ctx: JobContext, _args: Long| {
+            let (on_start, on_end, gate) = (
+                Arc::clone(&on_start),
+                Arc::clone(&on_end),
+                Arc::clone(&gate),
+            );
+            async move {
+                on_start.lock().unwrap().push((ctx.job_id, ctx.run_lease));
+                tokio::select! {
+                    _ = ctx.cancelled() => {}
+                    permit = gate.acquire() => permit.unwrap().forget(),
+                }
+                on_end
+                    .lock()
+                    .unwrap()
+                    .push((ctx.job_id, ctx.is_cancelled()));
+                Ok::<(), JobError>(())
+            }
+        })
+        .build()
+        .await
+        .unwrap();
+    let first = client.insert(NewJob::new(&Long {}).unwrap()).await.unwrap();
+    let second = client.insert(NewJob::new(&Long {}).unwrap()).await.unwrap();
+    let running = client.start().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let started = Arc::clone(&started);
+            async move { started.lock().unwrap().len() == 2 }
+        })
+        .await,
+        "both jobs should run"
+    );
+    let channel = db.schema.cancel_channel();
+    assert!(
+        support::listener_pid(&db, &channel).await.is_some(),
+        "the client never listened on {channel}"
+    );
+    let lease = started
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(id, _)| *id == first)
+        .map(|(_, lease)| *lease)
+        .unwrap();
+
+    // the other schema's enqueue into a queue named as the first attempt's cancel payload
+    sqlx::query(&format!("SELECT {other}.enqueue($1, 'other')"))
+        .bind(format!("{first}:{lease}"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        client.cancel(second).await.unwrap(),
+        CancelOutcome::CancelledRunning
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let ended = Arc::clone(&ended);
+            async move { ended.lock().unwrap().contains(&(second, true)) }
+        })
+        .await,
+        "the second job's handler was not told of its cancel"
+    );
+    release.add_permits(1);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let ended = Arc::clone(&ended);
+            async move { ended.lock().unwrap().iter().any(|(id, _)| *id == first) }
+        })
+        .await,
+        "the first job did not end"
+    );
+    assert!(
+        ended.lock().unwrap().contains(&(first, false)),
+        "another schema's enqueue cancelled the first job"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(state(&db, first).await, "completed");
+    ringwork::schema::drop_schema(&db.pool, &other)
+        .await
+        .unwrap();
     db.cleanup().await;
 }

@@ -72,7 +72,7 @@ async fn a_snooze_runs_the_job_later_without_using_an_attempt() {
 }
 
 /// The maintenance leader sleeps until the earliest deferred job is due, so every path that makes
-/// one due sooner must tell it (`wake_promotion()`, on `ringwork_<schema>_maintenance`); the
+/// one due sooner must tell it (`wake_promotion()`, on `ringwork_<schema>.maintenance`); the
 /// successful completion of a batch, the hot path, tells nobody.
 #[tokio::test]
 async fn every_path_that_makes_a_deferred_job_due_sooner_wakes_the_leader_and_completion_does_not()
@@ -80,13 +80,13 @@ async fn every_path_that_makes_a_deferred_job_due_sooner_wakes_the_leader_and_co
     use sqlx::postgres::PgListener;
     let db = TestDb::new().await;
     let storage = db.storage();
-    let channel = format!("{}_maintenance", db.schema.notify_channel());
+    let channel = db.schema.maintenance_channel();
     let mut listener = PgListener::connect_with(&db.pool).await.unwrap();
     listener.listen(&channel).await.unwrap();
     // What arrives next on the channel, after `what` committed: the sentinel sent after it comes
     // first when `what` sent nothing.
     async fn next(listener: &mut PgListener, db: &TestDb, channel: &str) -> String {
-        db.exec(&format!("NOTIFY {channel}, 'sentinel'")).await;
+        db.exec(&format!("NOTIFY \"{channel}\", 'sentinel'")).await;
         let n = tokio::time::timeout(Duration::from_secs(10), listener.recv())
             .await
             .expect("a notification within 10 s")

@@ -36,7 +36,7 @@ BEGIN
     RETURNING offset_us INTO v_offset;
     -- the maintenance leader paces its services by what it last saw on this clock: now moved, all
     -- of them are due (src/maintenance/runner.rs)
-    PERFORM pg_notify('ringwork___S___maintenance', 'clock');
+    PERFORM pg_notify('ringwork___S__.maintenance', 'clock');
     RETURN make_interval(secs => v_offset / 1e6);
 END
 $$;

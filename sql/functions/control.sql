@@ -228,7 +228,7 @@ BEGIN
     IF FOUND AND (SELECT c.accepted FROM __S__.close_batch(ARRAY[v_claim.claim_slot], ARRAY[v_claim.receipt_id],
                        ARRAY[p_job_id], ARRAY[v_ready.run_lease + 1], ARRAY['cancelled'],
                        ARRAY[NULL::timestamptz], ARRAY[p_reason]) c) THEN
-        PERFORM pg_notify('ringwork___S___cancel', p_job_id || ':' || (v_ready.run_lease + 1));
+        PERFORM pg_notify('ringwork___S__.cancel', p_job_id || ':' || (v_ready.run_lease + 1));
         RETURN 'cancelled_running';
     END IF;
     -- the attempt closed while we looked; if it closed into a retry, the job waits in

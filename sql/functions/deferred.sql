@@ -12,7 +12,7 @@
 -- still promoted within a tick of being due. Delivered at commit, once per transaction.
 CREATE OR REPLACE FUNCTION __S__.wake_promotion() RETURNS void
 LANGUAGE sql AS $$
-    SELECT pg_notify('ringwork___S___maintenance', 'deferred')
+    SELECT pg_notify('ringwork___S__.maintenance', 'deferred')
 $$;
 
 CREATE OR REPLACE FUNCTION __S__.schedule_jobs(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],

@@ -205,8 +205,8 @@ pub(super) async fn listen(
     let schema = storage.schema();
     let queues: Vec<String> = wakers.keys().cloned().collect();
     let channel = schema.notify_channel();
-    let cancel_channel = format!("{channel}_cancel");
-    let maintenance_channel = format!("{channel}_maintenance");
+    let cancel_channel = schema.cancel_channel();
+    let maintenance_channel = schema.maintenance_channel();
     let overflow_channel = schema.overflow_channel();
     loop {
         let mut listener = match PgListener::connect_with(session).await {

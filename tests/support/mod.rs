@@ -146,7 +146,7 @@ pub fn no_maintenance() -> MaintenanceConfig {
 pub use ringwork::testing::eventually;
 
 /// The backend of a client's LISTEN session on `channel` (its schema's `ringwork_<schema>`, or
-/// that with `_cancel`) in the test's database (other tests' schemas share the name), once the
+/// a signal's `ringwork_<schema>.cancel`) in the test's database (other tests' schemas share the name), once the
 /// client has issued it; None if it has not within 10 s.
 pub async fn listener_pid(db: &TestDb, channel: &str) -> Option<i32> {
     let found = std::sync::Mutex::new(None);

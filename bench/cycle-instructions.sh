@@ -15,6 +15,8 @@
 #             variant of a function file (sql/functions/*.sql) against the built schema
 #   JOBS=N    (environment) jobs a cycle in the full, claim and enqueue modes, 1..4096 (default 5):
 #             5 shows a statement's fixed cost, 128 a batch's per-job cost as at saturation
+# The claim is called as the engine calls it (the six-argument form; the SQL API's shorter form is
+# a SQL function whose statement is planned at every call).
 # Prints the instructions of one cycle: (count after 120 cycles - count after 20) / 100.
 #
 # Needs valgrind, the server binaries (pg_config --bindir) and a built `ringwork` CLI
@@ -56,13 +58,13 @@ psql -q -h 127.0.0.1 -p $PORT -U postgres cycle -c "SELECT ringwork.ensure_lane(
 as_pg "$BIN/pg_ctl -D $DIR/data stop" >/dev/null
 
 ENQUEUE="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[$JOBS]), array_fill('{\"a\":1}'::jsonb, ARRAY[$JOBS]), array_fill(25, ARRAY[$JOBS]), array_fill(NULL::int, ARRAY[$JOBS]), array_fill(NULL::text, ARRAY[$JOBS]))"
-CLAIM="SELECT count(*) FROM ringwork.claim('q', $JOBS, interval '5 min')"
+CLAIM="SELECT count(*) FROM ringwork.claim('q', $JOBS, interval '5 min', NULL::interval, NULL::interval, false)"
 STEP='{"kind": "k", "queue": "q", "args": {"a": 1}}'
 CHAIN="[{\"step\": \"a\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}}, {\"step\": \"b\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}, \"depends_on\": [\"a\"]}]"
 PLAIN10="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[10]), array_fill('{\"a\":1}'::jsonb, ARRAY[10]), array_fill(25, ARRAY[10]), array_fill(NULL::int, ARRAY[10]), array_fill(NULL::text, ARRAY[10]))"
 CHAINS="SELECT count(*) FROM ringwork.enqueue_workflows('[$CHAIN, $CHAIN, $CHAIN, $CHAIN, $CHAIN]'::jsonb)"
 SEQUENCE="SELECT count(*) FROM ringwork.enqueue_in_sequence_many(ARRAY['k1', 'k1', 'k2', 'k2', 'k3', 'k3', 'k4', 'k4', 'k5', 'k5'], array_fill('$STEP'::jsonb, ARRAY[10]), array_fill('run'::text, ARRAY[10]))"
-CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', $JOBS, interval '5 min')) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
+CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', $JOBS, interval '5 min', NULL::interval, NULL::interval, false)) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
 
 # instructions of a fresh copy of the cluster running $1 cycles
 instructions() {

@@ -121,17 +121,28 @@ async fn one_transaction_writes_one_shard_per_lane_even_across_a_rolled_back_sav
     db.cleanup().await;
 }
 
-/// The shard of each job, in the order given.
-async fn shards_of(db: &TestDb, ids: &[i64]) -> Vec<i32> {
-    sqlx::query_scalar(&format!(
-        "SELECT e.lane_id FROM unnest($1::bigint[]) WITH ORDINALITY AS i(job_id, n)
-         JOIN {}.ready_entries e ON e.job_id = i.job_id ORDER BY i.n",
+/// The lane id and shard number of each job, in the order given.
+async fn lanes_of(db: &TestDb, ids: &[i64]) -> Vec<(i32, i32)> {
+    sqlx::query_as(&format!(
+        "SELECT e.lane_id, l.shard FROM unnest($1::bigint[]) WITH ORDINALITY AS i(job_id, n)
+         JOIN {0}.ready_entries e ON e.job_id = i.job_id
+         JOIN {0}.queue_lanes l ON l.lane_id = e.lane_id ORDER BY i.n",
         db.schema
     ))
     .bind(ids)
     .fetch_all(&db.pool)
     .await
     .unwrap()
+}
+
+/// The shard (lane id) of each job, in the order given.
+async fn shards_of(db: &TestDb, ids: &[i64]) -> Vec<i32> {
+    lanes_of(db, ids).await.into_iter().map(|l| l.0).collect()
+}
+
+/// The shard number of each job, in the order given.
+async fn shard_numbers(db: &TestDb, ids: &[i64]) -> Vec<i32> {
+    lanes_of(db, ids).await.into_iter().map(|l| l.1).collect()
 }
 
 /// `job` inserted by a backend of its own, which is closed after the insert.
@@ -160,6 +171,11 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
         shards.iter().all(|s| *s == shards[0]),
         "a producer at a steady rate keeps to one shard, so a claim visits one: {shards:?}"
     );
+    assert_eq!(
+        shard_numbers(&db, &steady[..1]).await,
+        vec![0],
+        "the first free shard without a backlog is the lowest-numbered, the same in every backend"
+    );
     // Now without claims. The shard's cursor sequence is one segment behind its last claim, which
     // counts as no backlog: the next segment goes to the same shard. Then that segment waits
     // unclaimed, a backlog, and the one after spreads to another shard.
@@ -171,6 +187,63 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
     assert_eq!(later[0], shards[0], "{later:?}");
     assert_ne!(later[1], shards[0], "a segment waits: the next spreads");
     assert_eq!(claim_all(&storage, 10).await.len(), 2);
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_backlog_on_every_shard_sends_each_next_segment_to_the_least_behind() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    // Nothing is claimed. A shard reads as behind once two of its segments wait (the cursor
+    // sequence's lag of one counts as none), so sixteen inserts fill the eight base shards in
+    // order, two segments each, and every shard is then one segment behind.
+    let mut filling = Vec::new();
+    for n in 0..16 {
+        filling.push(insert_on_a_new_connection(&db, job(n)).await);
+    }
+    let filled = shard_numbers(&db, &filling).await;
+    assert_eq!(
+        filled,
+        vec![0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7],
+        "first fit: the lowest-numbered shard without a backlog"
+    );
+    // Now every shard is behind by one: each next segment goes to a shard of the least backlog,
+    // which then is behind by two, so eight inserts take the eight shards once each.
+    let mut spread = Vec::new();
+    for n in 16..24 {
+        spread.push(insert_on_a_new_connection(&db, job(n)).await);
+    }
+    let later = shard_numbers(&db, &spread).await;
+    assert_eq!(
+        later,
+        vec![0, 1, 2, 3, 4, 5, 6, 7],
+        "the least behind first: {later:?}"
+    );
+    // The least behind held by an open transaction: the next least takes the segment (no new
+    // shard). A takes shard 0 and stays open, seven more inserts take shards 1 to 7, and all eight
+    // are then three behind, shard 0 first in shard order.
+    let mut a = db.pool.begin().await.unwrap();
+    let a_id = storage.insert(&mut a, &job(24)).await.unwrap();
+    let mut around = Vec::new();
+    for n in 25..32 {
+        around.push(insert_on_a_new_connection(&db, job(n)).await);
+    }
+    let e_id = insert_on_a_new_connection(&db, job(32)).await;
+    a.commit().await.unwrap();
+    let held = shard_numbers(&db, &[a_id]).await;
+    let others = shard_numbers(&db, &around).await;
+    assert_eq!((held, others), (vec![0], vec![1, 2, 3, 4, 5, 6, 7]));
+    assert_eq!(
+        shard_numbers(&db, &[e_id]).await,
+        vec![1],
+        "shard 0 is held: the next of the least backlog, in shard order"
+    );
+    let lanes: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}.queue_lanes", db.schema))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(lanes, 8, "no shard was created while a free one was left");
+    assert_eq!(claim_all(&storage, 10).await.len(), 33);
     db.cleanup().await;
 }
 

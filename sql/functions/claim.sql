@@ -445,6 +445,9 @@ DECLARE
     -- another claimer, a walk cut short by its row limit or a segment cut it did not follow, or a
     -- limit (held jobs, a room the limits cut). A short claim without it saw every visible job.
     v_more boolean := false;
+    -- a function's result that is not used: an assignment is evaluated as a simple expression,
+    -- where PERFORM runs a statement through the executor
+    v_ignored text;
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -454,7 +457,7 @@ BEGIN
     -- server crash only makes its jobs claimable again (at-least-once: they may run twice); it
     -- cannot lose a job, because WAL is flushed in order: any later durable record (a completion,
     -- or the next claimer's cursor setval past these rows) makes this commit durable first.
-    PERFORM set_config('synchronous_commit', 'off', true);
+    v_ignored := set_config('synchronous_commit', 'off', true);
     v_claim_slot := __S__.current_claim_slot();
 
     -- A claim is the queue being worked: bring its parked lanes back first (sql/functions/parking.sql).
@@ -611,7 +614,7 @@ BEGIN
                 v_cursor := __S__.lane_cursor(v_lane.lane_id);
             END IF;
             IF v_cursor > v_seq_cursor THEN
-                PERFORM setval(v_lane.cursor_seq, v_cursor, true);
+                v_ignored := setval(v_lane.cursor_seq, v_cursor, true);
             END IF;
             v_new_cursor := v_cursor;
             v_last_slot := NULL;

@@ -120,10 +120,13 @@ $$;
 -- gaps (rolled back, or skipped by a sequence after a crash): a claimer may step over any gap it
 -- sees, and an open transaction holds back only its own shard. No pg_locks read is ever needed.
 --
--- Choice of shard: the free shard with the least estimated backlog (from its sequences, less the
--- one segment the cursor sequence lags), ties broken by the furthest-written shard, then from a start point fixed per
--- backend. So an idle queue's producers keep writing one shard (FIFO) and a backlog spreads over
--- the shards (claimers in several processes work them at once).
+-- Choice of shard: the lowest-numbered free shard without a backlog (estimated from its two
+-- sequences, less the one segment the cursor sequence lags), so an idle queue's producers keep
+-- writing one shard (FIFO) in every backend; when every shard has a backlog or is held, the free one
+-- with the least backlog (a backlog spreads over the shards, which claimers in several processes
+-- work at once). Shards are read in order and the reading stops at the first fit: an idle queue's
+-- enqueue reads two sequences, not two of every shard (a sequence read opens and locks a relation;
+-- reading all eight shards was a third of a small enqueue's own statements).
 -- All busy: create a shard, inside this transaction (its creator holds it; it is visible to claimers
 -- with the creator's commit, like its jobs). At the cap: wait for a shard.
 -- ---------------------------------------------------------------------------------------------
@@ -131,8 +134,15 @@ CREATE OR REPLACE FUNCTION __S__.enqueue_segment(p_queue text, p_priority smalli
                                       OUT ready_slot int, OUT lane_id int, OUT base_pos bigint)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
+    -- the shards in shard order: lane ids and both sequences
     v_lanes int[];
     v_seqs regclass[];
+    v_cursor_seqs regclass[];
+    v_backlog bigint;
+    -- the shard with the least backlog of those read, and that backlog
+    v_least int;
+    v_least_backlog bigint;
+    v_last bigint;
     v_guc text;
     v_held int;
     v_lane int;
@@ -141,36 +151,22 @@ DECLARE
     v_n int;
     v_seg bigint;
     v_first_lane int;
+    -- a function's result that is not used: an assignment is evaluated as a simple expression,
+    -- where PERFORM runs a statement through the executor
+    v_ignored text;
 BEGIN
     IF p_count < 1 OR p_count > 1048575 THEN
         RAISE EXCEPTION 'ringwork: a segment holds 1..1048575 jobs, got %', p_count USING ERRCODE = '22023';
     END IF;
-    -- A backlog of one segment counts as none: the cursor sequence lags the claims by one (it is
-    -- moved at the next claim's visit), so a shard whose last segment was just claimed reads as one
-    -- segment behind. Counted as a backlog, it sent the next enqueue to another shard, and at a
-    -- steady rate producers alternated between two shards: every claim then visited both, one only
-    -- to catch its cursor up. Among shards without a backlog the one written furthest wins (the
-    -- same for every backend), so an idle queue's producers keep to one shard; concurrent producers
-    -- find it locked and take the next.
-    SELECT array_agg(c.lane_id ORDER BY c.backlog, c.last_segment DESC, c.turn, c.lane_id),
-           array_agg(c.segment_seq ORDER BY c.backlog, c.last_segment DESC, c.turn, c.lane_id), min(c.lane_id)
-    INTO v_lanes, v_seqs, v_first_lane
-    FROM (SELECT l.lane_id, l.segment_seq, s.last_segment,
-                 greatest(s.last_segment - (s.cursor_pos >> 20) - 1, 0) AS backlog,
-                 ((l.shard - pg_backend_pid()) % __S__.lane_base_shards() + __S__.lane_base_shards())
-                     % __S__.lane_base_shards() AS turn
-          FROM __S__.queue_lanes l
-          -- a shard never written has no cursor to read (a sequence read opens and locks a relation)
-          CROSS JOIN LATERAL (SELECT w.last_segment,
-                                     CASE WHEN w.last_segment > 0
-                                          THEN coalesce(pg_sequence_last_value(l.cursor_seq), 0) ELSE 0 END AS cursor_pos
-                              FROM (SELECT coalesce(pg_sequence_last_value(l.segment_seq), 0) AS last_segment
-                                    OFFSET 0) w) s
-          WHERE l.queue = p_queue AND l.priority = p_priority) c;
+    SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.segment_seq ORDER BY l.shard),
+           array_agg(l.cursor_seq ORDER BY l.shard), min(l.lane_id)
+    INTO v_lanes, v_seqs, v_cursor_seqs, v_first_lane
+    FROM __S__.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
     IF v_lanes IS NULL THEN
         PERFORM __S__.ensure_lane(p_queue, p_priority);
-        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.segment_seq ORDER BY l.shard), min(l.lane_id)
-        INTO v_lanes, v_seqs, v_first_lane
+        SELECT array_agg(l.lane_id ORDER BY l.shard), array_agg(l.segment_seq ORDER BY l.shard),
+               array_agg(l.cursor_seq ORDER BY l.shard), min(l.lane_id)
+        INTO v_lanes, v_seqs, v_cursor_seqs, v_first_lane
         FROM __S__.queue_lanes l WHERE l.queue = p_queue AND l.priority = p_priority;
     END IF;
     v_n := cardinality(v_lanes);
@@ -183,6 +179,44 @@ BEGIN
     END IF;
     IF v_lane IS NULL THEN
         FOR v_i IN 1 .. v_n LOOP
+            -- A backlog of one segment counts as none: the cursor sequence lags the claims by one
+            -- (it is moved at the next claim's visit), so a shard whose last segment was just
+            -- claimed reads as one segment behind. Counted as a backlog, it sent the next enqueue
+            -- to another shard, and at a steady rate producers alternated between two shards:
+            -- every claim then visited both, one only to catch its cursor up. A shard never
+            -- written has no cursor to read.
+            v_last := coalesce(pg_sequence_last_value(v_seqs[v_i]), 0);
+            v_backlog := CASE WHEN v_last > 0
+                              THEN greatest(v_last - (coalesce(pg_sequence_last_value(v_cursor_seqs[v_i]), 0) >> 20) - 1, 0)
+                              ELSE 0 END;
+            IF v_backlog = 0 THEN
+                IF pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_lanes[v_i]) THEN
+                    v_lane := v_lanes[v_i];
+                    v_seq := v_seqs[v_i];
+                    EXIT;
+                END IF;
+            ELSIF v_least IS NULL OR v_backlog < v_least_backlog THEN
+                v_least := v_i;
+                v_least_backlog := v_backlog;
+            END IF;
+        END LOOP;
+    END IF;
+    -- Every shard has a backlog or is held: the free one with the least backlog. Usually that is the
+    -- least of all, which the reading found; else the shards are read again, in backlog order.
+    IF v_lane IS NULL AND v_least IS NOT NULL
+       AND pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_lanes[v_least]) THEN
+        v_lane := v_lanes[v_least];
+        v_seq := v_seqs[v_least];
+    END IF;
+    IF v_lane IS NULL AND v_least IS NOT NULL THEN
+        FOR v_i IN SELECT b.i FROM (
+                       SELECT i, CASE WHEN w.last_segment > 0
+                                      THEN greatest(w.last_segment
+                                                    - (coalesce(pg_sequence_last_value(v_cursor_seqs[i]), 0) >> 20) - 1, 0)
+                                      ELSE 0 END AS backlog
+                       FROM (SELECT i, coalesce(pg_sequence_last_value(v_seqs[i]), 0) AS last_segment
+                             FROM generate_series(1, v_n) i OFFSET 0) w) b
+                   WHERE b.i <> v_least ORDER BY b.backlog, b.i LOOP
             IF pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_lanes[v_i]) THEN
                 v_lane := v_lanes[v_i];
                 v_seq := v_seqs[v_i];
@@ -201,13 +235,13 @@ BEGIN
         PERFORM pg_advisory_xact_lock(__S__.lock_ns('shard'), v_lane);
     END IF;
     IF v_held IS DISTINCT FROM v_lane THEN
-        PERFORM set_config(v_guc, v_lane::text, true);
+        v_ignored := set_config(v_guc, v_lane::text, true);
     END IF;
     v_seg := nextval(v_seq);
     ready_slot := __S__.current_queue_slot();
     INSERT INTO __S__.ready_segments (ready_slot, lane_id, segment_no, job_count)
     VALUES (ready_slot, v_lane, v_seg, p_count);
-    PERFORM pg_notify('ringwork___S__', p_queue);
+    v_ignored := pg_notify('ringwork___S__', p_queue);
     lane_id := v_lane;
     base_pos := v_seg << 20;
 END

@@ -182,6 +182,7 @@ async fn measure_round(
             analyze_every: None,
             out_dir: PathBuf::from("target/bench"),
             label: if job_ms == 0 { "check-noop" } else { "check" }.into(),
+            producer_in_worker: false,
         })
     };
     let results = run(config(

@@ -35,7 +35,9 @@ use ringwork::SchemaName;
 use crate::report::markdown;
 use crate::runner::run;
 use crate::scenario::{parse_profiles, BenchConfig, Scenario, System};
-use crate::worker::{producer_process, telemetry_trace_layer, worker_process, ProduceMode};
+use crate::worker::{
+    producer_process, telemetry_trace_layer, worker_process, ProduceInWorker, ProduceMode,
+};
 
 #[derive(Parser)]
 #[command(
@@ -198,6 +200,11 @@ enum Command {
         /// File name (without extension) of the JSON and Markdown results.
         #[arg(long, default_value = "bench")]
         label: String,
+        /// Produce inside worker process 0, on its own pool (as a service's request handlers
+        /// enqueue beside its workers), instead of in a process of its own. Not with the awa
+        /// adapter, nor the crash scenario (its SIGKILL would end the producer too).
+        #[arg(long)]
+        producer_in_worker: bool,
     },
     /// A benchmark worker process (line protocol of `ringwork-bench run`).
     #[command(hide = true)]
@@ -210,6 +217,8 @@ enum Command {
         workers: usize,
         #[arg(long, default_value_t = 0)]
         job_ms: u64,
+        #[command(flatten)]
+        produce: ProduceInWorker,
     },
     /// PgQue's processes for `run --pgque-sql` (the adapter protocol, pgque.rs).
     #[command(hide = true)]
@@ -339,6 +348,7 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             analyze_every,
             out,
             label,
+            producer_in_worker,
         } => {
             let mut systems = Vec::new();
             if !no_ringwork {
@@ -352,6 +362,17 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             }
             if let Some(sql) = pgque_sql {
                 systems.push(System::Pgque { sql });
+            }
+            if producer_in_worker && scenarios.split(',').any(|s| s.trim() == "crash-under-load") {
+                return Err(ringwork::Error::Config(
+                    "--producer-in-worker: crash-under-load kills worker process 0, the producer's"
+                        .into(),
+                ));
+            }
+            if producer_in_worker && systems.iter().any(|s| matches!(s, System::Awa { .. })) {
+                return Err(ringwork::Error::Config(
+                    "--producer-in-worker: the awa adapter has no producer in its worker".into(),
+                ));
             }
             if systems.is_empty() {
                 return Err(ringwork::Error::Config(
@@ -392,6 +413,7 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
                 analyze_every: analyze_every.filter(|s| *s > 0).map(Duration::from_secs),
                 out_dir: out,
                 label,
+                producer_in_worker,
             };
             // the producer processes (and the runner's own held jobs) read it from the environment
             std::env::set_var(scenario::ARGS_BYTES_ENV, args_bytes.to_string());
@@ -404,8 +426,9 @@ async fn run_command(cli: Cli) -> ringwork::Result<()> {
             schema,
             workers,
             job_ms,
+            produce,
         } => {
-            worker_process(&database_url, &schema, workers, job_ms).await?;
+            worker_process(&database_url, &schema, workers, job_ms, produce.mode()?).await?;
         }
         Command::Produce {
             database_url,

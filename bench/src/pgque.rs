@@ -15,7 +15,9 @@
 //! - a process's W handlers run the events of the batches it holds, and a batch is acknowledged
 //!   (`ack`) once all of its events ran; subconsumers wait for the tick's NOTIFY between batches.
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,7 +30,9 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::scenario::{args_padding, BenchJob, ARGS_BYTES_ENV};
-use crate::worker::{env_number, now_us, report_until_signal, wait_for_signal, ProduceMode};
+use crate::worker::{
+    env_number, now_us, report_until_signal, wait_for_signal, ProduceInWorker, ProduceMode,
+};
 
 const QUEUE: &str = "bench";
 const CONSUMER: &str = "bench";
@@ -47,7 +51,8 @@ pub enum PgqueCommand {
         #[arg(long, env = "RINGWORK_BENCH_PGQUE_SQL")]
         sql: std::path::PathBuf,
     },
-    /// W handlers over cooperative batches until SIGTERM; one JSON line a second.
+    /// W handlers over cooperative batches until SIGTERM; one JSON line a second. With `--mode`,
+    /// the process also sends events, from SIGUSR1 to SIGUSR2.
     Work {
         #[arg(long)]
         database_url: String,
@@ -55,6 +60,8 @@ pub enum PgqueCommand {
         workers: usize,
         #[arg(long, default_value_t = 0)]
         job_ms: u64,
+        #[command(flatten)]
+        produce: ProduceInWorker,
     },
     /// Send events at a fixed rate or to hold a depth; one JSON line a second.
     Produce {
@@ -92,7 +99,8 @@ pub async fn run(command: PgqueCommand) -> Result<()> {
             database_url,
             workers,
             job_ms,
-        } => work(&database_url, workers, job_ms).await,
+            produce,
+        } => work(&database_url, workers, job_ms, produce.mode()?).await,
         PgqueCommand::Produce {
             database_url,
             mode,
@@ -187,10 +195,19 @@ struct Stats {
     pickup_ms: Mutex<Vec<f64>>,
 }
 
-async fn work(url: &str, workers: usize, job_ms: u64) -> Result<()> {
+async fn work(url: &str, workers: usize, job_ms: u64, produce: Option<ProduceMode>) -> Result<()> {
     if workers == 0 {
         return Err(Error::Config("--workers must be > 0".into()));
     }
+    // producing in this process (`run --producer-in-worker`): a pool of its own, as the
+    // application's beside the consumers'
+    let producing = match produce {
+        Some(mode) => {
+            let (available, send) = sends(connect(url, 2).await?);
+            Some(crate::worker::produce_on_signal(mode, available, send)?)
+        }
+        None => None,
+    };
     let slots = workers.div_ceil(8);
     let pool = connect(url, slots as u32 + 1).await?;
     let pid = std::process::id();
@@ -236,6 +253,10 @@ async fn work(url: &str, workers: usize, job_ms: u64) -> Result<()> {
         );
     };
     report_until_signal(&report_line).await?;
+    if let Some(producing) = producing {
+        producing.abort();
+        let _ = producing.await;
+    }
     // the batches in hand run to their ack
     stop.store(true, Ordering::Relaxed);
     ticked.notify_waiters();
@@ -376,16 +397,28 @@ async fn consume(
 
 /// Events sent with `send_batch`, through the producer loop all systems share.
 async fn produce(url: &str, mode: ProduceMode) -> Result<()> {
-    let pool = connect(url, 2).await?;
+    let (available, send) = sends(connect(url, 2).await?);
+    crate::worker::produce(mode, available, send).await
+}
+
+/// The producer's two calls on `pool`: the available count (depth mode) and `send_batch`.
+#[allow(clippy::type_complexity)]
+fn sends(
+    pool: PgPool,
+) -> (
+    impl Fn() -> Pin<Box<dyn Future<Output = Result<i64>> + Send>> + Send + Sync + 'static,
+    impl Fn(u64, u64) -> Pin<Box<dyn Future<Output = Result<u64>> + Send>> + Send + Sync + 'static,
+) {
     let probe = pool.clone();
     let available = move || {
         let pool = probe.clone();
-        async move { available(&pool).await }
+        Box::pin(async move { available(&pool).await })
+            as Pin<Box<dyn Future<Output = Result<i64>> + Send>>
     };
     let args_bytes = env_number(ARGS_BYTES_ENV).unwrap_or(0) as usize;
     let send = move |first: u64, count: u64| {
         let pool = pool.clone();
-        async move {
+        Box::pin(async move {
             let enq_us = now_us();
             let payloads = (first..first + count)
                 .map(|n| {
@@ -404,9 +437,9 @@ async fn produce(url: &str, mode: ProduceMode) -> Result<()> {
                 .execute(&pool)
                 .await?;
             Ok(count)
-        }
+        }) as Pin<Box<dyn Future<Output = Result<u64>> + Send>>
     };
-    crate::worker::produce(mode, available, send).await
+    (available, send)
 }
 
 /// Each of `txs` connections in turn: BEGIN, send one event, wait `hold`, COMMIT, again.

@@ -102,12 +102,16 @@ pub(crate) fn spawn_child(
     Ok(child)
 }
 
+fn signal(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status();
+}
+
 pub(crate) async fn stop_child(child: &mut Child) {
     if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(pid.to_string())
-            .status();
+        signal(pid, "-TERM");
     }
     if tokio::time::timeout(Duration::from_secs(40), child.wait())
         .await
@@ -125,6 +129,10 @@ pub(crate) struct Processes {
     pub(crate) counters: Arc<Counters>,
     pub(crate) workers: Vec<Child>,
     pub(crate) producer: Option<Child>,
+    /// Producing inside the first worker process: its producer arguments (set before it is
+    /// spawned), and whether it was told to start.
+    pub(crate) produce_in_worker: Option<Vec<String>>,
+    pub(crate) producing_in_worker: bool,
 }
 
 impl Processes {
@@ -159,6 +167,9 @@ impl Processes {
             "--job-ms".to_string(),
             self.job_ms.to_string(),
         ]);
+        if let (Some(produce), true) = (&self.produce_in_worker, self.workers.is_empty()) {
+            args.extend(produce.iter().cloned());
+        }
         let child = spawn_child(&self.program()?, &args, Arc::clone(&self.counters))?;
         self.workers.push(child);
         Ok(())
@@ -176,28 +187,56 @@ impl Processes {
         }
     }
 
-    pub(crate) fn spawn_producer(&mut self, fixed_rate: Option<u64>, depth: u64) -> Result<()> {
-        let mut args = self.command("produce");
+    /// The producer's mode arguments: a fixed rate, or a depth of available jobs to keep.
+    pub(crate) fn produce_args(fixed_rate: Option<u64>, depth: u64) -> Vec<String> {
         match fixed_rate {
-            Some(rate) => args.extend([
+            Some(rate) => vec![
                 "--mode".to_string(),
                 "rate".to_string(),
                 "--rate".to_string(),
                 rate.to_string(),
-            ]),
-            None => args.extend([
+            ],
+            None => vec![
                 "--mode".to_string(),
                 "depth".to_string(),
                 "--depth".to_string(),
                 depth.to_string(),
-            ]),
+            ],
         }
+    }
+
+    /// Start producing: a producer process, or (`produce_in_worker`) SIGUSR1 to worker 0.
+    pub(crate) fn spawn_producer(&mut self, fixed_rate: Option<u64>, depth: u64) -> Result<()> {
+        if self.produce_in_worker.is_some() {
+            if let Some(pid) = self.workers.first().and_then(|w| w.id()) {
+                signal(pid, "-USR1");
+                self.producing_in_worker = true;
+            }
+            return Ok(());
+        }
+        let mut args = self.command("produce");
+        args.extend(Self::produce_args(fixed_rate, depth));
         self.producer = Some(spawn_child(
             &self.program()?,
             &args,
             Arc::clone(&self.counters),
         )?);
         Ok(())
+    }
+
+    /// Stop producing: the producer process, or SIGUSR2 to worker 0 (its insert in flight is
+    /// finished and reported within the second this waits).
+    pub(crate) async fn stop_producer(&mut self) {
+        if let Some(mut producer) = self.producer.take() {
+            stop_child(&mut producer).await;
+        }
+        if self.producing_in_worker {
+            self.producing_in_worker = false;
+            if let Some(pid) = self.workers.first().and_then(|w| w.id()) {
+                signal(pid, "-USR2");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
     }
 
     /// One `depth` line of the adapter: the exact counts, or (`fast`) only a cheap `available`.

@@ -234,7 +234,7 @@ pub(crate) fn ring_over_time_markdown(r: &RunResult) -> String {
 
 pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
     let mut out = format!(
-        "# ringwork-bench run: {}\n\nGenerated {} by `ringwork-bench run` (phase {} s, job {} ms, depth target {}, fixed rate {}/s, arguments {}).\n\n",
+        "# ringwork-bench run: {}\n\nGenerated {} by `ringwork-bench run` (phase {} s, job {} ms, depth target {}, fixed rate {}/s, arguments {}, producer {}).\n\n",
         config.label,
         Utc::now().format("%Y-%m-%d %H:%M UTC"),
         config.phase.as_secs(),
@@ -244,6 +244,10 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
         match config.args_bytes {
             0 => "bare, about 35 bytes".to_string(),
             n => format!("padded to about {n} bytes"),
+        },
+        match config.producer_in_worker {
+            true => "inside worker process 0",
+            false => "a process of its own",
         }
     );
     let mut servers: Vec<&str> = results.iter().map(|r| r.server.as_str()).collect();

@@ -374,10 +374,9 @@ pub(crate) async fn run_one(
         counters: Arc::default(),
         workers: Vec::new(),
         producer: None,
+        produce_in_worker: None,
+        producing_in_worker: false,
     };
-    for _ in 0..processes_n {
-        processes.spawn_worker()?;
-    }
     // the idle scenario's jobs come one a second
     let rate = if scenario == Scenario::Idle {
         1
@@ -385,6 +384,12 @@ pub(crate) async fn run_one(
         config.rate
     };
     let fixed_rate = scenario.fixed_rate().then_some(rate);
+    if config.producer_in_worker {
+        processes.produce_in_worker = Some(Processes::produce_args(fixed_rate, config.depth));
+    }
+    for _ in 0..processes_n {
+        processes.spawn_worker()?;
+    }
     processes.workers_started(Duration::from_secs(30)).await;
     processes.spawn_producer(fixed_rate, config.depth)?;
 
@@ -421,9 +426,7 @@ pub(crate) async fn run_one(
         analyzer.abort();
     }
     // stop producing, let the queue drain, stop the workers, account for every job
-    if let Some(mut producer) = processes.producer.take() {
-        stop_child(&mut producer).await;
-    }
+    processes.stop_producer().await;
     let drain_until = Instant::now() + Duration::from_secs(90);
     let mut pending = processes.pending(storage.as_ref()).await.unwrap_or(-1);
     while pending != 0 && Instant::now() < drain_until {
@@ -508,11 +511,7 @@ pub(crate) async fn run_phase(
     // the standby-readers phase's standby, stopped and removed when the phase ends
     let mut standby = None;
     match phase.disturbance {
-        Disturbance::NoJobs => {
-            if let Some(mut producer) = processes.producer.take() {
-                stop_child(&mut producer).await;
-            }
-        }
+        Disturbance::NoJobs => processes.stop_producer().await,
         Disturbance::HoldHorizon => {
             let mut tx = admin.begin().await?;
             sqlx::query("SELECT txid_current()")

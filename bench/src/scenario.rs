@@ -344,6 +344,9 @@ pub struct BenchConfig {
     pub analyze_every: Option<Duration>,
     pub out_dir: PathBuf,
     pub label: String,
+    /// The producer runs inside worker process 0, on that process's own pool, as a service's
+    /// request handlers enqueue beside its workers (the other harness style: a process of its own).
+    pub producer_in_worker: bool,
 }
 
 /// Parse "1x32,4x8" into profiles.

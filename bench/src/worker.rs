@@ -45,10 +45,32 @@ pub(crate) async fn wait_for_signal() -> Result<()> {
     Ok(())
 }
 
-/// `ringwork-bench worker`: W workers on the bench queue; one JSON line per second.
-pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64) -> Result<()> {
-    // the client's own pool does the work; this one serves its start-up checks
+/// `ringwork-bench worker`: W workers on the bench queue; one JSON line per second. With `produce`,
+/// the process also inserts the bench jobs, from SIGUSR1 to SIGUSR2 (`produce_on_signal`).
+pub async fn worker_process(
+    url: &str,
+    schema: &str,
+    workers: usize,
+    job_ms: u64,
+    produce: Option<ProduceMode>,
+) -> Result<()> {
+    // the client's own pool does the work; this one serves its start-up checks and, producing
+    // in this process, the inserts (the application's pool)
     let (pool, session) = connect(url, 2).await?;
+    let pooler = session.is_some();
+    let producing = match produce {
+        Some(mode) => {
+            let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
+            let storage = if pooler {
+                storage.behind_transaction_pooler(session.clone())
+            } else {
+                storage
+            };
+            let (available, send) = bench_inserts(pool.clone(), storage, pooler);
+            Some(produce_on_signal(mode, available, send)?)
+        }
+        None => None,
+    };
     let pickups: Arc<Mutex<Vec<f64>>> = Arc::default();
     let recorder = Arc::clone(&pickups);
     let mut builder = Client::builder(pool);
@@ -160,6 +182,11 @@ pub async fn worker_process(url: &str, schema: &str, workers: usize, job_ms: u64
         );
     };
     report_until_signal(&report_line).await?;
+    if let Some(producing) = producing {
+        // the runner stopped it (SIGUSR2) before it stopped this process; if not, it ends here
+        producing.abort();
+        let _ = producing.await;
+    }
     running.shutdown(Duration::from_secs(30)).await;
     // completions flushed during shutdown
     report_line();
@@ -229,6 +256,28 @@ pub(crate) fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.parse().ok()
 }
 
+/// A worker process's own producer (`run --producer-in-worker`), from SIGUSR1 to SIGUSR2: the
+/// producer's mode, absent in a worker that does not produce.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ProduceInWorker {
+    /// `rate` (with `--rate`) or `depth` (with `--depth`)
+    #[arg(long)]
+    mode: Option<String>,
+    #[arg(long)]
+    rate: Option<u64>,
+    #[arg(long)]
+    depth: Option<u64>,
+}
+
+impl ProduceInWorker {
+    pub(crate) fn mode(&self) -> Result<Option<ProduceMode>> {
+        self.mode
+            .as_deref()
+            .map(|mode| ProduceMode::parse(mode, self.rate, self.depth))
+            .transpose()
+    }
+}
+
 /// What a producer process does: insert at a fixed rate, or keep a depth of available jobs.
 #[derive(Clone, Copy)]
 pub(crate) enum ProduceMode {
@@ -259,6 +308,54 @@ where
     AF: std::future::Future<Output = Result<i64>> + Send,
     S: Fn(u64, u64) -> SF + Send + 'static,
     SF: std::future::Future<Output = Result<u64>> + Send,
+{
+    produce_until(mode, available, send, wait_for_signal()).await
+}
+
+/// Produce inside a worker process (`run --producer-in-worker`, as a service's own request
+/// handlers enqueue beside its workers): from SIGUSR1 to SIGUSR2, through `send`, which uses the
+/// process's own pool. The handlers are installed before this returns, so a signal that comes
+/// once the process has reported is never the default action (which ends the process).
+pub(crate) fn produce_on_signal<A, AF, S, SF>(
+    mode: ProduceMode,
+    available: A,
+    send: S,
+) -> Result<tokio::task::JoinHandle<Result<()>>>
+where
+    A: Fn() -> AF + Send + Sync + 'static,
+    AF: std::future::Future<Output = Result<i64>> + Send,
+    S: Fn(u64, u64) -> SF + Send + Sync + 'static,
+    SF: std::future::Future<Output = Result<u64>> + Send,
+{
+    use tokio::signal::unix::{signal, SignalKind};
+    let handler = |kind: SignalKind| {
+        signal(kind).map_err(|e| Error::Config(format!("cannot install a SIGUSR handler: {e}")))
+    };
+    let mut start = handler(SignalKind::user_defined1())?;
+    let mut stop = handler(SignalKind::user_defined2())?;
+    Ok(tokio::spawn(async move {
+        start.recv().await;
+        let stopped = async move {
+            stop.recv().await;
+            Ok(())
+        };
+        produce_until(mode, available, send, stopped).await
+    }))
+}
+
+/// The producer loop until `until` resolves: the insert in flight then is finished and counted.
+async fn produce_until<A, AF, S, SF, U>(
+    mode: ProduceMode,
+    available: A,
+    send: S,
+    until: U,
+) -> Result<()>
+where
+    A: Fn() -> AF + Send + 'static,
+    AF: std::future::Future<Output = Result<i64>> + Send,
+    S: Fn(u64, u64) -> SF + Send + 'static,
+    SF: std::future::Future<Output = Result<u64>> + Send,
+    U: std::future::Future<Output = Result<()>>,
 {
     let enqueued = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&enqueued);
@@ -324,7 +421,16 @@ where
         let delta = now - reported.swap(now, Ordering::Relaxed);
         println!("{}", serde_json::json!({ "enqueued": delta }));
     };
-    report_until_signal(&report_line).await?;
+    let report = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            report_line();
+        }
+    };
+    tokio::select! {
+        _ = report => {}
+        result = until => result?,
+    }
     stop.store(true, Ordering::Relaxed);
     let _ = producing.await;
     // the last partial second
@@ -342,15 +448,36 @@ pub async fn producer_process(url: &str, schema: &str, mode: ProduceMode) -> Res
     } else {
         storage
     };
+    let (available, send) = bench_inserts(pool, storage, pooler);
+    produce(mode, available, send).await
+}
+
+/// The producer's two calls on `pool`: the available count (depth mode) and a batch insert.
+#[allow(clippy::type_complexity)]
+fn bench_inserts(
+    pool: PgPool,
+    storage: Storage,
+    pooler: bool,
+) -> (
+    impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<i64>> + Send>>
+        + Send
+        + Sync
+        + 'static,
+    impl Fn(u64, u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64>> + Send>>
+        + Send
+        + Sync
+        + 'static,
+) {
     let depth_probe = storage.clone();
     let available = move || {
         let storage = depth_probe.clone();
-        async move { storage.available_count(BENCH_QUEUE).await }
+        Box::pin(async move { storage.available_count(BENCH_QUEUE).await })
+            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<i64>> + Send>>
     };
     let args_bytes = env_number(ARGS_BYTES_ENV).unwrap_or(0) as usize;
     let send = move |first: u64, count: u64| {
         let (pool, storage) = (pool.clone(), storage.clone());
-        async move {
+        Box::pin(async move {
             let enq_us = now_us();
             let jobs: Vec<NewJob> = (first..first + count)
                 .filter_map(|n| {
@@ -379,9 +506,9 @@ pub async fn producer_process(url: &str, schema: &str, mode: ProduceMode) -> Res
                     .await?
             };
             Ok(ids.len() as u64)
-        }
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64>> + Send>>
     };
-    produce(mode, available, send).await
+    (available, send)
 }
 
 async fn insert_in_transaction(

@@ -57,16 +57,9 @@ pub async fn worker_process(
     // the client's own pool does the work; this one serves its start-up checks and, producing
     // in this process, the inserts (the application's pool)
     let (pool, session) = connect(url, 2).await?;
-    let pooler = session.is_some();
     let producing = match produce {
         Some(mode) => {
-            let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
-            let storage = if pooler {
-                storage.behind_transaction_pooler(session.clone())
-            } else {
-                storage
-            };
-            let (available, send) = bench_inserts(pool.clone(), storage, pooler);
+            let (available, send) = bench_inserts(pool.clone(), schema, session.clone())?;
             Some(produce_on_signal(mode, available, send)?)
         }
         None => None,
@@ -441,24 +434,18 @@ where
 /// `ringwork-bench produce`: insert bench jobs at a fixed rate, or keep `depth` available.
 pub async fn producer_process(url: &str, schema: &str, mode: ProduceMode) -> Result<()> {
     let (pool, session) = connect(url, 2).await?;
-    let pooler = session.is_some();
-    let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
-    let storage = if pooler {
-        storage.behind_transaction_pooler(session)
-    } else {
-        storage
-    };
-    let (available, send) = bench_inserts(pool, storage, pooler);
+    let (available, send) = bench_inserts(pool, schema, session)?;
     produce(mode, available, send).await
 }
 
-/// The producer's two calls on `pool`: the available count (depth mode) and a batch insert.
+/// The producer's two calls on `pool`: the available count (depth mode) and a batch insert; with
+/// `session` (behind a transaction pooler), each batch in a transaction of its own.
 #[allow(clippy::type_complexity)]
 fn bench_inserts(
     pool: PgPool,
-    storage: Storage,
-    pooler: bool,
-) -> (
+    schema: &str,
+    session: Option<PgPool>,
+) -> Result<(
     impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<i64>> + Send>>
         + Send
         + Sync
@@ -467,7 +454,14 @@ fn bench_inserts(
         + Send
         + Sync
         + 'static,
-) {
+)> {
+    let pooler = session.is_some();
+    let storage = Storage::new(pool.clone(), SchemaName::new(schema)?);
+    let storage = if pooler {
+        storage.behind_transaction_pooler(session)
+    } else {
+        storage
+    };
     let depth_probe = storage.clone();
     let available = move || {
         let storage = depth_probe.clone();
@@ -508,7 +502,7 @@ fn bench_inserts(
             Ok(ids.len() as u64)
         }) as std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64>> + Send>>
     };
-    (available, send)
+    Ok((available, send))
 }
 
 async fn insert_in_transaction(

@@ -106,6 +106,17 @@ LANGUAGE sql IMMUTABLE AS $$
             OR (p_last_segment = coalesce(p_cursor, 0) >> 20 AND coalesce(p_cursor, 0) & 1048575 <> 1048575))
 $$;
 
+-- A shard's estimated backlog from its two sequences: segments allocated past the cursor sequence's,
+-- less one. A backlog of one segment counts as none: the cursor sequence lags the claims by one (it
+-- is moved at the next claim's visit), so a shard whose last segment was just claimed reads as one
+-- segment behind. Counted as a backlog, it sent the next enqueue to another shard, and at a steady
+-- rate producers alternated between two shards: every claim then visited both, one only to catch
+-- its cursor up.
+CREATE OR REPLACE FUNCTION __S__.shard_backlog(p_last_segment bigint, p_cursor bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(coalesce(p_last_segment, 0) - (coalesce(p_cursor, 0) >> 20) - 1, 0)
+$$;
+
 -- ---------------------------------------------------------------------------------------------
 -- Enqueue. Reserves one segment (a contiguous block of shard positions) in the caller's transaction
 -- and records it in the current queue slot. The caller then writes the rows (COPY or INSERT).
@@ -179,15 +190,10 @@ BEGIN
     END IF;
     IF v_lane IS NULL THEN
         FOR v_i IN 1 .. v_n LOOP
-            -- A backlog of one segment counts as none: the cursor sequence lags the claims by one
-            -- (it is moved at the next claim's visit), so a shard whose last segment was just
-            -- claimed reads as one segment behind. Counted as a backlog, it sent the next enqueue
-            -- to another shard, and at a steady rate producers alternated between two shards:
-            -- every claim then visited both, one only to catch its cursor up. A shard never
-            -- written has no cursor to read.
-            v_last := coalesce(pg_sequence_last_value(v_seqs[v_i]), 0);
+            -- a shard never written has no cursor to read (a sequence read opens and locks a relation)
+            v_last := pg_sequence_last_value(v_seqs[v_i]);
             v_backlog := CASE WHEN v_last > 0
-                              THEN greatest(v_last - (coalesce(pg_sequence_last_value(v_cursor_seqs[v_i]), 0) >> 20) - 1, 0)
+                              THEN __S__.shard_backlog(v_last, pg_sequence_last_value(v_cursor_seqs[v_i]))
                               ELSE 0 END;
             IF v_backlog = 0 THEN
                 IF pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_lanes[v_i]) THEN
@@ -209,14 +215,9 @@ BEGIN
         v_seq := v_seqs[v_least];
     END IF;
     IF v_lane IS NULL AND v_least IS NOT NULL THEN
-        FOR v_i IN SELECT b.i FROM (
-                       SELECT i, CASE WHEN w.last_segment > 0
-                                      THEN greatest(w.last_segment
-                                                    - (coalesce(pg_sequence_last_value(v_cursor_seqs[i]), 0) >> 20) - 1, 0)
-                                      ELSE 0 END AS backlog
-                       FROM (SELECT i, coalesce(pg_sequence_last_value(v_seqs[i]), 0) AS last_segment
-                             FROM generate_series(1, v_n) i OFFSET 0) w) b
-                   WHERE b.i <> v_least ORDER BY b.backlog, b.i LOOP
+        FOR v_i IN SELECT i FROM generate_series(1, v_n) i WHERE i <> v_least
+                   ORDER BY __S__.shard_backlog(pg_sequence_last_value(v_seqs[i]),
+                                                pg_sequence_last_value(v_cursor_seqs[i])), i LOOP
             IF pg_try_advisory_xact_lock(__S__.lock_ns('shard'), v_lanes[v_i]) THEN
                 v_lane := v_lanes[v_i];
                 v_seq := v_seqs[v_i];

@@ -1,6 +1,7 @@
 //! Handler errors of any type: `?` works on `sqlx::Error`, `std::io::Error` and
 //! `anyhow::Error`; such an error retries the attempt with its chain of causes recorded, while a
-//! `JobError` keeps its explicit outcome, even wrapped as the source of another error.
+//! `JobError` keeps its explicit outcome, even wrapped as the source of another error. A panic is a
+//! retried attempt with its message, not a lost worker.
 
 mod support;
 
@@ -109,6 +110,46 @@ async fn question_mark_on_any_error_retries_with_its_causes_and_job_errors_keep_
     assert_eq!(explicit, "explicitly terminal");
     settles(&storage, ids["fine"], "completed").await;
 
+    running.shutdown(Duration::from_secs(5)).await;
+    db.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_panicking_handler_retries_its_attempt_with_the_message_and_its_worker_runs_the_next_job()
+{
+    let db = TestDb::new().await;
+    let client = db
+        .client()
+        .queue(
+            "fallible_q",
+            QueueConfig {
+                // one worker: the job after the panic runs only if the panic did not take it
+                max_workers: 1,
+                ..QueueConfig::default()
+            },
+        )
+        .register(move |_ctx: JobContext, job: Fallible| async move {
+            if job.how == "panic" {
+                panic!("the handler panicked on purpose");
+            }
+            Ok::<(), JobError>(())
+        })
+        .build()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for how in ["panic", "fine", "fine"] {
+        let job = NewJob::new(&Fallible { how: how.into() })
+            .unwrap()
+            .queue("fallible_q");
+        ids.push(client.insert(job).await.unwrap());
+    }
+    let running = client.start().await.unwrap();
+    let storage = db.storage();
+    let detail = settles(&storage, ids[0], "retryable").await.unwrap();
+    assert_eq!(detail, "handler panicked: the handler panicked on purpose");
+    settles(&storage, ids[1], "completed").await;
+    settles(&storage, ids[2], "completed").await;
     running.shutdown(Duration::from_secs(5)).await;
     db.cleanup().await;
 }

@@ -1,6 +1,7 @@
 //! One dispatcher per queue: waits for claim room, claims as many jobs as there is room for in one
-//! round trip, and hands each to an executor task, which runs it on a free worker. An empty claim
-//! waits for a NOTIFY or the poll interval; a claim that found only busy lanes backs off briefly.
+//! round trip, and hands each to a task of its own on the handler runtime (executor.rs), which runs it on
+//! a free worker. An empty claim waits for a NOTIFY or the poll interval; a claim that found only busy
+//! lanes backs off briefly.
 //!
 //! Two semaphores bound a queue in a process: `workers` (`max_workers` handlers running) and
 //! `claims` (`max_workers + claim_ahead` jobs claimed and not yet finished). While the queue's
@@ -19,7 +20,7 @@ use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tracing::{warn, Instrument};
 
 use super::completer::{FlushHint, FlushSignals};
-use super::executor::{run_job, WorkerWait};
+use super::executor::{a_handler_blocks, register, run_job, QueueTasks};
 use super::notifier::QueueWake;
 use super::{
     Finished, Inner, QueueConfig, CLAIM_AHEAD_MAX_HANDLER, CLAIM_AHEAD_WINDOW, CLAIM_SHARD_WAIT,
@@ -137,9 +138,11 @@ impl Dispatcher {
         let linger_target = self.config.max_workers.clamp(1, self.config.claim_batch);
         // No handler has run yet: assume long ones, so a queue of long jobs never claims ahead.
         let handler_us = Arc::new(AtomicU64::new(UNKNOWN));
-        let wait = Arc::new(WorkerWait {
+        let tasks = Arc::new(QueueTasks {
             workers: Arc::clone(&self.workers),
             long_running: Arc::new(AtomicUsize::new(0)),
+            // the client's runtime, where the dispatcher runs
+            client: tokio::runtime::Handle::current(),
         });
         loop {
             if *stop.borrow() {
@@ -150,7 +153,8 @@ impl Dispatcher {
             let ahead = self.config.claim_ahead > 0
                 && average != UNKNOWN
                 && Duration::from_micros(average) <= CLAIM_AHEAD_MAX_HANDLER
-                && wait.long_running.load(Ordering::Relaxed) == 0;
+                && tasks.long_running.load(Ordering::Relaxed) == 0
+                && !a_handler_blocks(&self.inner, CLAIM_AHEAD_MAX_HANDLER);
             let ahead_now = if ahead {
                 ahead_now(average, self.config.max_workers, self.config.claim_ahead)
             } else {
@@ -285,23 +289,28 @@ impl Dispatcher {
                     self.inner.telemetry.claimed(&self.queue, jobs.len());
                     let wait_limit = wait_limit(average, runs_ahead);
                     for (job, room) in jobs.into_iter().zip(permits) {
+                        // registered here, on the client's runtime: its heartbeats keep the claim
+                        // alive however long the handler runtime takes to start its task
+                        let registered = register(&self.inner, &job);
                         let inner = Arc::clone(&self.inner);
                         let done = self.done.clone();
                         let queue = self.queue.clone();
-                        let wait = Arc::clone(&wait);
+                        let tasks = Arc::clone(&tasks);
                         let handler_us = Arc::clone(&handler_us);
                         let dry = Arc::clone(&self.dry);
                         let claims = Arc::clone(&self.claims);
                         let claims_total = self.claims_total;
                         let finished = Arc::clone(&self.finished);
-                        tokio::spawn(async move {
+                        let run = async move {
                             let Room { claim, worker } = room;
                             let claim = HeldClaim {
                                 permit: Some(claim),
                                 finished,
                             };
-                            let finished =
-                                run_job(&inner, &queue, job, worker, &wait, wait_limit).await;
+                            let finished = run_job(
+                                &inner, &queue, job, registered, worker, &tasks, wait_limit,
+                            )
+                            .await;
                             if let Some(took) = finished.handler_time {
                                 record_handler_time(&handler_us, took);
                             }
@@ -318,7 +327,11 @@ impl Dispatcher {
                                 };
                             }
                             let _ = done.send(finished);
-                        });
+                        };
+                        match self.inner.handlers.handle() {
+                            Some(handlers) => drop(handlers.spawn(run)),
+                            None => drop(tokio::spawn(run)),
+                        }
                     }
                     self.after_claim(!last_full);
                     if drained

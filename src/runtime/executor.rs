@@ -1,9 +1,15 @@
-//! Runs one claimed job: registers the attempt for heartbeats, runs its handler in a task of its own
-//! on the handler runtime (a panic is a failed attempt, not a dead worker; a blocking handler stalls
-//! handlers, not heartbeats and completions) under the attempt's deadline, and turns the handler's
-//! result into the attempt's outcome.
+//! Runs one claimed job: registers the attempt for heartbeats (on the client's runtime, when it is
+//! claimed), then, in one task on the handler runtime, waits for a free worker, runs the handler
+//! under the attempt's deadline (a panic is a failed attempt, not a dead worker; a blocking handler
+//! stalls handlers, not heartbeats and completions) and turns its result into the attempt's outcome.
+//! The whole run is one task there: a worker freed by one handler passes straight to the next job
+//! waiting for one, on the same runtime. Split across the two runtimes (the wait and the outcome on
+//! the client's, each handler a task of its own on the handler runtime), every job crossed between
+//! them twice, and at 1x32 saturation workers sat idle between handlers for about an eighth of
+//! their time (docs/decisions/022-one-task-a-job.md).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -12,6 +18,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use futures::FutureExt;
+use tokio::runtime::Handle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::field::Empty;
 use tracing::Instrument;
@@ -21,7 +29,7 @@ use super::handler::{
     retry_backoff, AttemptWrites, CancelSignal, JobContext, JobError, RetryPolicy,
 };
 use super::{Finished, Inner, RunningAttempt, CLAIM_AHEAD_MAX_HANDLER};
-use crate::storage::{AwaitOutcome, ClaimedJob, CloseOutcome};
+use crate::storage::{AwaitOutcome, ClaimedJob, CloseOutcome, Storage};
 
 /// The zero of `RunningAttempt::poll_started`.
 pub(super) static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -49,27 +57,30 @@ impl<F: Future + Unpin> Future for WatchedPolls<F> {
     }
 }
 
-/// How a job claimed ahead of free workers waits for one, and how its queue learns of long handlers.
-pub(super) struct WorkerWait {
+/// What the tasks of one queue's jobs share: how a job claimed ahead of free workers waits for one,
+/// how the queue learns of long handlers, and where the engine's statements run.
+pub(super) struct QueueTasks {
     /// The queue's `max_workers` permits.
     pub(super) workers: Arc<Semaphore>,
     /// This queue's handlers that have run longer than `CLAIM_AHEAD_MAX_HANDLER` and are still
     /// running: while there are any, the dispatcher does not claim ahead.
     pub(super) long_running: Arc<AtomicUsize>,
+    /// The client's runtime: the engine's connections are opened and driven there only (`on_client`).
+    pub(super) client: Handle,
 }
 
-/// Run one claimed job. `worker` is its worker permit when the dispatcher took one before claiming;
-/// otherwise (claimed ahead) the job waits here for a free one, in about claim order (the
-/// semaphore is fair; tasks join its queue as they are first polled). It is registered for
-/// heartbeats from the start, so a job that waits is not rescued as stale.
-pub(super) async fn run_job(
-    inner: &Inner,
-    queue: &str,
-    job: ClaimedJob,
-    worker: Option<OwnedSemaphorePermit>,
-    wait: &WorkerWait,
-    wait_limit: Duration,
-) -> Finished {
+/// A claimed job registered for heartbeats: what its run shares with the heartbeat task.
+pub(super) struct Registered {
+    key: (i64, i64),
+    cancel: Arc<CancelSignal>,
+    poll_started: Arc<AtomicU64>,
+    writes: Arc<AttemptWrites>,
+}
+
+/// Register a claimed job for heartbeats, before its task is spawned: a job whose task has not
+/// started yet (its handler runtime busy, or blocked by handlers that block their threads) keeps its
+/// claim alive all the same.
+pub(super) fn register(inner: &Inner, job: &ClaimedJob) -> Registered {
     let key = (job.job_id, job.run_lease);
     let cancel = Arc::new(CancelSignal::default());
     let poll_started = Arc::new(AtomicU64::new(0));
@@ -92,6 +103,32 @@ pub(super) async fn run_job(
             },
         );
     }
+    Registered {
+        key,
+        cancel,
+        poll_started,
+        writes,
+    }
+}
+
+/// Run one registered job. `worker` is its worker permit when the dispatcher took one before
+/// claiming; otherwise (claimed ahead) the job waits here for a free one, in about claim order (the
+/// semaphore is fair; tasks join its queue as they are first polled).
+pub(super) async fn run_job(
+    inner: &Inner,
+    queue: &str,
+    job: ClaimedJob,
+    registered: Registered,
+    worker: Option<OwnedSemaphorePermit>,
+    tasks: &QueueTasks,
+    wait_limit: Duration,
+) -> Finished {
+    let Registered {
+        key,
+        cancel,
+        poll_started,
+        writes,
+    } = registered;
     let worker = match worker {
         Some(worker) => Some(worker),
         None => {
@@ -109,7 +146,7 @@ pub(super) async fn run_job(
             tokio::select! {
                 biased;
                 _ = cancel.wait() => None,
-                worker = Arc::clone(&wait.workers).acquire_owned() => worker.ok(),
+                worker = Arc::clone(&tasks.workers).acquire_owned() => worker.ok(),
                 _ = tokio::time::sleep(limit) => None,
             }
         }
@@ -119,12 +156,13 @@ pub(super) async fn run_job(
         Some(_worker) => {
             run_handler(
                 inner,
+                &tasks.client,
                 queue,
                 job,
                 cancel,
                 poll_started,
                 writes,
-                &wait.long_running,
+                &tasks.long_running,
             )
             .await
         }
@@ -145,8 +183,49 @@ pub(super) async fn run_job(
     finished
 }
 
+/// Whether a handler of this process has been inside one poll for longer than `limit`: it blocks
+/// its thread. Its job's own task cannot say so (the handler is polled in it), and the handler
+/// threads are every queue's: while one blocks, no queue of the process claims ahead, so jobs do
+/// not pile up behind threads that cannot run them.
+pub(super) fn a_handler_blocks(inner: &Inner, limit: Duration) -> bool {
+    let now = millis_since_epoch() + 1;
+    let limit = limit.as_millis() as u64;
+    inner.running.lock().is_ok_and(|running| {
+        running.values().any(|r| {
+            let since = r.poll_started.load(Ordering::Relaxed);
+            since != 0 && now.saturating_sub(since) > limit
+        })
+    })
+}
+
+/// Run `statement` on the client's runtime and wait for it. The engine's connections are opened and
+/// driven there only: one opened from the handler runtime would be driven by that runtime's I/O
+/// driver, which handlers that block every handler thread would stall for the whole client.
+async fn on_client<T: Send + 'static>(
+    client: &Handle,
+    statement: impl Future<Output = crate::Result<T>> + Send + 'static,
+) -> crate::Result<T> {
+    client
+        .spawn(statement)
+        .await
+        .unwrap_or_else(|e| Err(crate::Error::Config(format!("engine task failed: {e}"))))
+}
+
+/// A panic's message, as the handler wrote it.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
+/// Run a job's handler in the calling task under the attempt's deadline, and turn its result into
+/// the attempt's outcome.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_handler(
     inner: &Inner,
+    client: &Handle,
     queue: &str,
     job: ClaimedJob,
     cancel: Arc<CancelSignal>,
@@ -205,42 +284,43 @@ pub(super) async fn run_handler(
                 writes: Arc::clone(&writes),
             };
             // A panicking handler is a failed attempt, not a dead worker; one past its deadline is
-            // stopped (deadline rescue closes the claim if this process cannot).
+            // dropped at its next await (deadline rescue closes the claim if this process cannot).
             let watched = WatchedPolls {
-                future: handler(ctx, job.args.clone()).instrument(span.clone()),
+                future: AssertUnwindSafe(handler(ctx, job.args.clone()).instrument(span.clone()))
+                    .catch_unwind(),
                 poll_started,
             };
-            let task = match inner.handlers.handle() {
-                Some(handlers) => handlers.spawn(watched),
-                None => tokio::spawn(watched),
-            };
-            let abort = task.abort_handle();
             let limit = job
                 .deadline_at
                 .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO));
-            let task = count_while_long(task, long_running);
+            let run = count_while_long(watched, long_running);
             let joined = match limit {
-                Some(limit) => match tokio::time::timeout(limit, task).await {
+                Some(limit) => match tokio::time::timeout(limit, run).await {
                     Ok(joined) => joined,
-                    Err(_) => {
-                        abort.abort();
-                        Ok(Err(JobError::Retry(format!(
-                            "deadline exceeded after {limit:?}"
-                        ))))
-                    }
+                    Err(_) => Ok(Err(JobError::Retry(format!(
+                        "deadline exceeded after {limit:?}"
+                    )))),
                 },
-                None => task.await,
+                None => run.await,
             };
             match joined {
                 Ok(result) => result,
-                Err(e) => Err(JobError::Retry(format!("handler panicked: {e}"))),
+                Err(panic) => Err(JobError::Retry(format!(
+                    "handler panicked: {}",
+                    panic_message(panic.as_ref())
+                ))),
             }
         }
     };
     // a wait for a callback ends the attempt here, not in a completion batch: its claim closes and
     // its lease waits (or a callback that came meanwhile applies at once)
     let (result, settled) = match result {
-        Err(JobError::WaitForCallback) => match await_callback(inner, &writes, attempt).await {
+        Err(JobError::WaitForCallback) => match on_client(
+            client,
+            await_callback(inner.engine.clone(), writes.take_progress(), attempt),
+        )
+        .await
+        {
             Ok(AwaitOutcome::NoCallback) => (
                 Err(JobError::Terminal(
                     "the handler returned WaitForCallback without registering a callback \
@@ -270,10 +350,11 @@ pub(super) async fn run_handler(
     {
         // the job runs again: what it reported since its last heartbeat is the next attempt's
         // checkpoint, so write it before the attempt closes (a refusal means it closed already)
-        if let Err(e) = inner
-            .engine
-            .heartbeat_batch(&[(attempt, Some(progress))])
-            .await
+        let engine = inner.engine.clone();
+        if let Err(e) = on_client(client, async move {
+            engine.heartbeat_batch(&[(attempt, Some(progress))]).await
+        })
+        .await
         {
             tracing::warn!(job_id = attempt.job_id, error = %e, "could not write the progress of an attempt that ends to run again");
         }
@@ -312,22 +393,18 @@ pub(super) async fn run_handler(
 /// reported since its last heartbeat (the next attempt resumes from it), then `await_callback`,
 /// retried with backoff like a completion batch (a lost connection must not cost the attempt).
 async fn await_callback(
-    inner: &Inner,
-    writes: &AttemptWrites,
+    engine: Storage,
+    progress: Option<serde_json::Value>,
     attempt: crate::storage::AttemptRef,
 ) -> crate::Result<AwaitOutcome> {
-    if let Some(progress) = writes.take_progress() {
-        if let Err(e) = inner
-            .engine
-            .heartbeat_batch(&[(attempt, Some(progress))])
-            .await
-        {
+    if let Some(progress) = progress {
+        if let Err(e) = engine.heartbeat_batch(&[(attempt, Some(progress))]).await {
             tracing::warn!(job_id = attempt.job_id, error = %e, "could not write the progress of an attempt that starts to wait");
         }
     }
     let mut tries = 0_u32;
     loop {
-        match inner.engine.await_callback(&attempt).await {
+        match engine.await_callback(&attempt).await {
             Ok(outcome) => return Ok(outcome),
             Err(e) if tries < 5 => {
                 tracing::warn!(job_id = attempt.job_id, error = %e, "await_callback failed; retrying");

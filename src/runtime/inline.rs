@@ -160,6 +160,7 @@ pub(crate) async fn drain(
             ));
             let finished = executor::run_handler(
                 inner,
+                &tokio::runtime::Handle::current(),
                 queue,
                 job,
                 Arc::new(CancelSignal::default()),

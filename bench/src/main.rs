@@ -4,8 +4,9 @@
 //! processes × W workers each) × one scenario (a named sequence of phases). The runner starts the
 //! worker processes and one producer process, all speaking the same line protocol on stdout:
 //!
-//! - worker: one JSON line per second, `{"completed": n, "pickup_ms": [..]}` (jobs completed and
-//!   handler-start latencies measured from the `enq_us` the producer put in the job's args);
+//! - worker: one JSON line per second, `{"completed": n, "pickup_ms": [..], "handler_us": n}` (jobs
+//!   completed, handler-start latencies measured from the `enq_us` the producer put in the job's
+//!   args, and the microseconds spent inside handlers, all workers together);
 //! - producer: one JSON line per second, `{"enqueued": n}`.
 //!
 //! It samples the database itself every few seconds (WAL position, commits, dead and live tuples

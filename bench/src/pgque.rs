@@ -193,6 +193,8 @@ struct Event {
 struct Stats {
     completed: AtomicU64,
     pickup_ms: Mutex<Vec<f64>>,
+    /// Microseconds spent inside handlers (a handler: from its permit to its printed line).
+    handler_us: AtomicU64,
 }
 
 async fn work(url: &str, workers: usize, job_ms: u64, produce: Option<ProduceMode>) -> Result<()> {
@@ -242,6 +244,7 @@ async fn work(url: &str, workers: usize, job_ms: u64, produce: Option<ProduceMod
     }
     let report_line = || {
         let completed = stats.completed.swap(0, Ordering::Relaxed);
+        let handler_us = stats.handler_us.swap(0, Ordering::Relaxed);
         let samples = stats
             .pickup_ms
             .lock()
@@ -249,7 +252,7 @@ async fn work(url: &str, workers: usize, job_ms: u64, produce: Option<ProduceMod
             .unwrap_or_default();
         println!(
             "{}",
-            serde_json::json!({ "completed": completed, "pickup_ms": samples })
+            serde_json::json!({ "completed": completed, "pickup_ms": samples, "handler_us": handler_us })
         );
     };
     report_until_signal(&report_line).await?;
@@ -365,6 +368,7 @@ async fn consume(
             let stats = Arc::clone(&stats);
             running.push(tokio::spawn(async move {
                 let _permit = permit;
+                let started = Instant::now();
                 let Ok(event) = serde_json::from_str::<Event>(&payload) else {
                     return;
                 };
@@ -380,6 +384,9 @@ async fn consume(
                 // before the ack, as ringwork's worker writes it before its completion
                 println!("{{\"handled\":{}}}", event.n);
                 stats.completed.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .handler_us
+                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             }));
         }
         for handler in running {

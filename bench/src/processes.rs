@@ -20,6 +20,8 @@ pub(crate) struct Counters {
     pub(crate) completed: AtomicU64,
     pub(crate) enqueued: AtomicU64,
     pub(crate) pickup_ms: Mutex<Vec<f64>>,
+    /// Microseconds the workers of every process spent inside their handlers.
+    pub(crate) handler_us: AtomicU64,
     /// Producer sequence numbers whose handler finished, in any process (a re-run after a crash
     /// reports its job again; the set keeps it once).
     pub(crate) handled: Mutex<std::collections::HashSet<u64>>,
@@ -40,6 +42,8 @@ pub(crate) struct ChildLine {
     pub(crate) enqueued: Option<u64>,
     #[serde(default)]
     pub(crate) pickup_ms: Vec<f64>,
+    #[serde(default)]
+    pub(crate) handler_us: Option<u64>,
     #[serde(default)]
     pub(crate) handled: Option<u64>,
     /// A committed producer batch: sequence numbers [from, to).
@@ -77,6 +81,9 @@ pub(crate) fn spawn_child(
                     reported = true;
                     counters.reporting.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            if let Some(us) = parsed.handler_us {
+                counters.handler_us.fetch_add(us, Ordering::Relaxed);
             }
             if let Some(n) = parsed.enqueued {
                 counters.enqueued.fetch_add(n, Ordering::Relaxed);

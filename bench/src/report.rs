@@ -55,6 +55,11 @@ pub struct PhaseResult {
     /// The host's busy share over the phase, all processes, percent of all cores.
     #[serde(default)]
     pub host_busy_pct: Option<f64>,
+    /// The workers' share of the phase spent inside their handlers, percent: under a backlog, what
+    /// is missing from 100 is each job's hand-off to a free worker (the handler's own time is the
+    /// same in every system).
+    #[serde(default)]
+    pub handlers_busy_pct: Option<f64>,
     /// Highest dead-tuple count of any ring table seen in any sample (ringwork only).
     pub ring_dead_peak: Option<i64>,
     /// Dead tuples of the whole schema at the end of the phase, and the peak over its samples.
@@ -263,13 +268,13 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
     }
     out.push('\n');
     out.push_str(
-        "| system | profile | scenario | phase | completed/s median (peak) | enqueued/s median | depth median | pickup p50 / p95 / p99 ms | WAL B/job | commits/job | commits/s, WAL kB/s | PostgreSQL CPU ms / 1k jobs (cores) | client CPU ms / 1k jobs | host busy % | ring dead peak | schema dead end (peak) | rotations / prunes | recovery s |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | profile | scenario | phase | completed/s median (peak) | enqueued/s median | depth median | pickup p50 / p95 / p99 ms | WAL B/job | commits/job | commits/s, WAL kB/s | PostgreSQL CPU ms / 1k jobs (cores) | client CPU ms / 1k jobs | host busy % | handlers busy % | ring dead peak | schema dead end (peak) | rotations / prunes | recovery s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         for p in &r.phases {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {:.0} ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {:.0} | {:.3} | {:.1}, {:.1} | {} | {} | {} | {} | {} ({}) | {} / {} | {} |\n",
+                "| {} | {} | {} | {} | {:.0} ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} / {:.1} | {:.0} | {:.3} | {:.1}, {:.1} | {} | {} | {} | {} | {} | {} ({}) | {} / {} | {} |\n",
                 r.system,
                 r.profile,
                 r.scenario,
@@ -293,6 +298,8 @@ pub fn markdown(config: &BenchConfig, results: &[RunResult]) -> String {
                 p.client_cpu_ms_per_1k_jobs
                     .map_or_else(|| "–".into(), |ms| format!("{ms:.0}")),
                 p.host_busy_pct
+                    .map_or_else(|| "–".into(), |pct| format!("{pct:.0}")),
+                p.handlers_busy_pct
                     .map_or_else(|| "–".into(), |pct| format!("{pct:.0}")),
                 fmt_opt(p.ring_dead_peak),
                 p.schema_dead_end,

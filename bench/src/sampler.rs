@@ -20,6 +20,9 @@ pub(crate) struct Sample {
     pub(crate) at: f64,
     pub(crate) completed: u64,
     pub(crate) enqueued: u64,
+    /// Microseconds spent inside handlers so far, and the workers of the fleet then.
+    pub(crate) handler_us: u64,
+    pub(crate) workers: usize,
     pub(crate) wal_lsn: i64,
     pub(crate) commits: i64,
     pub(crate) depth: i64,
@@ -125,6 +128,8 @@ pub(crate) async fn sample(
         at: started.elapsed().as_secs_f64(),
         completed: processes.counters.completed.load(Ordering::Relaxed),
         enqueued: processes.counters.enqueued.load(Ordering::Relaxed),
+        handler_us: processes.counters.handler_us.load(Ordering::Relaxed),
+        workers: processes.workers.len() * processes.workers_per_process,
         wal_lsn,
         commits,
         depth: processes.depth(storage).await.unwrap_or(-1),
@@ -234,6 +239,12 @@ pub(crate) fn summarise(
         }
         _ => None,
     };
+    // the workers' time inside handlers, from their once-a-second reports (so to within a second's
+    // reports at each end of the phase); None where the workers report none (awa's adapter)
+    let handlers_busy_pct = (last.handler_us > 0 && seconds > 0.0 && last.workers > 0).then(|| {
+        last.handler_us.saturating_sub(first.handler_us) as f64 * 100.0
+            / (seconds * 1e6 * last.workers as f64)
+    });
     PhaseResult {
         name: name.to_string(),
         seconds: last.at - first.at,
@@ -260,6 +271,7 @@ pub(crate) fn summarise(
             .map(|ms| ms / 1000.0 / seconds),
         client_cpu_ms_per_1k_jobs: client_cpu_ms.and_then(per_1k_jobs),
         host_busy_pct,
+        handlers_busy_pct,
         ring_dead_peak: ringwork.then(|| samples.iter().map(ring_dead).max().unwrap_or(0)),
         schema_dead_end: schema_dead(&last),
         schema_dead_peak: samples.iter().map(schema_dead).max().unwrap_or(0),

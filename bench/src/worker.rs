@@ -66,6 +66,9 @@ pub async fn worker_process(
     };
     let pickups: Arc<Mutex<Vec<f64>>> = Arc::default();
     let recorder = Arc::clone(&pickups);
+    // microseconds spent inside handlers: against the workers' time, how busy the runtime keeps them
+    let handler_us: Arc<AtomicU64> = Arc::default();
+    let handler_clock = Arc::clone(&handler_us);
     let mut builder = Client::builder(pool);
     if let Some(session) = session {
         builder = builder.transaction_pooler(Some(session));
@@ -140,7 +143,9 @@ pub async fn worker_process(
         })
         .register(move |_ctx: JobContext, job: BenchJob| {
             let recorder = Arc::clone(&recorder);
+            let handler_clock = Arc::clone(&handler_clock);
             async move {
+                let started = std::time::Instant::now();
                 let ms = (now_us() - job.enq_us) as f64 / 1000.0;
                 if !job.held {
                     if let Ok(mut samples) = recorder.lock() {
@@ -154,6 +159,7 @@ pub async fn worker_process(
                 // SIGKILL can lose a completion (the job is rescued and re-run) but never the
                 // line of a committed one.
                 println!("{{\"handled\":{}}}", job.n);
+                handler_clock.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                 Ok::<(), JobError>(())
             }
         })
@@ -171,7 +177,11 @@ pub async fn worker_process(
         let delta = now - reported.swap(now, Ordering::Relaxed);
         println!(
             "{}",
-            serde_json::json!({"completed": delta, "pickup_ms": samples})
+            serde_json::json!({
+                "completed": delta,
+                "pickup_ms": samples,
+                "handler_us": handler_us.swap(0, Ordering::Relaxed),
+            })
         );
     };
     report_until_signal(&report_line).await?;

@@ -6,14 +6,17 @@
 # versions of a SQL function is one run each, where timings need many alternating rounds.
 #
 # usage: bench/cycle-instructions.sh [MODE] [SQL_FILE...]
-#   MODE   full (enqueue + claim + complete, default), claim (enqueue + claim), enqueue; and ten
+#   MODE   full (enqueue + claim + complete, default), claim (enqueue + claim), enqueue; spread
+#          (four enqueues of JOBS, then one claim of all of them and its completion: the segments
+#          spread over two shards, so the claim walks both and cuts between them); and ten
 #          jobs a cycle, each cycle two claims and completions of five: plain10 (`enqueue_jobs`),
 #          chains (five workflows a -> b in one `enqueue_workflows`), sequence (two jobs to each
 #          of five keys in one `enqueue_in_sequence_many`: every append after the first cycle
 #          finds its key's tail completed)
 #   SQL_FILE  installed over the schema first, with __S__ replaced by `ringwork`: to measure a
 #             variant of a function file (sql/functions/*.sql) against the built schema
-#   JOBS=N    (environment) jobs a cycle in the full, claim and enqueue modes, 1..4096 (default 5):
+#   JOBS=N    (environment) jobs a cycle in the full, claim and enqueue modes, and an enqueue's in
+#             spread (1..1024 there: its claim takes four times as many), 1..4096 (default 5):
 #             5 shows a statement's fixed cost, 128 a batch's per-job cost as at saturation
 # The claim is called as the engine calls it (the six-argument form; the SQL API's shorter form is
 # a SQL function whose statement is planned at every call).
@@ -26,8 +29,8 @@ set -euo pipefail
 
 MODE=${1:-full}
 shift || true
-case "$MODE" in full | claim | enqueue | plain10 | chains | sequence) ;; *)
-    echo "MODE must be full, claim, enqueue, plain10, chains or sequence, got $MODE" >&2
+case "$MODE" in full | claim | enqueue | spread | plain10 | chains | sequence) ;; *)
+    echo "MODE must be full, claim, enqueue, spread, plain10, chains or sequence, got $MODE" >&2
     exit 2
     ;;
 esac
@@ -35,6 +38,10 @@ JOBS=${JOBS:-5}
 case "$JOBS" in '' | *[!0-9]*) echo "JOBS must be a number of jobs, got $JOBS" >&2; exit 2 ;; esac
 if [ "$JOBS" -lt 1 ] || [ "$JOBS" -gt 4096 ]; then
     echo "JOBS must be 1..4096, got $JOBS" >&2
+    exit 2
+fi
+if [ "$MODE" = spread ] && [ "$JOBS" -gt 1024 ]; then
+    echo "JOBS must be 1..1024 in spread (its claim takes 4 × JOBS), got $JOBS" >&2
     exit 2
 fi
 # the workflow and sequence modes keep their shape: ten jobs, two claims of five
@@ -64,6 +71,7 @@ CHAIN="[{\"step\": \"a\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1
 PLAIN10="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[10]), array_fill('{\"a\":1}'::jsonb, ARRAY[10]), array_fill(25, ARRAY[10]), array_fill(NULL::int, ARRAY[10]), array_fill(NULL::text, ARRAY[10]))"
 CHAINS="SELECT count(*) FROM ringwork.enqueue_workflows('[$CHAIN, $CHAIN, $CHAIN, $CHAIN, $CHAIN]'::jsonb)"
 SEQUENCE="SELECT count(*) FROM ringwork.enqueue_in_sequence_many(ARRAY['k1', 'k1', 'k2', 'k2', 'k3', 'k3', 'k4', 'k4', 'k5', 'k5'], array_fill('$STEP'::jsonb, ARRAY[10]), array_fill('run'::text, ARRAY[10]))"
+SPREAD="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', $((JOBS * 4)), interval '5 min', NULL::interval, NULL::interval, false)) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
 CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', $JOBS, interval '5 min', NULL::interval, NULL::interval, false)) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
 
 # instructions of a fresh copy of the cluster running $1 cycles
@@ -73,6 +81,7 @@ instructions() {
         echo "PREPARE e AS $ENQUEUE"
         echo "PREPARE k AS $CLAIM"
         echo "PREPARE c AS $CYCLE"
+        echo "PREPARE d AS $SPREAD"
         case "$MODE" in
         plain10) echo "PREPARE t AS $PLAIN10" ;;
         chains) echo "PREPARE t AS $CHAINS" ;;
@@ -83,6 +92,7 @@ instructions() {
             full) printf 'EXECUTE e\nEXECUTE c\n' ;;
             claim) printf 'EXECUTE e\nEXECUTE k\n' ;;
             enqueue) echo "EXECUTE e" ;;
+            spread) printf 'EXECUTE e\nEXECUTE e\nEXECUTE e\nEXECUTE e\nEXECUTE d\n' ;;
             *) printf 'EXECUTE t\nEXECUTE c\nEXECUTE c\n' ;;
             esac
         done
@@ -98,5 +108,5 @@ instructions() {
 }
 few=$(instructions 20)
 many=$(instructions 120)
-case "$MODE" in full | claim | enqueue) jobs=$JOBS ;; *) jobs=10 ;; esac
+case "$MODE" in full | claim | enqueue) jobs=$JOBS ;; spread) jobs=$((JOBS * 4)) ;; *) jobs=10 ;; esac
 echo "$MODE: $(((many - few) / 100)) instructions per cycle of $jobs jobs"

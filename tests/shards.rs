@@ -37,6 +37,15 @@ async fn claim_all(storage: &ringwork::Storage, max: usize) -> Vec<ringwork::Cla
     }
 }
 
+/// The ids of `claim_all`'s jobs, in claim order.
+async fn claim_all_ids(storage: &ringwork::Storage, max: usize) -> Vec<i64> {
+    claim_all(storage, max)
+        .await
+        .iter()
+        .map(|j| j.job_id)
+        .collect()
+}
+
 async fn available(storage: &ringwork::Storage) -> i64 {
     storage.queue_counts(Some("default")).await.unwrap()[0].available
 }
@@ -109,11 +118,7 @@ async fn one_transaction_writes_one_shard_per_lane_even_across_a_rolled_back_sav
     .unwrap();
     assert_eq!(shards, 1, "one open transaction, one shard");
     tx.commit().await.unwrap();
-    let claimed: Vec<i64> = claim_all(&storage, 50)
-        .await
-        .iter()
-        .map(|j| j.job_id)
-        .collect();
+    let claimed = claim_all_ids(&storage, 50).await;
     assert_eq!(
         claimed, ids,
         "FIFO within the shard, the rolled-back job skipped"
@@ -188,6 +193,59 @@ async fn a_steady_producer_keeps_to_one_shard_until_a_segment_waits() {
     assert_ne!(later[1], shards[0], "a segment waits: the next spreads");
     assert_eq!(claim_all(&storage, 10).await.len(), 2);
     db.cleanup().await;
+}
+
+/// Eighteen segments of three jobs, each inserted on a new connection, so that they interleave
+/// across the shards by age: first fit gives shard 0 the first two, shard 1 the next two, and so
+/// on to shard 7, then shards 0 and 1 one more each (the least behind). Every job has a timeout of
+/// its own when `own_timeouts` (a row-local claim each). The ids in insertion order.
+async fn interleaved_backlog(db: &TestDb, own_timeouts: bool) -> Vec<i64> {
+    use sqlx::Connection;
+    let mut ids = Vec::new();
+    for segment in 0..18 {
+        let jobs: Vec<NewJob> = (0..3)
+            .map(|n| {
+                let job = job(segment * 3 + n);
+                if own_timeouts {
+                    job.timeout(Duration::from_secs(600))
+                } else {
+                    job
+                }
+            })
+            .collect();
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        ids.extend(db.storage().insert_many(&mut conn, &jobs).await.unwrap());
+        conn.close().await.unwrap();
+    }
+    let shards = shard_numbers(db, &ids).await;
+    let by_segment: Vec<i32> = shards.chunks(3).map(|c| c[0]).collect();
+    assert_eq!(
+        by_segment,
+        vec![0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 0, 1]
+    );
+    ids
+}
+
+#[tokio::test]
+async fn claims_merge_the_shards_by_age_at_segment_boundaries_in_either_walk() {
+    // A shard's walk stops before a segment younger than the next shard's head, so a backlog spread
+    // over shards is claimed oldest segment first: here the insertion order. Shard 0's third
+    // segment is younger than every other shard's first, so a walk that did not stop would take it
+    // third. Both walks are held to it: the one-statement walk (plain jobs) and the row-by-row walk
+    // (jobs with timeouts of their own take row-local claims), with claims that take everything
+    // at once and claims of four that stop inside segments.
+    for own_timeouts in [false, true] {
+        for max in [100, 4] {
+            let db = TestDb::new().await;
+            let ids = interleaved_backlog(&db, own_timeouts).await;
+            let claimed = claim_all_ids(&db.storage(), max).await;
+            assert_eq!(
+                claimed, ids,
+                "own timeouts {own_timeouts}, claims of {max}: oldest segment first"
+            );
+            db.cleanup().await;
+        }
+    }
 }
 
 #[tokio::test]
@@ -682,11 +740,7 @@ async fn a_lane_from_before_shards_keeps_its_jobs_and_gains_its_base_shards() {
         .insert_many(&mut conn, &(5..10).map(job).collect::<Vec<_>>())
         .await
         .unwrap();
-    let rest: Vec<i64> = claim_all(&fresh, 4)
-        .await
-        .iter()
-        .map(|j| j.job_id)
-        .collect();
+    let rest = claim_all_ids(&fresh, 4).await;
     let expected: Vec<i64> = old[3..].iter().chain(&new).copied().collect();
     assert_eq!(rest, expected, "the old jobs first, then the new ones");
     db.cleanup().await;

@@ -448,6 +448,23 @@ DECLARE
     -- a function's result that is not used: an assignment is evaluated as a simple expression,
     -- where PERFORM runs a statement through the executor
     v_ignored text;
+    -- the walk in one statement (v_walked_in_one): its rows as arrays, in lane order
+    v_walked_in_one boolean;
+    v_w_n int;
+    v_w_timeouts boolean;
+    v_w_cut int;
+    v_w_pos bigint[];
+    v_w_run_at timestamptz[];
+    v_w_jobs bigint[];
+    v_w_leases bigint[];
+    v_w_slots int[];
+    v_w_attempts int[];
+    v_w_max_attempts int[];
+    v_w_kinds text[];
+    v_w_args jsonb[];
+    v_w_priorities smallint[];
+    v_w_created timestamptz[];
+    v_w_traceparents text[];
 BEGIN
     IF p_max < 1 OR p_max > 4096 THEN
         RAISE EXCEPTION 'ringwork: claim size must be 1..4096, got %', p_max USING ERRCODE = '22023';
@@ -623,123 +640,191 @@ BEGIN
             v_limit := (p_max - v_n) + 64;
             v_n_before := v_n;
 
-            -- No gap check: a shard is written by one open transaction at a time (enqueue_segment),
-            -- so a segment missing below a visible one was rolled back or lost for good.
-            -- The three statements differ only in the slots they name and whether they probe for
-            -- tombstones (the probe was 5 % of an enqueue and claim of five jobs).
-            IF v_slots IS NOT NULL AND NOT v_tombstones THEN
-                OPEN v_walk FOR
-                    SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
-                           e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
-                           __S__.traceparent_text(e.traceparent) AS traceparent_text,
-                           false AS spent
-                    FROM __S__.ready_entries e
-                    WHERE e.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
-                      AND e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
-                    ORDER BY e.lane_pos
-                    LIMIT v_limit;
-            ELSIF v_slots IS NOT NULL THEN
-                OPEN v_walk FOR
-                    SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
-                           e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
-                           __S__.traceparent_text(e.traceparent) AS traceparent_text,
-                           EXISTS (SELECT 1 FROM __S__.ready_tombstones t
-                                   WHERE t.ready_slot = e.ready_slot AND t.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
-                                     AND t.job_id = e.job_id AND t.run_lease = e.run_lease) AS spent
-                    FROM __S__.ready_entries e
-                    WHERE e.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
-                      AND e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
-                    ORDER BY e.lane_pos
-                    LIMIT v_limit;
-            ELSE
-                OPEN v_walk FOR
-                    SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
-                           e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
-                           -- the text form, as before the row stored bytes (migration 0017): a process
-                           -- of the previous build reads claims as text until it is replaced
-                           __S__.traceparent_text(e.traceparent) AS traceparent_text,
-                           EXISTS (SELECT 1 FROM __S__.ready_tombstones t
-                                   WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
-                                     AND t.run_lease = e.run_lease) AS spent
-                    FROM __S__.ready_entries e
-                    WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
-                    ORDER BY e.lane_pos
-                    LIMIT v_limit;
-            END IF;
-            LOOP
-                FETCH v_walk INTO v_r_slot, v_r_pos, v_r_job, v_r_kind, v_r_args, v_r_attempt, v_r_lease, v_r_max_attempts,
-                                  v_r_priority, v_r_created, v_r_timeout_ms, v_r_queue, v_r_run_at, v_r_traceparent,
-                                  v_r_traceparent_text, v_r_spent;
-                EXIT WHEN NOT FOUND;
-                v_walked := v_walked + 1;
-                -- a new segment (the first row too, unless it continues the cursor's segment)
-                -- (the cursor's segment is the last walked row's, or the one the walk started in)
-                IF (v_r_pos >> 20) <> (v_new_cursor >> 20)
-                   AND v_r_run_at > v_lane.next_head THEN
-                    v_cut := true;
-                    v_stopped := true;
-                    EXIT;
-                END IF;
-                IF NOT v_r_spent AND v_n >= p_max THEN
-                    v_stopped := true;
-                    EXIT;
-                END IF;
-                v_new_cursor := v_r_pos;
-                v_last_slot := v_r_slot;
-                CONTINUE WHEN v_r_spent;
-                IF v_key_path IS NOT NULL THEN
-                    v_key := v_r_args #>> v_key_path;
-                    IF v_key IS NOT NULL AND coalesce((v_key_room ->> v_key)::int, v_key_default_room) <= 0 THEN
-                        -- its key is at its limit: held out of the ring (the cursor passes over it)
-                        -- until a claim finds room for the key (migration 0012, release_held)
-                        INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease,
-                                                         max_attempts, run_at, created_at, timeout_ms, traceparent,
-                                                         held_key)
-                        VALUES (v_r_job, v_r_queue, v_r_kind, v_r_args, v_r_priority, v_r_attempt,
-                                v_r_lease + 1, v_r_max_attempts, '9999-01-01 00:00:00+00', v_r_created,
-                                v_r_timeout_ms, v_r_traceparent, v_key);
-                        CONTINUE;
-                    ELSIF v_key IS NOT NULL THEN
-                        v_key_room := jsonb_set(v_key_room, ARRAY[v_key],
-                                                to_jsonb(coalesce((v_key_room ->> v_key)::int, v_key_default_room) - 1));
-                        IF v_key_rate IS NOT NULL THEN
-                            v_key_claimed := jsonb_set(v_key_claimed, ARRAY[v_key],
-                                                       to_jsonb(coalesce((v_key_claimed ->> v_key)::int, 0) + 1));
-                        END IF;
+            -- The walk in one statement where no row needs a step of its own: no tombstone in the
+            -- slots (no spent row to pass over), no key limit (no room to count per row) and no job
+            -- with a timeout of its own (no row-local claim). The rows come back as arrays, in
+            -- lane order, up to one past the room: that one says the walk stopped at its room.
+            -- The row-by-row walk below takes a statement per field of each row: for a cycle of 128
+            -- jobs enqueued, claimed and completed, the server ran 13 % more instructions with it.
+            -- A walk with room for fewer than eight rows stays row by row: for a few rows the
+            -- aggregates' set-up costs more than the rows' statements.
+            v_walked_in_one := false;
+            IF v_slots IS NOT NULL AND NOT v_tombstones AND v_key_path IS NULL AND p_max - v_n >= 8 THEN
+                SELECT count(*)::int, bool_or(w.timeout_ms IS NOT NULL),
+                       array_agg(w.lane_pos), array_agg(w.run_at), array_agg(w.job_id), array_agg(w.run_lease + 1),
+                       array_agg(w.ready_slot), array_agg(w.attempt + 1), array_agg(w.max_attempts),
+                       array_agg(w.kind), array_agg(w.args), array_agg(w.priority), array_agg(w.created_at),
+                       array_agg(w.traceparent_text)
+                INTO v_w_n, v_w_timeouts, v_w_pos, v_w_run_at, v_w_jobs, v_w_leases, v_w_slots, v_w_attempts,
+                     v_w_max_attempts, v_w_kinds, v_w_args, v_w_priorities, v_w_created, v_w_traceparents
+                -- aggregated in the order the subquery returns its rows (one index scan, no join)
+                FROM (SELECT e.lane_pos, e.run_at, e.job_id, e.run_lease, e.ready_slot, e.attempt,
+                             e.max_attempts, e.kind, e.args, e.priority, e.created_at, e.timeout_ms,
+                             __S__.traceparent_text(e.traceparent) AS traceparent_text
+                      FROM __S__.ready_entries e
+                      WHERE e.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
+                        AND e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                      ORDER BY e.lane_pos
+                      LIMIT p_max - v_n + 1) w;
+                IF NOT coalesce(v_w_timeouts, false) THEN
+                    v_walked_in_one := true;
+                    -- the merge across shards: the first row of a new segment younger than the next
+                    -- shard's head ends the walk before it, as in the row-by-row walk
+                    IF v_lane.next_head IS NOT NULL AND v_w_n > 0 THEN
+                        SELECT min(u.i)::int INTO v_w_cut
+                        FROM unnest(v_w_pos, v_w_run_at) WITH ORDINALITY u(pos, run_at, i)
+                        WHERE (u.pos >> 20) <> (coalesce(v_w_pos[u.i - 1], v_cursor) >> 20)
+                          AND u.run_at > v_lane.next_head;
+                    ELSE
+                        v_w_cut := NULL;
+                    END IF;
+                    IF v_w_cut IS NOT NULL THEN
+                        v_cut := true;
+                        v_stopped := true;
+                        v_walked := v_w_cut - 1;
+                    ELSIF v_w_n > p_max - v_n THEN
+                        v_stopped := true;
+                        v_walked := p_max - v_n;
+                    ELSE
+                        v_walked := v_w_n;
+                    END IF;
+                    IF v_walked > 0 THEN
+                        v_new_cursor := v_w_pos[v_walked];
+                        v_last_slot := v_w_slots[v_walked];
+                        v_job_ids := v_job_ids || v_w_jobs[1:v_walked];
+                        v_leases := v_leases || v_w_leases[1:v_walked];
+                        v_ready_slots := v_ready_slots || v_w_slots[1:v_walked];
+                        v_attempts := v_attempts || v_w_attempts[1:v_walked];
+                        v_max_attempts := v_max_attempts || v_w_max_attempts[1:v_walked];
+                        v_kinds := v_kinds || v_w_kinds[1:v_walked];
+                        v_args := v_args || v_w_args[1:v_walked];
+                        v_priorities := v_priorities || v_w_priorities[1:v_walked];
+                        v_created := v_created || v_w_created[1:v_walked];
+                        v_traceparents := v_traceparents || v_w_traceparents[1:v_walked];
+                        v_deadlines := v_deadlines || array_fill(v_batch_deadline, ARRAY[v_walked]);
+                        v_n := v_n + v_walked;
                     END IF;
                 END IF;
-
-                -- a statement a row counts: the own deadline is computed only for a job with a timeout
-                IF v_r_timeout_ms IS NOT NULL
-                   AND v_now + make_interval(secs => v_r_timeout_ms / 1000.0) IS DISTINCT FROM v_batch_deadline THEN
-                    v_own_deadline := v_now + make_interval(secs => v_r_timeout_ms / 1000.0);
-                    v_row_local := v_row_local + 1;
-                    v_deadlines := v_deadlines || v_own_deadline;
-                    v_row_local_receipts := v_row_local_receipts
-                        + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
-                    INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
-                                                    lane_id, attempt, max_attempts, claimed_at, deadline_at)
-                    VALUES (v_claim_slot, v_batch * 4096 + v_n, v_r_job, v_r_lease + 1, v_r_queue,
-                            v_r_slot, v_lane.lane_id, v_r_attempt + 1, v_r_max_attempts, v_now,
-                            v_own_deadline);
+            END IF;
+            IF NOT v_walked_in_one THEN
+                -- No gap check: a shard is written by one open transaction at a time (enqueue_segment),
+                -- so a segment missing below a visible one was rolled back or lost for good.
+                -- The three statements differ only in the slots they name and whether they probe for
+                -- tombstones (the probe was 5 % of an enqueue and claim of five jobs).
+                IF v_slots IS NOT NULL AND NOT v_tombstones THEN
+                    OPEN v_walk FOR
+                        SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                               e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                               __S__.traceparent_text(e.traceparent) AS traceparent_text,
+                               false AS spent
+                        FROM __S__.ready_entries e
+                        WHERE e.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
+                          AND e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                        ORDER BY e.lane_pos
+                        LIMIT v_limit;
+                ELSIF v_slots IS NOT NULL THEN
+                    OPEN v_walk FOR
+                        SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                               e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                               __S__.traceparent_text(e.traceparent) AS traceparent_text,
+                               EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                                       WHERE t.ready_slot = e.ready_slot AND t.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
+                                         AND t.job_id = e.job_id AND t.run_lease = e.run_lease) AS spent
+                        FROM __S__.ready_entries e
+                        WHERE e.ready_slot IN (v_slot_a, v_slot_b, v_slot_c)
+                          AND e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                        ORDER BY e.lane_pos
+                        LIMIT v_limit;
                 ELSE
-                    v_deadlines := v_deadlines || v_batch_deadline;
+                    OPEN v_walk FOR
+                        SELECT e.ready_slot, e.lane_pos, e.job_id, e.kind, e.args, e.attempt, e.run_lease,
+                               e.max_attempts, e.priority, e.created_at, e.timeout_ms, e.queue, e.run_at, e.traceparent,
+                               -- the text form, as before the row stored bytes (migration 0017): a process
+                               -- of the previous build reads claims as text until it is replaced
+                               __S__.traceparent_text(e.traceparent) AS traceparent_text,
+                               EXISTS (SELECT 1 FROM __S__.ready_tombstones t
+                                       WHERE t.ready_slot = e.ready_slot AND t.job_id = e.job_id
+                                         AND t.run_lease = e.run_lease) AS spent
+                        FROM __S__.ready_entries e
+                        WHERE e.lane_id = v_lane.lane_id AND e.lane_pos > v_cursor
+                        ORDER BY e.lane_pos
+                        LIMIT v_limit;
                 END IF;
-                -- the arrays stay positional (receipt ordinal = array index - 1) over both shapes;
-                -- the batch's receipt ranges, not the arrays, say which ordinals are compact members
-                v_kinds := v_kinds || v_r_kind;
-                v_args := v_args || v_r_args;
-                v_priorities := v_priorities || v_r_priority;
-                v_created := v_created || v_r_created;
-                v_traceparents := v_traceparents || v_r_traceparent_text;
-                v_job_ids := v_job_ids || v_r_job;
-                v_leases := v_leases || (v_r_lease + 1);
-                v_ready_slots := v_ready_slots || v_r_slot;
-                v_attempts := v_attempts || (v_r_attempt + 1);
-                v_max_attempts := v_max_attempts || v_r_max_attempts;
-                v_n := v_n + 1;
-            END LOOP;
-            CLOSE v_walk;
+                LOOP
+                    FETCH v_walk INTO v_r_slot, v_r_pos, v_r_job, v_r_kind, v_r_args, v_r_attempt, v_r_lease, v_r_max_attempts,
+                                      v_r_priority, v_r_created, v_r_timeout_ms, v_r_queue, v_r_run_at, v_r_traceparent,
+                                      v_r_traceparent_text, v_r_spent;
+                    EXIT WHEN NOT FOUND;
+                    v_walked := v_walked + 1;
+                    -- a new segment (the first row too, unless it continues the cursor's segment)
+                    -- (the cursor's segment is the last walked row's, or the one the walk started in)
+                    IF (v_r_pos >> 20) <> (v_new_cursor >> 20)
+                       AND v_r_run_at > v_lane.next_head THEN
+                        v_cut := true;
+                        v_stopped := true;
+                        EXIT;
+                    END IF;
+                    IF NOT v_r_spent AND v_n >= p_max THEN
+                        v_stopped := true;
+                        EXIT;
+                    END IF;
+                    v_new_cursor := v_r_pos;
+                    v_last_slot := v_r_slot;
+                    CONTINUE WHEN v_r_spent;
+                    IF v_key_path IS NOT NULL THEN
+                        v_key := v_r_args #>> v_key_path;
+                        IF v_key IS NOT NULL AND coalesce((v_key_room ->> v_key)::int, v_key_default_room) <= 0 THEN
+                            -- its key is at its limit: held out of the ring (the cursor passes over it)
+                            -- until a claim finds room for the key (migration 0012, release_held)
+                            INSERT INTO __S__.deferred_jobs (job_id, queue, kind, args, priority, attempt, run_lease,
+                                                             max_attempts, run_at, created_at, timeout_ms, traceparent,
+                                                             held_key)
+                            VALUES (v_r_job, v_r_queue, v_r_kind, v_r_args, v_r_priority, v_r_attempt,
+                                    v_r_lease + 1, v_r_max_attempts, '9999-01-01 00:00:00+00', v_r_created,
+                                    v_r_timeout_ms, v_r_traceparent, v_key);
+                            CONTINUE;
+                        ELSIF v_key IS NOT NULL THEN
+                            v_key_room := jsonb_set(v_key_room, ARRAY[v_key],
+                                                    to_jsonb(coalesce((v_key_room ->> v_key)::int, v_key_default_room) - 1));
+                            IF v_key_rate IS NOT NULL THEN
+                                v_key_claimed := jsonb_set(v_key_claimed, ARRAY[v_key],
+                                                           to_jsonb(coalesce((v_key_claimed ->> v_key)::int, 0) + 1));
+                            END IF;
+                        END IF;
+                    END IF;
+
+                    -- a statement a row counts: the own deadline is computed only for a job with a timeout
+                    IF v_r_timeout_ms IS NOT NULL
+                       AND v_now + make_interval(secs => v_r_timeout_ms / 1000.0) IS DISTINCT FROM v_batch_deadline THEN
+                        v_own_deadline := v_now + make_interval(secs => v_r_timeout_ms / 1000.0);
+                        v_row_local := v_row_local + 1;
+                        v_deadlines := v_deadlines || v_own_deadline;
+                        v_row_local_receipts := v_row_local_receipts
+                            + int8multirange(int8range(v_batch * 4096 + v_n, v_batch * 4096 + v_n + 1));
+                        INSERT INTO __S__.lease_claims (claim_slot, receipt_id, job_id, run_lease, queue, ready_slot,
+                                                        lane_id, attempt, max_attempts, claimed_at, deadline_at)
+                        VALUES (v_claim_slot, v_batch * 4096 + v_n, v_r_job, v_r_lease + 1, v_r_queue,
+                                v_r_slot, v_lane.lane_id, v_r_attempt + 1, v_r_max_attempts, v_now,
+                                v_own_deadline);
+                    ELSE
+                        v_deadlines := v_deadlines || v_batch_deadline;
+                    END IF;
+                    -- the arrays stay positional (receipt ordinal = array index - 1) over both shapes;
+                    -- the batch's receipt ranges, not the arrays, say which ordinals are compact members
+                    v_kinds := v_kinds || v_r_kind;
+                    v_args := v_args || v_r_args;
+                    v_priorities := v_priorities || v_r_priority;
+                    v_created := v_created || v_r_created;
+                    v_traceparents := v_traceparents || v_r_traceparent_text;
+                    v_job_ids := v_job_ids || v_r_job;
+                    v_leases := v_leases || (v_r_lease + 1);
+                    v_ready_slots := v_ready_slots || v_r_slot;
+                    v_attempts := v_attempts || (v_r_attempt + 1);
+                    v_max_attempts := v_max_attempts || v_r_max_attempts;
+                    v_n := v_n + 1;
+                END LOOP;
+                CLOSE v_walk;
+            END IF;
             IF v_n > v_n_before THEN
                 v_lane_ids := v_lane_ids || array_fill(v_lane.lane_id, ARRAY[v_n - v_n_before]);
             END IF;

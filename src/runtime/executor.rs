@@ -2,11 +2,10 @@
 //! claimed), then, in one task on the handler runtime, waits for a free worker, runs the handler
 //! under the attempt's deadline (a panic is a failed attempt, not a dead worker; a blocking handler
 //! stalls handlers, not heartbeats and completions) and turns its result into the attempt's outcome.
-//! The whole run is one task there: a worker freed by one handler passes straight to the next job
-//! waiting for one, on the same runtime. Split across the two runtimes (the wait and the outcome on
-//! the client's, each handler a task of its own on the handler runtime), every job crossed between
-//! them twice, and at 1x32 saturation workers sat idle between handlers for about an eighth of
-//! their time (docs/decisions/022-one-task-a-job.md).
+//! The whole run is one task there, so a worker freed by one handler passes straight to the next
+//! job waiting for one on the same runtime: a job that crossed between the two runtimes twice left
+//! workers idle between handlers about a sixth of the time at 1x32 saturation
+//! (docs/decisions/022-one-task-a-job.md).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

@@ -12,7 +12,9 @@
 #          jobs a cycle, each cycle two claims and completions of five: plain10 (`enqueue_jobs`),
 #          chains (five workflows a -> b in one `enqueue_workflows`), sequence (two jobs to each
 #          of five keys in one `enqueue_in_sequence_many`: every append after the first cycle
-#          finds its key's tail completed)
+#          finds its key's tail completed); archive (the copy of a slot's completions into the
+#          archive, `archive_slot`, after 60 full cycles: per job archived, counted as the
+#          difference from the same 60 cycles without it)
 #   SQL_FILE  installed over the schema first, with __S__ replaced by `ringwork`: to measure a
 #             variant of a function file (sql/functions/*.sql) against the built schema
 #   JOBS=N    (environment) jobs a cycle in the full, claim and enqueue modes, and an enqueue's in
@@ -29,8 +31,8 @@ set -euo pipefail
 
 MODE=${1:-full}
 shift || true
-case "$MODE" in full | claim | enqueue | spread | plain10 | chains | sequence) ;; *)
-    echo "MODE must be full, claim, enqueue, spread, plain10, chains or sequence, got $MODE" >&2
+case "$MODE" in full | claim | enqueue | spread | plain10 | chains | sequence | archive) ;; *)
+    echo "MODE must be full, claim, enqueue, spread, plain10, chains, sequence or archive, got $MODE" >&2
     exit 2
     ;;
 esac
@@ -64,7 +66,10 @@ done
 psql -q -h 127.0.0.1 -p $PORT -U postgres cycle -c "SELECT ringwork.ensure_lane('q', 2::smallint)" >/dev/null
 as_pg "$BIN/pg_ctl -D $DIR/data stop" >/dev/null
 
-ENQUEUE="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[$JOBS]), array_fill('{\"a\":1}'::jsonb, ARRAY[$JOBS]), array_fill(25, ARRAY[$JOBS]), array_fill(NULL::int, ARRAY[$JOBS]), array_fill(NULL::text, ARRAY[$JOBS]))"
+# the archive copies each job's arguments: there they are about 256 bytes, as in the bench's runs
+ARGS='{"a":1}'
+[ "$MODE" = archive ] && ARGS="{\"a\": \"$(printf '%0240d' 0)\"}"
+ENQUEUE="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill('k'::text, ARRAY[$JOBS]), array_fill('$ARGS'::jsonb, ARRAY[$JOBS]), array_fill(25, ARRAY[$JOBS]), array_fill(NULL::int, ARRAY[$JOBS]), array_fill(NULL::text, ARRAY[$JOBS]))"
 CLAIM="SELECT count(*) FROM ringwork.claim('q', $JOBS, interval '5 min', NULL::interval, NULL::interval, false)"
 STEP='{"kind": "k", "queue": "q", "args": {"a": 1}}'
 CHAIN="[{\"step\": \"a\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}}, {\"step\": \"b\", \"kind\": \"k\", \"queue\": \"q\", \"args\": {\"a\": 1}, \"depends_on\": [\"a\"]}]"
@@ -72,9 +77,11 @@ PLAIN10="SELECT count(*) FROM ringwork.enqueue_jobs('q', 2::smallint, array_fill
 CHAINS="SELECT count(*) FROM ringwork.enqueue_workflows('[$CHAIN, $CHAIN, $CHAIN, $CHAIN, $CHAIN]'::jsonb)"
 SEQUENCE="SELECT count(*) FROM ringwork.enqueue_in_sequence_many(ARRAY['k1', 'k1', 'k2', 'k2', 'k3', 'k3', 'k4', 'k4', 'k5', 'k5'], array_fill('$STEP'::jsonb, ARRAY[10]), array_fill('run'::text, ARRAY[10]))"
 SPREAD="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', $((JOBS * 4)), interval '5 min', NULL::interval, NULL::interval, false)) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
+ARCHIVE="SELECT ringwork.archive_slot(l.ready_slot, l.generation, interval '1 day', interval '7 days', NULL) FROM (SELECT ready_slot, generation FROM ringwork.queue_ring_ledger ORDER BY generation DESC LIMIT 1) l"
 CYCLE="WITH c AS MATERIALIZED (SELECT * FROM ringwork.claim('q', $JOBS, interval '5 min', NULL::interval, NULL::interval, false)) SELECT count(*) FROM ringwork.complete_batch(ARRAY(SELECT claim_slot FROM c), ARRAY(SELECT receipt_id FROM c), ARRAY(SELECT job_id FROM c), ARRAY(SELECT run_lease FROM c))"
 
-# instructions of a fresh copy of the cluster running $1 cycles
+# instructions of a fresh copy of the cluster running $1 cycles (and, with a second argument, the
+# archive copy after them)
 instructions() {
     rm -rf "$DIR/run" && cp -a "$DIR/data" "$DIR/run"
     {
@@ -89,13 +96,14 @@ instructions() {
         esac
         for _ in $(seq "$1"); do
             case "$MODE" in
-            full) printf 'EXECUTE e\nEXECUTE c\n' ;;
+            full | archive) printf 'EXECUTE e\nEXECUTE c\n' ;;
             claim) printf 'EXECUTE e\nEXECUTE k\n' ;;
             enqueue) echo "EXECUTE e" ;;
             spread) printf 'EXECUTE e\nEXECUTE e\nEXECUTE e\nEXECUTE e\nEXECUTE d\n' ;;
             *) printf 'EXECUTE t\nEXECUTE c\nEXECUTE c\n' ;;
             esac
         done
+        if [ -n "${2:-}" ]; then echo "$ARCHIVE"; fi
     } >"$DIR/in.sql"
     [ "$(id -u)" = 0 ] && chown -R postgres "$DIR"
     as_pg "cd $DIR && valgrind --tool=callgrind --callgrind-out-file=$DIR/cg.$1 $BIN/postgres --single \
@@ -106,6 +114,12 @@ instructions() {
     fi
     grep -o "summary: [0-9]*" "$DIR/cg.$1" | awk '{print $2}'
 }
+if [ "$MODE" = archive ]; then
+    without=$(instructions 60)
+    with=$(instructions 60 archive)
+    echo "archive: $(((with - without) / (60 * JOBS))) instructions per job archived (of $((60 * JOBS)))"
+    exit 0
+fi
 few=$(instructions 20)
 many=$(instructions 120)
 case "$MODE" in full | claim | enqueue) jobs=$JOBS ;; spread) jobs=$((JOBS * 4)) ;; *) jobs=10 ;; esac

@@ -137,6 +137,77 @@ async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
     db.cleanup().await;
 }
 
+/// The archive's rows of completions: at most 256 jobs a row, in job order, every array aligned
+/// with the job ids, and each job with its own attempt's ready row (a job retried in the slot has
+/// two, one a run lease).
+#[tokio::test]
+async fn archive_rows_hold_their_jobs_in_job_order_each_with_its_own_attempt() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let ids = storage
+        .insert_many(&mut conn, &(0..600).map(job).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let mut claimed = storage.claim("default", 300, None).await.unwrap();
+    claimed.extend(storage.claim("default", 300, None).await.unwrap());
+    assert_eq!(claimed.len(), 600);
+    let retried = claimed.iter().position(|j| j.job_id == ids[7]).unwrap();
+    let first_attempt = claimed.remove(retried);
+    storage
+        .close_batch(&[(
+            first_attempt.attempt_ref(),
+            CloseOutcome::Retry {
+                at: chrono::Utc::now() - chrono::Duration::seconds(1),
+                error: "again".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    assert_eq!(storage.promote_due(10).await.unwrap(), 1);
+    let second_attempt = storage.claim("default", 10, None).await.unwrap();
+    assert_eq!(second_attempt.len(), 1);
+    assert!(second_attempt[0].run_lease > first_attempt.run_lease);
+    storage
+        .complete_batch(&[second_attempt[0].attempt_ref()])
+        .await
+        .unwrap();
+    // completion batches of newer jobs first, so no batch's order is the archive's
+    for batch in claimed.rchunks(100) {
+        let refs: Vec<_> = batch.iter().rev().map(|j| j.attempt_ref()).collect();
+        storage.complete_batch(&refs).await.unwrap();
+    }
+
+    assert_eq!(
+        support::rotate_and_prune(&storage, DAY).await,
+        vec![PruneResult::Pruned]
+    );
+    let rows: Vec<(Vec<i64>, Vec<i64>, Vec<i32>)> = sqlx::query_as(&format!(
+        "SELECT job_ids, ARRAY(SELECT (a ->> 'n')::int8 FROM unnest(args) a), attempts \
+         FROM {s}.archived_completion_batches",
+        s = db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(rows.len() >= 3, "600 jobs are three rows or more");
+    let mut archived: Vec<i64> = Vec::new();
+    for (job_ids, ns, attempts) in &rows {
+        assert!(job_ids.len() <= 256, "{} jobs in a row", job_ids.len());
+        assert!(job_ids.windows(2).all(|w| w[0] < w[1]), "in job order");
+        for (i, job_id) in job_ids.iter().enumerate() {
+            let n = ids.iter().position(|id| id == job_id).unwrap() as i64;
+            assert_eq!(ns[i], n, "job {job_id}'s arguments");
+            let attempt = if *job_id == ids[7] { 2 } else { 1 };
+            assert_eq!(attempts[i], attempt, "job {job_id}'s attempt");
+        }
+        archived.extend(job_ids.iter().copied());
+    }
+    archived.sort_unstable();
+    assert_eq!(archived, ids, "every job archived once");
+    db.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_keep_of_zero_archives_nothing() {
     let db = TestDb::new().await;

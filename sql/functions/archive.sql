@@ -81,6 +81,11 @@ $$;
 -- it (archive_queue_slot_ahead holds ACCESS SHARE only) are then copied by the next call rather
 -- than counted as copied. Returns 'copied' or 'up_to_date'.
 --
+-- The copy sorts the slot's completions once, after joining their ready rows (one hash join: an
+-- attempt has one ready row in a slot's generation, as each ready row carries a new run lease), and
+-- the aggregates read that order: an aggregate's own ORDER BY sorts its input again, once for each
+-- of the seven arrays, and a probe a job for its ready row was a third of the copy's cost.
+--
 -- p_ready_segments: the slot's ready segments counted before a proof that passed (archive ahead),
 -- recorded in the mark so that prune can trust that proof while the count holds (migration 0018);
 -- NULL when the caller has no such proof.
@@ -107,15 +112,15 @@ BEGIN
                                                        run_leases, kinds, args, attempts, created_ats,
                                                        finalized_ats, ready_slot, generation)
         SELECT g.bucket, max(g.finalized_at), g.queue, int8range(min(g.job_id), max(g.job_id), '[]'),
-               array_agg(g.job_id ORDER BY g.job_id, g.run_lease),
-               array_agg(g.run_lease ORDER BY g.job_id, g.run_lease),
-               array_agg(coalesce(e.kind, '') ORDER BY g.job_id, g.run_lease),
-               array_agg(coalesce(e.args, 'null'::jsonb) ORDER BY g.job_id, g.run_lease),
-               array_agg(coalesce(e.attempt + 1, 0) ORDER BY g.job_id, g.run_lease),
-               array_agg(e.created_at ORDER BY g.job_id, g.run_lease),
-               array_agg(g.finalized_at ORDER BY g.job_id, g.run_lease),
+               array_agg(g.job_id),
+               array_agg(g.run_lease),
+               array_agg(coalesce(g.kind, '')),
+               array_agg(coalesce(g.args, 'null'::jsonb)),
+               array_agg(coalesce(g.attempt + 1, 0)),
+               array_agg(g.created_at),
+               array_agg(g.finalized_at),
                p_slot, p_generation
-        FROM (
+        FROM (SELECT w.*, e.kind, e.args, e.attempt, e.created_at FROM (
             SELECT __S__.archive_bucket(b.finalized_at, p_keep_completed) AS bucket, b.queue,
                    date_trunc('second', b.finalized_at) AS second, b.finalized_at, u.job_id, u.run_lease,
                    (row_number() OVER (PARTITION BY __S__.archive_bucket(b.finalized_at, p_keep_completed),
@@ -129,12 +134,10 @@ BEGIN
                                   WHERE a.job_range @> b.job_ids[1]
                                     AND EXISTS (SELECT 1 FROM unnest(a.job_ids, a.run_leases) AS c(job_id, run_lease)
                                                 WHERE c.job_id = b.job_ids[1] AND c.run_lease = b.run_leases[1])))
-        ) g
-        LEFT JOIN LATERAL (
-            SELECT r.kind, r.args, r.attempt, r.created_at FROM __S__.ready_entries r
-            WHERE r.ready_slot = p_slot AND r.job_id = g.job_id AND r.run_lease = g.run_lease - 1
-            LIMIT 1
-        ) e ON true
+        ) w
+        LEFT JOIN __S__.ready_entries e
+               ON e.ready_slot = p_slot AND e.job_id = w.job_id AND e.run_lease = w.run_lease - 1
+        ORDER BY w.bucket, w.queue, w.second, w.chunk, w.job_id, w.run_lease) g
         GROUP BY g.bucket, g.queue, g.second, g.chunk;
     END IF;
     IF p_keep_failed > interval '0' AND v_terminal IS DISTINCT FROM v_marked_terminal THEN

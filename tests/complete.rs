@@ -269,6 +269,50 @@ async fn a_claim_batch_stored_compressed_is_completed_in_one_batch() {
     db.cleanup().await;
 }
 
+/// A completion batch asks for heartbeat rows in its job range first: rows of its lowest and
+/// highest jobs (the range's ends) go with their jobs, and a row of a job outside the batch stays.
+#[tokio::test]
+async fn a_completion_removes_the_heartbeat_rows_at_both_ends_of_its_batch_and_no_other() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let jobs: Vec<NewJob> = (0..6).map(job).collect();
+    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    let claimed = storage.claim("default", 6, None).await.unwrap();
+    assert_eq!(claimed.len(), 6);
+    let (batch, outside) = claimed.split_at(5);
+    let beats = [
+        (batch[0].attempt_ref(), None),
+        (batch[4].attempt_ref(), None),
+        (outside[0].attempt_ref(), None),
+    ];
+    assert_eq!(
+        storage.heartbeat_batch(&beats).await.unwrap(),
+        vec![Outcome::Applied; 3]
+    );
+    let refs: Vec<_> = batch.iter().map(|j| j.attempt_ref()).collect();
+    assert_eq!(
+        storage.complete_batch(&refs).await.unwrap(),
+        vec![Outcome::Applied; 5]
+    );
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM {{s}}.attempt_state WHERE job_id <> {}",
+            outside[0].job_id
+        ))
+        .await,
+        0,
+        "the batch's heartbeat rows went with its jobs"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM {s}.attempt_state")
+            .await,
+        1,
+        "the running job outside the batch keeps its row"
+    );
+    db.cleanup().await;
+}
+
 /// Whether every job of `ids` is completed (its completion committed) within `within`.
 async fn completed_within(storage: &ringwork::Storage, ids: &[i64], within: Duration) -> bool {
     eventually(within, || {

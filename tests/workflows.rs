@@ -296,6 +296,39 @@ async fn a_dependent_of_one_dependency_is_released_without_counting_and_once() {
     db.cleanup().await;
 }
 
+/// A completion batch asks for workflow steps in its job range first: a batch of plain jobs whose
+/// highest job (the range's end) is a workflow's first step releases that step's dependent.
+#[tokio::test]
+async fn a_step_at_the_end_of_a_batch_of_plain_jobs_releases_its_dependent() {
+    let db = TestDb::new().await;
+    let storage = db.storage();
+    let plain = support::enqueue(&db, (0..4).map(job).collect()).await;
+    let w = insert(
+        &db,
+        Workflow::new().step(step("a", &[])).step(step("b", &["a"])),
+    )
+    .await;
+    let a = w.job_id("a").unwrap();
+    assert!(
+        plain.iter().all(|id| *id < a),
+        "the step is the batch's highest job"
+    );
+    let first = claim_names(&storage, &w).await;
+    assert_eq!(first.len(), 5);
+    let attempts: Vec<_> = first.iter().map(|(_, c)| c.attempt_ref()).collect();
+    assert_eq!(
+        storage.complete_batch(&attempts).await.unwrap(),
+        vec![Outcome::Applied; 5]
+    );
+    let next: Vec<String> = claim_names(&storage, &w)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(next, vec!["b"]);
+    db.cleanup().await;
+}
+
 /// Arrivals at dependents of several dependencies, by policy: under `run` a dependency's failure
 /// arrives and its later completion after a retry does not arrive again (the dependent still waits
 /// for its other dependency); under `hold` the completion after the retry is the arrival; under

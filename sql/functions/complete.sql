@@ -109,11 +109,21 @@ DECLARE
     v_workflows boolean;
     -- row-local claims in those slots: without any, the completion looks for compact members only
     v_row_local boolean;
+    -- the batch's lowest and highest job: one probe of that range answers "none of them has a
+    -- workflow step" (or a heartbeat row) for a batch of any size, where an = ANY probed once a job
+    v_first_job bigint;
+    v_last_job bigint;
 BEGIN
-    -- A completion's fixed cost is counted in statements: the workflow question rides on the first.
-    SELECT min(s), max(s), EXISTS (SELECT 1 FROM __S__.workflow_steps w WHERE w.job_id = ANY (p_job_ids))
-    INTO v_first_slot, v_last_slot, v_workflows
-    FROM unnest(p_claim_slots) s;
+    -- A completion's fixed cost is counted in statements: the workflow question rides on the first,
+    -- asked of the batch's job range, and of its jobs one by one only when some step is in that range.
+    SELECT b.first_slot, b.last_slot, b.first_job, b.last_job,
+           EXISTS (SELECT 1 FROM __S__.workflow_steps w WHERE w.job_id BETWEEN b.first_job AND b.last_job)
+    INTO v_first_slot, v_last_slot, v_first_job, v_last_job, v_workflows
+    FROM (SELECT min(s) AS first_slot, max(s) AS last_slot, min(j) AS first_job, max(j) AS last_job
+          FROM (SELECT unnest(p_claim_slots) AS s, unnest(p_job_ids) AS j) i) b;
+    IF v_workflows THEN
+        v_workflows := EXISTS (SELECT 1 FROM __S__.workflow_steps w WHERE w.job_id = ANY (p_job_ids));
+    END IF;
     IF v_workflows THEN
         PERFORM __S__.lock_workflows_of(p_job_ids);
     END IF;
@@ -175,9 +185,10 @@ BEGIN
             RETURNING 1
         ), heartbeat AS (
             -- the job is done: its heartbeat row and the progress its earlier attempts left go with it.
-            -- One index scan for the batch's jobs (most have no row) rather than a probe per job.
+            -- Most batches have no such row: the range probe (one-time filter) skips the scan.
             DELETE FROM __S__.attempt_state a
-            WHERE a.job_id = ANY (ARRAY(SELECT o.job_id FROM open o))
+            WHERE EXISTS (SELECT 1 FROM __S__.attempt_state x WHERE x.job_id BETWEEN v_first_job AND v_last_job)
+              AND a.job_id = ANY (ARRAY(SELECT o.job_id FROM open o))
             RETURNING 1
         )
         SELECT i.job_id, i.run_lease,
@@ -211,7 +222,8 @@ BEGIN
             RETURNING 1
         ), heartbeat AS (
             DELETE FROM __S__.attempt_state a
-            WHERE a.job_id = ANY (ARRAY(SELECT o.job_id FROM open o))
+            WHERE EXISTS (SELECT 1 FROM __S__.attempt_state x WHERE x.job_id BETWEEN v_first_job AND v_last_job)
+              AND a.job_id = ANY (ARRAY(SELECT o.job_id FROM open o))
             RETURNING 1
         )
         SELECT i.job_id, i.run_lease,

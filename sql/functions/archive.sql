@@ -84,7 +84,10 @@ $$;
 -- The copy sorts the slot's completions once, after joining their ready rows (one hash join: an
 -- attempt has one ready row in a slot's generation, as each ready row carries a new run lease), and
 -- the aggregates read that order: an aggregate's own ORDER BY sorts its input again, once for each
--- of the seven arrays, and a probe a job for its ready row was a third of the copy's cost.
+-- of the seven arrays, and a probe a job for its ready row was a third of the copy's cost. The join
+-- stays above the subquery with the window, which the planner cannot flatten: written beside the
+-- completions' LATERAL unnest, it was planned inside it, a scan of the slot's ready rows for each
+-- completion batch (tried in archive_slot_search: twice the instructions a job).
 --
 -- p_ready_segments: the slot's ready segments counted before a proof that passed (archive ahead),
 -- recorded in the mark so that prune can trust that proof while the count holds (migration 0018);

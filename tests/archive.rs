@@ -144,11 +144,7 @@ async fn finished_jobs_are_found_in_the_archive_after_their_slot_is_pruned() {
 async fn archive_rows_hold_their_jobs_in_job_order_each_with_its_own_attempt() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let ids = storage
-        .insert_many(&mut conn, &(0..600).map(job).collect::<Vec<_>>())
-        .await
-        .unwrap();
+    let ids = support::enqueue(&db, (0..600).map(job).collect()).await;
     let mut claimed = storage.claim("default", 300, None).await.unwrap();
     claimed.extend(storage.claim("default", 300, None).await.unwrap());
     assert_eq!(claimed.len(), 600);

@@ -275,9 +275,7 @@ async fn a_claim_batch_stored_compressed_is_completed_in_one_batch() {
 async fn a_completion_removes_the_heartbeat_rows_at_both_ends_of_its_batch_and_no_other() {
     let db = TestDb::new().await;
     let storage = db.storage();
-    let mut conn = db.pool.acquire().await.unwrap();
-    let jobs: Vec<NewJob> = (0..6).map(job).collect();
-    storage.insert_many(&mut conn, &jobs).await.unwrap();
+    support::enqueue(&db, (0..6).map(job).collect()).await;
     let claimed = storage.claim("default", 6, None).await.unwrap();
     assert_eq!(claimed.len(), 6);
     let (batch, outside) = claimed.split_at(5);

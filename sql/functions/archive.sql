@@ -81,8 +81,9 @@ $$;
 -- it (archive_queue_slot_ahead holds ACCESS SHARE only) are then copied by the next call rather
 -- than counted as copied. Returns 'copied' or 'up_to_date'.
 --
--- The copy sorts the slot's completions once, after joining their ready rows (one hash join: an
--- attempt has one ready row in a slot's generation, as each ready row carries a new run lease), and
+-- The copy sorts the slot's completions once, after joining their ready rows (a plain join, which
+-- the planner can hash: an attempt has one ready row in a slot's generation, as each ready row
+-- carries a new run lease), and
 -- the aggregates read that order: an aggregate's own ORDER BY sorts its input again, once for each
 -- of the seven arrays, and a probe a job for its ready row was a third of the copy's cost. The join
 -- stays above the subquery with the window, which the planner cannot flatten: written beside the
